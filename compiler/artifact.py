@@ -1,0 +1,81 @@
+"""Reading a built artifact back: manifest checks, weights, tokenizer, CPU model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import LanternError
+from .package import MANIFEST, sha256_file
+
+
+@dataclass
+class Artifact:
+    path: Path
+    manifest: dict
+
+    @classmethod
+    def open(cls, path: str | Path, *, verify: bool = True) -> "Artifact":
+        path = Path(path)
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise LanternError(f"{path} is not a Lantern artifact (no {MANIFEST})") from None
+        except json.JSONDecodeError as err:
+            raise LanternError(f"{path / MANIFEST} is not valid JSON: {err}") from None
+        artifact = cls(path, manifest)
+        if verify:
+            artifact.verify()
+        return artifact
+
+    def verify(self) -> None:
+        """Check every file's size and sha256 against the manifest."""
+        for name, info in self.manifest["files"].items():
+            p = self.path / name
+            if not p.exists():
+                raise LanternError(f"artifact file missing: {name}")
+            if p.stat().st_size != info["size"]:
+                raise LanternError(f"integrity error: {name} has {p.stat().st_size} bytes, "
+                                   f"the manifest says {info['size']}")
+            if sha256_file(p) != info["sha256"]:
+                raise LanternError(f"integrity error: {name} does not match its sha256 in {MANIFEST}")
+
+    def library(self, target: str) -> Path:
+        for lib in self.manifest["libraries"]:
+            if lib["target"] == target and not lib.get("param_upcast"):
+                return self.path / lib["file"]
+        raise LanternError(f"artifact {self.path.name} has no {target} library")
+
+    def params(self) -> dict[str, np.ndarray]:
+        index = json.loads((self.path / "tensor-cache.json").read_text())
+        out = {}
+        for shard in index["records"]:
+            data = (self.path / shard["dataPath"]).read_bytes()
+            for rec in shard["records"]:
+                raw = data[rec["byteOffset"]: rec["byteOffset"] + rec["nbytes"]]
+                out[rec["name"]] = np.frombuffer(raw, dtype=rec["dtype"]).reshape(rec["shape"])
+        return out
+
+    def param_order(self) -> list[str]:
+        """Parameter names in the order the model library takes them (from its metadata)."""
+        index = json.loads((self.path / "tensor-cache.json").read_text())
+        return [rec["name"] for shard in index["records"] for rec in shard["records"]]
+
+    def cpu_model(self):
+        from .runner import CpuModel
+
+        params = self.params()
+        model = self.manifest["model"]
+        return CpuModel(self.library("cpu"), [params[n] for n in self.param_order()],
+                        context_window=model["context_window"], prefill_chunk=model["prefill_chunk_size"])
+
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.path / "tokenizer.json"))
+
+    def tokenizer_config(self) -> dict:
+        return json.loads((self.path / "tokenizer_config.json").read_text())

@@ -1,0 +1,126 @@
+"""Chat templates: render the model's Jinja template, and translate it into WebLLM's conv_template.
+
+Lantern's own runtimes render the Jinja template itself. WebLLM only knows a
+flat format (system template, role strings, separators), so at build time the
+template is rendered on probe conversations and the pieces are read off the
+text. The translation is checked by rendering a longer conversation both ways;
+a template that does not fit the flat format is reported, not guessed.
+"""
+
+from __future__ import annotations
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import LanternError
+
+_SYS, _U1, _A1, _U2 = "\x01SYS\x01", "\x01U1\x01", "\x01A1\x01", "\x01U2\x01"
+
+
+def render(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
+           bos_token: str = "", eos_token: str = "", tools: list | None = None) -> str:
+    """Render a Hugging Face chat template the way transformers does."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token, eos_token=eos_token, tools=tools)
+    except jinja2.TemplateError as err:
+        raise LanternError(f"chat template failed to render: {err}") from None
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _split(text: str, *markers: str) -> list[str]:
+    parts, rest = [], text
+    for m in markers:
+        if m not in rest:
+            raise ValueError(f"marker missing from rendered template")
+        head, rest = rest.split(m, 1)
+        parts.append(head)
+    return parts + [rest]
+
+
+def to_conv_template(template: str, *, bos_token: str, eos_token: str, stop_token_ids: list[int],
+                     name: str) -> dict:
+    """Translate ``template`` into WebLLM's ``conv_template`` object (verified, or LanternError)."""
+    kw = {"bos_token": bos_token, "eos_token": eos_token}
+    user = lambda c: {"role": "user", "content": c}  # noqa: E731
+    try:
+        with_sys = render(template, [{"role": "system", "content": _SYS}, user(_U1),
+                                     {"role": "assistant", "content": _A1}, user(_U2)], **kw)
+        pre, sys_to_u1, u1_to_a1, a1_to_u2, tail = _split(with_sys, _SYS, _U1, _A1, _U2)
+        # Default system message: what the template writes when there is none.
+        no_sys = render(template, [user(_U1)], **kw)
+        default_head = no_sys.split(_U1, 1)[0]
+    except ValueError:
+        raise LanternError("chat template drops message text; it cannot be translated for WebLLM") from None
+    # u1_to_a1 = sep + assistant header; a1_to_u2 = sep + user header;
+    # sys_to_u1 = system suffix + user header; tail = sep + assistant header + empty sep.
+    # The separator is the common start of the two turn boundaries, minus any part
+    # that also opens the system block (a shared header start like "<|im_start|>").
+    common = _common_prefix(u1_to_a1, a1_to_u2)
+    cut = next(k for k in range(len(common) + 1) if pre.startswith(common[k:]) or k == len(common))
+    sep = common[:cut]
+    role_assistant, role_user = u1_to_a1[cut:], a1_to_u2[cut:]
+    if not tail.startswith(sep + role_assistant) or not sys_to_u1.endswith(role_user):
+        raise LanternError("chat template does not fit WebLLM's conv_template format")
+    role_empty_sep = tail[len(sep + role_assistant):]
+    system_template = pre + "{system_message}" + sys_to_u1[: len(sys_to_u1) - len(role_user)]
+    system_message = ""
+    head_prefix, head_suffix = system_template.split("{system_message}")
+    if default_head.startswith(head_prefix) and default_head.endswith(head_suffix + role_user):
+        system_message = default_head[len(head_prefix): len(default_head) - len(head_suffix + role_user)]
+    conv = {
+        "name": name,
+        "system_template": system_template,
+        "system_message": system_message,
+        "system_prefix_token_ids": [],
+        "add_role_after_system_message": True,
+        "roles": {"user": role_user, "assistant": role_assistant, "tool": role_user},
+        "role_templates": {"user": "{user_message}", "assistant": "{assistant_message}",
+                           "tool": "{tool_message}"},
+        "messages": [],
+        "seps": [sep],
+        "role_content_sep": "",
+        "role_empty_sep": role_empty_sep,
+        "stop_str": [sep.strip() or eos_token],
+        "stop_token_ids": stop_token_ids,
+        "function_string": "",
+        "use_function_calling": False,
+    }
+    _verify(template, conv, kw)
+    return conv
+
+
+def render_conv_template(conv: dict, messages: list[dict]) -> str:
+    """What WebLLM builds from ``conv`` (its getPromptArray), for checking the translation."""
+    system = next((m["content"] for m in messages if m["role"] == "system"), conv["system_message"])
+    out = conv["system_template"].replace("{system_message}", system)
+    turns = [m for m in messages if m["role"] != "system"]
+    for i, m in enumerate(turns):
+        out += conv["roles"][m["role"]] + conv["role_content_sep"] + m["content"] + conv["seps"][i % len(conv["seps"])]
+    return out + conv["roles"]["assistant"] + conv["role_empty_sep"]
+
+
+def _verify(template: str, conv: dict, kw: dict) -> None:
+    probes = [
+        [{"role": "user", "content": "Hi there"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One"},
+         {"role": "assistant", "content": "Two"}, {"role": "user", "content": "Three"},
+         {"role": "assistant", "content": "Four"}, {"role": "user", "content": "Five"}],
+    ]
+    for messages in probes:
+        if render(template, messages, **kw) != render_conv_template(conv, messages):
+            raise LanternError("chat template does not fit WebLLM's conv_template format")

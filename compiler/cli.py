@@ -1,0 +1,147 @@
+"""The ``lantern`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from . import __version__
+from .errors import LanternError
+from .quantize import QUANTIZATIONS
+
+BUILD_EXAMPLES = """examples:
+  lantern build smollm2 --out dist/smollm2                              bundled SmolLM2-135M-Instruct
+  lantern build ./my-finetune --quant q4f32_1 --out dist/my-model       Hugging Face folder
+  lantern build model.gguf --quant q4f16_1 --out dist/m                 GGUF file
+  lantern build ./base --lora ./adapter --quant q4f16_1 --out dist/m    PEFT LoRA merged at build
+"""
+
+
+class RichReporter:
+    """Draws one progress bar per stage on stderr."""
+
+    def __init__(self, console):
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<9}"),
+                                 BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                 console=console)
+        self.task = None
+
+    @contextlib.contextmanager
+    def stage(self, name: str, total: int | None = None) -> Iterator[None]:
+        self.task = self.progress.add_task(name, total=total, stage=name, detail="")
+        try:
+            yield
+            self.progress.update(self.task, completed=total or 1, total=total or 1)
+        finally:
+            self.task = None
+
+    def advance(self, step: int = 1, detail: str = "") -> None:
+        if self.task is not None:
+            self.progress.update(self.task, advance=step, detail=detail)
+
+    def log(self, message: str) -> None:
+        self.progress.console.log(message)
+
+
+def _summary_table(result) -> "object":
+    from rich.table import Table
+
+    m = result.manifest
+    table = Table(title=f"{m['model']['name']} ({m['quantization']}) -> {result.out}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("weights", f"{m['weights']['bytes'] / 2**20:.1f} MiB in {m['weights']['shards']} shards")
+    table.add_row("bytes/param", f"{m['weights']['bytes_per_param']:.3f}")
+    table.add_row("parameters", f"{m['model']['parameters']:,}")
+    table.add_row("est. GPU memory", f"{m['memory']['estimated_gpu_bytes'] / 2**20:.0f} MiB")
+    for lib in m["libraries"]:
+        size = m["files"][lib["file"]]["size"]
+        table.add_row(lib["file"], f"{size / 2**20:.1f} MiB, {lib['kernels']} kernels")
+    for stage, seconds in result.stage_seconds.items():
+        table.add_row(f"time: {stage}", f"{seconds:.1f} s")
+    if result.cached:
+        table.add_row("cache", "hit (nothing rebuilt)")
+    return table
+
+
+def cmd_build(args) -> int:
+    from rich.console import Console
+
+    from .pipeline import BuildOptions, Reporter, build
+
+    console = Console(stderr=True)
+    opts = BuildOptions(
+        source=args.source, out=Path(args.out), quant=args.quant,
+        lora=Path(args.lora) if args.lora else None,
+        targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
+        dump_dir=Path(args.dump_dir) if args.dump_dir else None, name=args.name,
+        use_cache=not args.no_cache)
+    if args.cache_dir:
+        opts.cache_dir = Path(args.cache_dir)
+    if args.json:
+        result = build(opts, Reporter())
+    else:
+        reporter = RichReporter(console)
+        with reporter.progress:
+            try:
+                result = build(opts, reporter)
+            except BaseException:
+                # A failed build ends in one error line: drop the bars drawn so far.
+                for task in list(reporter.progress.task_ids):
+                    reporter.progress.remove_task(task)
+                raise
+        console.print(_summary_table(result))
+    if args.json:
+        print(json.dumps({"out": str(result.out), "cached": result.cached,
+                          "stage_seconds": result.stage_seconds, "manifest": result.manifest}, indent=2))
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lantern", description="Compile language models for the browser (WebGPU) and serve them.")
+    parser.add_argument("--version", action="version", version=f"lantern {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser(
+        "build", help="convert, quantize and compile a model into a browser artifact",
+        description="Convert, quantize and compile a model into a folder that any static host can serve "
+                    "and `npm publish` accepts (WebGPU wasm library, CPU library, weights, manifest).",
+        epilog=BUILD_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("source", help="a Hugging Face folder, a .gguf file, or a bundled name (smollm2)")
+    b.add_argument("--out", required=True, help="artifact folder to create (replaced atomically)")
+    b.add_argument("--quant", default="q4f32_1", choices=list(QUANTIZATIONS),
+                   help="weight format (default: q4f32_1, which runs on every WebGPU adapter)")
+    b.add_argument("--lora", help="PEFT LoRA adapter folder to merge into the base weights")
+    b.add_argument("--targets", default="webgpu,cpu",
+                   help="comma-separated libraries to build: webgpu, cpu (default: both)")
+    b.add_argument("--name", help="model name used in file names and package.json (default: from source)")
+    b.add_argument("--dump-dir", help="write the IR after every compiler phase to this folder")
+    b.add_argument("--cache-dir", help="build cache folder (default: $LANTERN_CACHE or ~/.cache/lantern)")
+    b.add_argument("--no-cache", action="store_true", help="rebuild even if an identical build is cached")
+    b.add_argument("--json", action="store_true", help="print a machine-readable result instead of tables")
+    b.set_defaults(func=cmd_build)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LanternError as err:
+        print(f"lantern: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("lantern: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

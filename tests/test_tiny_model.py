@@ -1,0 +1,49 @@
+"""The compiled CPU library of a tiny random Llama against the numpy reference model."""
+
+import numpy as np
+import pytest
+
+import numpy_llama
+from reference_weights import hf_weights_from_artifact
+
+from lantern.artifact import Artifact
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return [int(t) for t in np.random.default_rng(7).integers(0, 49152, 70)]
+
+
+@pytest.mark.parametrize("quant", ["q0f32", "q4f32_1"])
+def test_all_position_logits_match_numpy(tiny_hf, build_artifact, tokens, quant):
+    folder, weights, cfg = tiny_hf
+    art = Artifact.open(build_artifact(folder, quant))
+    ref_weights = weights if quant == "q0f32" else hf_weights_from_artifact(art.params(), cfg, quant)
+    ref = numpy_llama.forward(ref_weights, cfg, tokens)
+    got = art.cpu_model().all_logits(tokens)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_prefill_on_history_and_decode_match_numpy(tiny_hf, build_artifact, tokens):
+    folder, weights, cfg = tiny_hf
+    model = Artifact.open(build_artifact(folder, "q0f32")).cpu_model()
+    ref = numpy_llama.forward(weights, cfg, tokens)
+    scale = np.abs(ref).max()
+    # first prefill, two decodes, then a second prefill on top of that history
+    cuts = [(0, 40), (40, 41), (41, 42), (42, 70)]
+    for start, end in cuts:
+        got = model.prefill(tokens[start:end])
+        np.testing.assert_allclose(got, ref[end - 1], atol=1e-4 * scale)
+
+
+def test_greedy_matches_numpy(tiny_hf, build_artifact, tokens):
+    folder, weights, cfg = tiny_hf
+    model = Artifact.open(build_artifact(folder, "q0f32")).cpu_model()
+    assert model.greedy(tokens[:12], 8) == numpy_llama.greedy(weights, cfg, tokens[:12], 8)
+
+
+def test_q0f16_runs_close_to_f32(tiny_hf, build_artifact, tokens):
+    folder, weights, cfg = tiny_hf
+    got = Artifact.open(build_artifact(folder, "q0f16")).cpu_model().prefill(tokens[:20])
+    ref = numpy_llama.forward(weights, cfg, tokens[:20])[-1]
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()

@@ -1,0 +1,58 @@
+"""Random-initialised tiny models with a real tokenizer: fast inputs for the build pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
+
+
+def random_llama_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    d = h // cfg["num_attention_heads"]
+    kv = cfg["num_key_value_heads"] * d
+    w = {"model.embed_tokens.weight": rng.normal(0, 1.0, (v, h)),
+         "model.norm.weight": 1 + 0.1 * rng.normal(size=h)}
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = rng.normal(0, 0.2, (v, h))
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        shapes = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+                  "self_attn.o_proj": (h, h), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h),
+                  "mlp.down_proj": (h, i)}
+        for name, shape in shapes.items():
+            w[f"{p}{name}.weight"] = rng.normal(0, 0.6 / np.sqrt(shape[1]), shape)
+        w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.normal(size=h)
+        w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.normal(size=h)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def write_hf_folder(folder: Path, tokenizer_dir: Path, *, seed: int = 0, **overrides) -> dict[str, np.ndarray]:
+    """Write config.json, model.safetensors and the tokenizer files; return the weights."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    vocab = len(tok["model"]["vocab"])
+    cfg = {**TINY_CONFIG, "vocab_size": vocab, **overrides}
+    weights = random_llama_weights(cfg, seed)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(weights, str(folder / "model.safetensors"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
+    return weights
