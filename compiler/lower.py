@@ -16,8 +16,10 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from .cpu_schedule import ParallelSpatial
 from .kernels import replace_racy_kernels
 from .quantize import QuantSpec
+from .sampler import attach_sampler
 
 # The two targets built from the same model source.
 WEBGPU_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
@@ -41,6 +43,7 @@ def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata:
     mod, named = model.export_tvm(spec=model.get_default_spec())
     if target.kind.name != "llvm":
         mod = replace_racy_kernels(mod, spec.model_dtype)
+    mod = attach_sampler(mod, config.vocab_size, target)
     names = [n for n, _ in named]
     shapes = [[int(d) for d in p.shape] for _, p in named]
     dtypes = [p.dtype for _, p in named]
@@ -58,7 +61,7 @@ def _attach_metadata(mod: tvm.IRModule, metadata: dict) -> tvm.IRModule:
     return bb.finalize()
 
 
-def _phases(target: tvm.target.Target) -> list[tuple[str, list[tvm.transform.Pass]]]:
+def _phases(target: tvm.target.Target, quantized: bool) -> list[tuple[str, list[tvm.transform.Pass]]]:
     from tvm.s_tir import dlight as dl
 
     graph = [
@@ -72,7 +75,10 @@ def _phases(target: tvm.target.Target) -> list[tuple[str, list[tvm.transform.Pas
         relax.transform.DeadCodeElimination(),
     ]
     if target.kind.name == "llvm":
-        schedule = [dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction())]
+        # dlight's CPU GEMV rule doubles q4 decode speed (it dequantizes inside the dot
+        # product) but spends minutes compiling plain f32/f16 GEMVs: only for quantized models.
+        gemv = [dl.cpu.GEMV()] if quantized else []
+        schedule = [dl.ApplyDefaultSchedule(*gemv, dl.cpu.Reduction(), ParallelSpatial())]
     else:
         schedule = [dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
@@ -94,7 +100,8 @@ def _phases(target: tvm.target.Target) -> list[tuple[str, list[tvm.transform.Pas
     return [("graph", graph), ("schedule", schedule), ("lower", lower), ("vm", vm)]
 
 
-def compile_module(mod: tvm.IRModule, target: tvm.target.Target, *, dump_dir: Path | None = None,
+def compile_module(mod: tvm.IRModule, target: tvm.target.Target, *, quantized: bool = False,
+                   dump_dir: Path | None = None,
                    on_phase: Callable[[str], None] = lambda _: None) -> tuple[relax.Executable, int, int]:
     """Run the phases, then build TIR and VM bytecode for ``target``.
 
@@ -102,7 +109,7 @@ def compile_module(mod: tvm.IRModule, target: tvm.target.Target, *, dump_dir: Pa
     (WGSL bytes for webgpu, TIR script bytes for cpu).
     """
     with target:
-        for i, (name, passes) in enumerate(_phases(target), start=1):
+        for i, (name, passes) in enumerate(_phases(target, quantized), start=1):
             on_phase(name)
             mod = tvm.transform.Sequential(passes, name=name)(mod)
             if dump_dir is not None:

@@ -207,7 +207,8 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
             exported = lower.export(src.family, config, lib_spec, target, metadata)
             param_names = exported.param_names
             ex, kernels, largest = lower.compile_module(
-                exported.mod, target, dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
+                exported.mod, target, quantized=lib_spec.quantized,
+                dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
                 on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))
             executables.append((stem, target_name, lib_spec, ex, kernels, largest))
             reporter.advance(1, stem)

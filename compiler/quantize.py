@@ -5,8 +5,8 @@ Layouts follow MLC LLM so artifacts load in WebLLM too:
 * ``q0f32`` / ``q0f16``: plain weights in float32 / float16.
 * ``q4f32_1`` / ``q4f16_1``: symmetric group quantization along the input axis.
   Each group of 32 consecutive input elements shares one scale
-  ``max|w| / 7``; every element is stored as ``round(w / scale) + 7`` in
-  0..14, eight 4-bit values packed into one uint32 (element ``j`` of the
+  (see ``quantize_weight``); every element is stored as ``round(w / scale) + 7``
+  in 0..15, eight 4-bit values packed into one uint32 (element ``j`` of the
   eight in bits ``4j..4j+3``). A weight ``[out, in]`` becomes
   ``q_weight: uint32[out, in / 8]`` and ``q_scale: dtype[out, in / 32]``.
 
@@ -79,15 +79,24 @@ def check_quantizable(name: str, shape: tuple[int, ...], spec: QuantSpec) -> Non
 
 
 def quantize_weight(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Pack a float ``[out, in]`` matrix into (q_weight uint32[out, in/8], q_scale[out, in/32])."""
+    """Pack a float ``[out, in]`` matrix into (q_weight uint32[out, in/8], q_scale[out, in/32]).
+
+    Dequantization is MLC's ``(q - 7) * scale`` with q in 0..15, so levels run
+    from -7 to +8 steps. MLC picks ``scale = max|w| / 7`` and never uses +8; here
+    the scale is the smallest that fits the group without clipping either end
+    (``max(largest / 8, -smallest / 7)``), which is never coarser. No value is
+    clipped: outlier weights matter more to a language model than the mean error.
+    """
     out_dim, in_dim = w.shape
     groups = w.astype(np.float32).reshape(out_dim, in_dim // spec.group_size, spec.group_size)
-    scale = np.abs(groups).max(axis=-1, keepdims=True) / spec.max_int
-    # Scales are stored in the model dtype: quantize against the rounded scale
-    # so dequantization reproduces exactly what we computed here.
-    scale = scale.astype(spec.model_dtype).astype(np.float32)
+    top = spec.max_int + 1
+    scale = np.maximum(groups.max(axis=-1, keepdims=True) / top,
+                       -groups.min(axis=-1, keepdims=True) / spec.max_int)
+    # Scales are stored in the model dtype: quantize against the rounded scale so
+    # dequantization reproduces exactly what is measured here.
+    scale = np.maximum(scale, 0).astype(spec.model_dtype).astype(np.float32)
     safe = np.where(scale == 0, 1.0, scale)
-    q = np.clip(np.round(groups / safe) + spec.max_int, 0, 2 * spec.max_int).astype(np.uint32)
+    q = np.clip(np.round(groups / safe) + spec.max_int, 0, spec.max_int + top).astype(np.uint32)
     q = q.reshape(out_dim, in_dim // spec.per_uint32, spec.per_uint32)
     shifts = (np.arange(spec.per_uint32, dtype=np.uint32) * spec.bits)[None, None, :]
     packed = np.bitwise_or.reduce(q << shifts, axis=-1).astype(np.uint32)
@@ -107,18 +116,25 @@ def dequantize_weight(q_weight: np.ndarray, q_scale: np.ndarray, spec: QuantSpec
 # --------------------------------------------------------------------------- TVM side
 
 
+def _dequantized(q_weight: te.Tensor, q_scale: te.Tensor, spec: QuantSpec, dtype: str, row, i):
+    """Element ``i`` of packed row ``row`` as a ``dtype`` value: (nibble - 7) * scale."""
+    mask = tirx.const((1 << spec.bits) - 1, "uint32")
+    word = q_weight[row, i // spec.per_uint32]
+    nibble = (word >> ((i % spec.per_uint32) * spec.bits).astype("uint32")) & mask
+    return (nibble.astype(dtype) - tirx.const(spec.max_int, dtype)) * q_scale[row, i // spec.group_size].astype(dtype)
+
+
 def _te_dequantize(q_weight: te.Tensor, q_scale: te.Tensor, spec: QuantSpec, in_dim: int, dtype: str):
-    """TE stage: rows of packed weights -> [rows, in_dim] in ``dtype``."""
-    bits, per, gs, max_int = spec.bits, spec.per_uint32, spec.group_size, spec.max_int
-    mask = tirx.const((1 << bits) - 1, "uint32")
+    """TE stage: packed ``[rows, in/8]`` -> ``[rows, in_dim]`` in ``dtype``."""
+    return te.compute((q_weight.shape[0], in_dim),
+                      lambda r, i: _dequantized(q_weight, q_scale, spec, dtype, r, i), name="dequantize")
 
-    def value(*idx):
-        *row, i = idx
-        word = q_weight[(*row, i // per)]
-        nibble = (word >> ((i % per) * bits).astype("uint32")) & mask
-        return (nibble.astype(dtype) - tirx.const(max_int, dtype)) * q_scale[(*row, i // gs)].astype(dtype)
 
-    return te.compute((*q_weight.shape[:-1], in_dim), value, name="dequantize")
+def _matmul_transposed(x: te.Tensor, w: te.Tensor) -> te.Tensor:
+    """TE stage ``x @ w.T`` for ``w[out, in]``, reading rows of ``w`` (no transpose kernel)."""
+    k = te.reduce_axis((0, w.shape[1]), name="k")
+    return te.compute((*x.shape[:-1], w.shape[0]),
+                      lambda *idx: te.sum(x[(*idx[:-1], k)] * w[idx[-1], k], axis=k), name="matmul")
 
 
 class GroupQuantLinear(nn.Module):
@@ -135,14 +151,7 @@ class GroupQuantLinear(nn.Module):
         # Dequantize and matmul are stages of ONE TE op: as two ops the whole
         # weight matrix would be materialised in memory before the matmul.
         def fused(x_te: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
-            w = _te_dequantize(qw, qs, spec, in_dim, dtype)
-            k = te.reduce_axis((0, in_dim), name="k")
-            lead = x_te.shape[:-1]
-            return te.compute(
-                (*lead, self.out_features),
-                lambda *idx: te.sum(x_te[(*idx[:-1], k)] * w[idx[-1], k], axis=k),
-                name="matmul",
-            )
+            return _matmul_transposed(x_te, _te_dequantize(qw, qs, spec, in_dim, dtype))
 
         return op.tensor_expr_op(fused, "dequantize_matmul", [x, self.q_weight, self.q_scale])
 
@@ -162,44 +171,46 @@ class GroupQuantEmbedding(nn.Module):
         spec, hidden, dtype = self.spec, self.hidden_size, self.spec.model_dtype
 
         def lookup(ids: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
-            per, gs, max_int, bits = spec.per_uint32, spec.group_size, spec.max_int, spec.bits
-            mask = tirx.const((1 << bits) - 1, "uint32")
-
-            def value(n, i):
-                word = qw[ids[n], i // per]
-                nibble = (word >> ((i % per) * bits).astype("uint32")) & mask
-                return (nibble.astype(dtype) - tirx.const(max_int, dtype)) * qs[ids[n], i // gs].astype(dtype)
-
-            return te.compute((ids.shape[0], hidden), value, name="embedding_lookup")
+            return te.compute((ids.shape[0], hidden),
+                              lambda n, i: _dequantized(qw, qs, spec, dtype, ids[n], i), name="embedding_lookup")
 
         return op.tensor_expr_op(lookup, "dequantize_embedding", [input_ids, self.q_weight, self.q_scale])
 
     def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
-        spec, hidden, vocab = self.spec, self.hidden_size, self.vocab_size
+        spec, hidden = self.spec, self.hidden_size
 
         def fused(x_te: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
-            w = _te_dequantize(qw, qs, spec, hidden, x_te.dtype)
-            k = te.reduce_axis((0, hidden), name="k")
-            return te.compute(
-                (*x_te.shape[:-1], vocab),
-                lambda *idx: te.sum(x_te[(*idx[:-1], k)] * w[idx[-1], k], axis=k),
-                name="matmul",
-            )
+            return _matmul_transposed(x_te, _te_dequantize(qw, qs, spec, hidden, x_te.dtype))
 
         return op.tensor_expr_op(fused, "dequantize_lm_head", [x, self.q_weight, self.q_scale])
+
+
+class PlainLinear(nn.Module):
+    """``y = x @ W.T`` as one TE op reading ``W[out, in]`` directly.
+
+    nn.Linear's ``matmul(x, permute_dims(W))`` becomes a separate transpose
+    kernel that rewrites every weight matrix on every call.
+    """
+
+    def __init__(self, in_features: int, out_features: int, dtype: str):
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter((out_features, in_features), dtype)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return op.tensor_expr_op(_matmul_transposed, "linear", [x, self.weight])
 
 
 class PlainEmbedding(nn.Embedding):
     """Unquantized embedding with the same ``lm_head_forward`` as the quantized one."""
 
     def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
-        return op.matmul(x, op.permute_dims(self.weight))
+        return op.tensor_expr_op(_matmul_transposed, "lm_head", [x, self.weight])
 
 
 def make_linear(in_features: int, out_features: int, spec: QuantSpec) -> nn.Module:
     if spec.quantized:
         return GroupQuantLinear(in_features, out_features, spec)
-    return nn.Linear(in_features, out_features, bias=False, dtype=spec.model_dtype)
+    return PlainLinear(in_features, out_features, spec.model_dtype)
 
 
 def make_embedding(vocab_size: int, hidden_size: int, spec: QuantSpec) -> nn.Module:

@@ -35,6 +35,14 @@ class CpuModel:
         self.length = 0  # tokens already in the KV cache
         _KV["add_sequence"](self.kv, self.seq_id)
 
+    def call(self, name: str, *args: np.ndarray) -> list[np.ndarray]:
+        """Call a library function on numpy arrays; returns its outputs (in-place ones included)."""
+        tensors = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in args]
+        out = self.vm[name](*tensors)
+        if isinstance(out, tvm.runtime.Tensor):
+            return [out.numpy()]
+        return [o.numpy() for o in out]
+
     def reset(self) -> None:
         _KV["remove_sequence"](self.kv, self.seq_id)
         _KV["add_sequence"](self.kv, self.seq_id)

@@ -11,10 +11,16 @@ async function loadModel(modelUrl, libFile) {
   const dev = tvm.webgpu();
   tvm.beginScope();
   const vm = tvm.detachFromCurrentScope(tvm.createVirtualMachine(dev));
-  const metadata = JSON.parse(vm.getFunction("_metadata")());
-  await tvm.fetchTensorCache(modelUrl, dev, "lantern-probe", "cache");
-  const params = tvm.detachFromCurrentScope(
-    tvm.getParamsFromCacheByName(metadata.params.map((p) => p.name)));
+  let metadata = { params: [] };  // kernel-only test libraries have no _metadata
+  try {
+    metadata = JSON.parse(vm.getFunction("_metadata")());
+  } catch (err) { /* keep the empty metadata */ }
+  let params = null;
+  if (metadata.params.length) {
+    await tvm.fetchTensorCache(modelUrl, dev, "lantern-probe", "cache");
+    params = tvm.detachFromCurrentScope(
+      tvm.getParamsFromCacheByName(metadata.params.map((p) => p.name)));
+  }
   tvm.endScope();
   return { tvm, dev, vm, metadata, params, adapter: gpu.adapterInfo };
 }
@@ -61,4 +67,29 @@ window.runProbe = async function (modelUrl, libFile, steps) {
     tvm.endScope();
   }
   return { logits: out, adapter: m.adapter, hiddenParam: hidden && hidden.name };
+};
+
+// calls: [{name, args: [{dtype, shape, data}]}]: runs each library function on WebGPU
+// with fresh device tensors and returns every output (tuple items flattened) as arrays.
+// In-place functions return their first argument, so the result shows what they wrote.
+window.callFunctions = async function (modelUrl, libFile, calls) {
+  const m = await loadModel(modelUrl, libFile);
+  const { tvm } = m;
+  const results = [];
+  for (const call of calls) {
+    tvm.beginScope();
+    const args = call.args.map((a) => {
+      const t = tvm.empty(a.shape, a.dtype, m.dev);
+      const Ctor = a.dtype === "int32" ? Int32Array : Float32Array;
+      t.copyFrom(Ctor.from(a.data));
+      return t;
+    });
+    const ret = fn(m, call.name)(...args);
+    const outs = typeof ret.size === "function" ? [...Array(ret.size).keys()].map((i) => ret.get(i)) : [ret];
+    const arrays = [];
+    for (const o of outs) arrays.push(await toHost(m, o));
+    results.push(arrays);
+    tvm.endScope();
+  }
+  return results;
 };
