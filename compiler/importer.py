@@ -154,13 +154,16 @@ def _open_gguf(path: Path):
         raise LanternError(f"corrupt GGUF file {path.name}: {err}") from None
 
 
+# Vocabulary arrays: large, and read by the tokenizer converter instead.
+_GGUF_VOCAB_FIELDS = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                      "tokenizer.ggml.merges"}
+
+
 def _gguf_metadata(reader) -> dict:
     meta = {}
     for key, fld in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key not in ("tokenizer.ggml.bos_token_id",
-                                                            "tokenizer.ggml.eos_token_id",
-                                                            "tokenizer.ggml.add_bos_token"):
-            continue  # vocabularies are large and read by the tokenizer converter
+        if key in _GGUF_VOCAB_FIELDS:
+            continue
         try:
             meta[key] = fld.contents()
         except Exception:  # noqa: BLE001 - a field we cannot decode is one we do not need

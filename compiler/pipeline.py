@@ -106,8 +106,6 @@ def _install(tmp: Path, out: Path) -> None:
     """Move the finished folder into place; an older build at ``out`` is replaced whole."""
     old = None
     if out.exists():
-        if not (out / package.MANIFEST).exists():
-            raise LanternError(f"{out} exists and is not a Lantern artifact; refusing to overwrite it")
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         out.rename(old)
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; static hosts must read it
@@ -126,13 +124,17 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
         raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
     times: dict[str, float] = {}
     out = opts.out.resolve()
+    if out.exists() and not (out / package.MANIFEST).exists():
+        raise LanternError(f"{out} exists and is not a Lantern artifact; refusing to overwrite it")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
     with reporter.stage("import"):
         src = import_source(opts.source, opts.cache_dir)
         name = opts.name or src.name
-        versions = toolchain_versions() if "webgpu" in opts.targets else {**toolchain_versions(), "emscripten": None}
+        versions = toolchain_versions()
+        if "webgpu" not in opts.targets:
+            versions["emscripten"] = None  # not part of this build
         key = _cache_key(src, opts, versions)
         cached = opts.cache_dir / "artifacts" / key
         if opts.use_cache and (cached / package.MANIFEST).exists():

@@ -48,17 +48,14 @@ class CpuModel:
         _KV["add_sequence"](self.kv, self.seq_id)
         self.length = 0
 
-    def _embed(self, tokens: Sequence[int]):
-        ids = tvm.runtime.tensor(np.asarray(tokens, dtype="int32"), self.device)
-        emb = self.vm["embed"](ids, self.params)
-        return emb.numpy()
-
     def _forward(self, func: str, tokens: Sequence[int], *extra) -> np.ndarray:
         if self.length + len(tokens) > self.context_window:
             raise ValueError(f"context window of {self.context_window} tokens exceeded")
-        emb = self._embed(tokens)[None]
+        ids = tvm.runtime.tensor(np.asarray(tokens, dtype="int32"), self.device)
+        emb = self.vm["embed"](ids, self.params)
+        emb = emb._create_view((1, *emb.shape))  # [n, H] -> [1, n, H] without a copy
         _KV["begin_forward"](self.kv, ShapeTuple([self.seq_id]), ShapeTuple([len(tokens)]))
-        logits, _ = self.vm[func](tvm.runtime.tensor(emb, self.device), *extra, self.kv, self.params)
+        logits, _ = self.vm[func](emb, *extra, self.kv, self.params)
         _KV["end_forward"](self.kv)
         self.length += len(tokens)
         return logits.numpy()

@@ -122,3 +122,12 @@ def test_truncated_gguf(smollm2_gguf, capsys, tmp_path):
 def test_unknown_quantization(tiny_hf, capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["build", str(tiny_hf[0]), "--out", str(tmp_path / "o"), "--quant", "q3f99"])
+
+
+def test_existing_folder_that_is_not_an_artifact_is_kept(tiny_hf, capsys, tmp_path):
+    precious = tmp_path / "out"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    code, _, err = run_cli(["build", str(tiny_hf[0]), "--out", str(precious), "--targets", "cpu"], capsys)
+    assert code == 1 and "is not a Lantern artifact" in err
+    assert (precious / "notes.txt").read_text() == "mine"

@@ -12,16 +12,20 @@ pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
 TVMJS = repo_root() / "webruntime" / "node_modules" / "@mlc-ai" / "web-runtime" / "lib"
 
 
-def probe(art: Artifact, steps: list[list[int]]) -> list[np.ndarray]:
-    """Run the steps (prefill or decode each) on WebGPU; return each step's last logits."""
-    lib = next(lib["file"] for lib in art.manifest["libraries"]
-               if lib["target"] == "webgpu" and not lib["required_features"])
+def probe(art: Artifact, steps: list[list[int]], lib: str | None = None, upcast: bool = False) -> list[np.ndarray]:
+    """Run the steps (prefill or decode each) on WebGPU; return each step's last logits.
+
+    ``lib`` defaults to the library that needs no optional feature; ``upcast`` loads float16
+    weights as float32 (what a runtime does for an f16 artifact's fallback library).
+    """
+    lib = lib or next(x["file"] for x in art.manifest["libraries"]
+                      if x["target"] == "webgpu" and not x["required_features"])
     routes = {"/tvmjs/": TVMJS, "/probe/": repo_root() / "tests" / "web", "/models/m/": art.path}
     with serve(routes) as base, chromium() as browser:
         page = browser.new_page()
         page.goto(base + "/probe/model_probe.html")
-        result = page.evaluate("([u, l, s]) => runProbe(u, l, s.map(t => ({tokens: t})))",
-                               [base + "/models/m/", lib, steps])
+        result = page.evaluate("([u, l, s, up]) => runProbe(u, l, s.map(t => ({tokens: t})), up)",
+                               [base + "/models/m/", lib, steps, upcast])
     return [np.array(x, dtype=np.float32) for x in result["logits"]]
 
 
@@ -50,3 +54,30 @@ def test_tiny_model_webgpu_matches_cpu(tiny_hf, build_artifact):
 def test_smollm2_q4f32_webgpu_matches_cpu(build_artifact):
     art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu")))
     check_against_cpu(art, multi_turn_steps(1), rtol=1e-3)
+
+
+def test_f16_artifact_has_a_fallback_that_runs_without_shader_f16(tiny_hf, build_artifact):
+    """q4f16_1: the f16 library needs shader-f16 (SwiftShader lacks it); the f32 fallback runs here
+    on the same f16 weights, upcast at load, and matches numpy on the dequantized weights."""
+    import numpy_llama
+    from reference_weights import hf_weights_from_artifact
+
+    folder, _, cfg = tiny_hf
+    art = Artifact.open(build_artifact(folder, "q4f16_1", targets=("webgpu", "cpu")))
+    libs = {lib["file"]: lib for lib in art.manifest["libraries"] if lib["target"] == "webgpu"}
+    assert sorted(lib["required_features"] for lib in libs.values()) == [[], ["shader-f16"]]
+    assert art.manifest["required_features"] == []
+    fallback = next(f for f, lib in libs.items() if not lib["required_features"])
+    assert libs[fallback]["param_upcast"] == "float16->float32" and libs[fallback]["dtype"] == "float32"
+    f16_lib = next(f for f, lib in libs.items() if lib["required_features"])
+    assert "enable f16;" in (art.path / f16_lib).read_bytes().decode("latin-1")
+
+    tokens = multi_turn_steps(2)
+    got_logits = probe(art, tokens, lib=fallback, upcast=True)
+    weights = hf_weights_from_artifact(art.params(), cfg, "q4f16_1")
+    flat = [t for step in tokens for t in step]
+    ref = numpy_llama.forward(weights, cfg, flat)
+    ends = np.cumsum([len(s) for s in tokens]) - 1
+    for i, (end, got) in enumerate(zip(ends, got_logits)):
+        err = np.abs(got - ref[end]).max() / np.abs(ref[end]).max()
+        assert err < 1e-4, f"step {i}: relative logit error {err:.2e}"

@@ -47,6 +47,9 @@ class LlamaConfig:
             rope_scaling = {}
         if rope_scaling.get("rope_type") not in (None, "llama3", "yarn", "longrope", "linear"):
             raise LanternError(f"unsupported rope_scaling type '{rope_scaling.get('rope_type')}'")
+        if rope_scaling.get("rope_type") == "linear" and float(rope_scaling["factor"]) != int(rope_scaling["factor"]):
+            # TVM's KV cache divides positions by an integer rope_scale
+            raise LanternError(f"linear rope_scaling needs an integer factor, got {rope_scaling['factor']}")
         if cfg.get("sliding_window"):
             raise LanternError("sliding-window attention is not supported yet (config.json sets sliding_window)")
         context = cfg.get("max_position_embeddings", 4096)

@@ -2,7 +2,35 @@
 // on WebGPU and returns raw logits to the Python test (no engine in between).
 /* global tvmjs */
 
-async function loadModel(modelUrl, libFile) {
+function halfToFloat(h) {
+  const s = (h & 0x8000) ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const f = h & 0x3ff;
+  if (e === 0) return s * 2 ** -14 * (f / 1024);
+  if (e === 31) return f ? NaN : s * Infinity;
+  return s * 2 ** (e - 15) * (1 + f / 1024);
+}
+
+// Load the parameters from tensor-cache.json by hand, turning float16 tensors into float32:
+// what a runtime does for the f32 fallback library of an f16 artifact (no shader-f16).
+async function loadParamsUpcast(tvm, dev, modelUrl, names) {
+  const index = await (await fetch(new URL("tensor-cache.json", modelUrl))).json();
+  const byName = new Map();
+  for (const shard of index.records) {
+    const bytes = await (await fetch(new URL(shard.dataPath, modelUrl))).arrayBuffer();
+    for (const rec of shard.records) {
+      const raw = bytes.slice(rec.byteOffset, rec.byteOffset + rec.nbytes);
+      const half = rec.dtype === "float16";
+      const t = tvm.detachFromCurrentScope(tvm.empty(rec.shape, half ? "float32" : rec.dtype, dev));
+      if (half) t.copyFrom(Float32Array.from(new Uint16Array(raw), halfToFloat));
+      else t.copyFromRawBytes(new Uint8Array(raw));
+      byName.set(rec.name, t);
+    }
+  }
+  return tvm.detachFromCurrentScope(tvm.makeTVMArray(names.map((n) => byName.get(n))));
+}
+
+async function loadModel(modelUrl, libFile, upcast = false) {
   const gpu = await tvmjs.detectGPUDevice();
   if (!gpu) throw new Error("no WebGPU adapter");
   const wasm = await (await fetch(new URL(libFile, modelUrl))).arrayBuffer();
@@ -16,7 +44,9 @@ async function loadModel(modelUrl, libFile) {
     metadata = JSON.parse(vm.getFunction("_metadata")());
   } catch (err) { /* keep the empty metadata */ }
   let params = null;
-  if (metadata.params.length) {
+  if (metadata.params.length && upcast) {
+    params = await loadParamsUpcast(tvm, dev, modelUrl, metadata.params.map((p) => p.name));
+  } else if (metadata.params.length) {
     await tvm.fetchTensorCache(modelUrl, dev, "lantern-probe", "cache");
     params = tvm.detachFromCurrentScope(
       tvm.getParamsFromCacheByName(metadata.params.map((p) => p.name)));
@@ -38,8 +68,8 @@ async function toHost(m, tensor) {
 
 // steps: [{tokens: [...]}]: each step appends tokens to sequence 0 and returns the
 // last position's logits (prefill for several tokens, decode for one).
-window.runProbe = async function (modelUrl, libFile, steps) {
-  const m = await loadModel(modelUrl, libFile);
+window.runProbe = async function (modelUrl, libFile, steps, upcast = false) {
+  const m = await loadModel(modelUrl, libFile, upcast);
   const { tvm } = m;
   const hidden = m.metadata.params.find((p) => p.name.endsWith("embed_tokens.q_weight") ||
     p.name.endsWith("embed_tokens.weight"));
