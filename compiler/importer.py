@@ -8,6 +8,7 @@ cache key).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
@@ -42,13 +43,18 @@ class Tokenizer:
 
 @dataclass
 class SourceModel:
+    """Loading weights and the tokenizer is deferred: a cache hit needs neither."""
+
     name: str
     family: ModuleType
     hf_config: dict
-    tokenizer: Tokenizer
     source_hash: str
     load_weights: Callable[[], dict[str, np.ndarray]] = field(repr=False)
-    lora: Path | None = None
+    load_tokenizer: Callable[[], Tokenizer] = field(repr=False)
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        return self.load_tokenizer()
 
 
 def _hash_files(paths: list[Path]) -> str:
@@ -129,7 +135,7 @@ def import_hf_folder(folder: Path) -> SourceModel:
         bos_token=_special_token(tok_cfg.get("bos_token")),
         eos_token=_special_token(tok_cfg.get("eos_token")),
         add_bos_token=bool(tok_cfg.get("add_bos_token", False)),
-    )
+    )  # small and already parsed: no point deferring it
     hashed = [folder / "config.json", folder / "tokenizer.json", *weight_files]
     hashed += [p for p in (folder / "tokenizer_config.json", folder / "chat_template.jinja") if p.exists()]
 
@@ -139,7 +145,7 @@ def import_hf_folder(folder: Path) -> SourceModel:
             weights.update(read_safetensors(f))
         return weights
 
-    return SourceModel(folder.name, family, config, tokenizer, _hash_files(hashed), load)
+    return SourceModel(folder.name, family, config, _hash_files(hashed), load, lambda: tokenizer)
 
 
 # --------------------------------------------------------------------------- GGUF
@@ -201,7 +207,6 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
         raise LanternError(f"corrupt GGUF file {path.name}: no token_embd.weight tensor")
     config.setdefault("vocab_size", int(embed.shape[-1]))
     config["tie_word_embeddings"] = "output.weight" not in tensors
-    tokenizer = _gguf_tokenizer(path, meta)
 
     def load() -> dict[str, np.ndarray]:
         import gguf
@@ -215,7 +220,8 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
             raw[t.name] = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
         return family.hf_names_from_gguf(raw, config)
 
-    return SourceModel(name or path.stem, family, config, tokenizer, _hash_files([path]), load)
+    return SourceModel(name or path.stem, family, config, _hash_files([path]), load,
+                       lambda: _gguf_tokenizer(path, meta))
 
 
 # --------------------------------------------------------------------------- bundled models

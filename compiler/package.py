@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-SHARD_BYTES = 32 * 1024 * 1024
+SHARD_BYTES = 32_000_000  # "<= 32 MB"; a larger single tensor gets a shard of its own
 MANIFEST = "lantern.json"
 MANIFEST_VERSION = 1
 

@@ -145,6 +145,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
             manifest = json.loads((out / package.MANIFEST).read_text())
             return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
         config = src.family.Config.from_hf(src.hf_config)
+        src.tokenizer  # noqa: B018 - convert (and so check) the tokenizer within the import stage
         weights = src.load_weights()
         if opts.lora is not None:
             weights = merge_lora(weights, opts.lora)

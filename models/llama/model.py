@@ -40,7 +40,9 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "LlamaConfig":
         heads = cfg["num_attention_heads"]
-        rope_scaling = dict(cfg.get("rope_scaling") or {})
+        # transformers >= 5 writes `rope_parameters` (theta inside); older configs `rope_scaling`
+        rope_scaling = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        rope_theta = float(rope_scaling.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
         if "type" in rope_scaling and "rope_type" not in rope_scaling:
             rope_scaling["rope_type"] = rope_scaling.pop("type")
         if rope_scaling.get("rope_type") in ("default", None):
@@ -62,7 +64,7 @@ class LlamaConfig:
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_theta=rope_theta,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             context_window_size=context,
             rope_scaling=rope_scaling,
