@@ -106,7 +106,9 @@ def cmd_build(args) -> int:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lantern", description="Compile language models for the browser (WebGPU) and serve them.")
+        prog="lantern",
+        description="Compile language models into browser artifacts: WebGPU kernels in a wasm library, "
+                    "quantized weights and a hash manifest.")
     parser.add_argument("--version", action="version", version=f"lantern {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -32,9 +32,7 @@ TARGETS = {
 @dataclass
 class Exported:
     mod: tvm.IRModule
-    param_names: list[str]
-    param_shapes: list[list[int]]
-    param_dtypes: list[str]
+    param_names: list[str]  # the order the library takes its packed parameters in
 
 
 def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata: dict) -> Exported:
@@ -50,7 +48,7 @@ def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata:
     meta = dict(metadata, params=[
         {"name": n, "shape": s, "dtype": d, "preprocs": [], "pipeline_stages": [0]}
         for n, s, d in zip(names, shapes, dtypes)])
-    return Exported(_attach_metadata(mod, meta), names, shapes, dtypes)
+    return Exported(_attach_metadata(mod, meta), names)
 
 
 def _attach_metadata(mod: tvm.IRModule, metadata: dict) -> tvm.IRModule:
