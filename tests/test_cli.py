@@ -78,12 +78,12 @@ def test_tampered_shard_is_named(tiny_hf, build_artifact, tmp_path):
 
 
 @pytest.mark.skipif(not shutil.which("npm"), reason="npm is not installed")
-def test_npm_pack_accepts_the_folder(tiny_hf, build_artifact):
+def test_npm_pack_accepts_the_folder(tiny_hf, build_artifact, report):
     art = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))
     proc = subprocess.run(["npm", "pack", "--dry-run", "--json"], cwd=art.path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     packed = {f["path"] for f in json.loads(proc.stdout)[0]["files"]}
-    print("\nnpm pack --dry-run:", sorted(packed))
+    report(f"npm pack --dry-run of an artifact: {sorted(packed)}")
     assert packed == set(art.manifest["files"]) | {"lantern.json"}
 
 

@@ -11,7 +11,7 @@ from tvm import relax
 
 import sampling_reference as ref
 from browser import chromium, repo_root, serve
-from test_sampler import V, nucleus_logits
+from sampling_reference import V, nucleus_logits
 
 from lantern import kernels, link, lower
 from lantern.artifact import Artifact

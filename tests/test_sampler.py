@@ -4,24 +4,14 @@ import numpy as np
 import pytest
 
 import sampling_reference as ref
+from sampling_reference import V, nucleus_logits
 
 from lantern.artifact import Artifact
-
-V = 49152
 
 
 @pytest.fixture(scope="module")
 def lib(tiny_hf, build_artifact):
     return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1")).cpu_model()
-
-
-def nucleus_logits(size: int, seed: int) -> np.ndarray:
-    """Logits whose top-`size` tokens hold ~all the mass, shuffled across the vocabulary."""
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(-30, 1, V).astype(np.float32)
-    top = rng.choice(V, size, replace=False)
-    logits[top] = rng.normal(5, 1, size).astype(np.float32)
-    return logits
 
 
 def test_logit_bias(lib):

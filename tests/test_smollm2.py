@@ -51,7 +51,7 @@ def transformers_model(smollm2_gguf):
                                                 dtype=torch.float32).eval()
 
 
-def test_q0f32_matches_transformers(q0, transformers_model):
+def test_q0f32_matches_transformers(q0, transformers_model, report):
     import torch
 
     model, eos = q0.cpu_model(), eos_id(q0)
@@ -64,6 +64,7 @@ def test_q0f32_matches_transformers(q0, transformers_model):
             ref = transformers_model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
                                               eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()
         rel = np.abs(ours_logits - ref_logits).max() / np.abs(ref_logits).max()
+        report(f"SmolLM2 q0f32 vs transformers, {text!r}: last-position logit error {rel:.1e} (relative)")
         assert rel < 1e-3, f"{text!r}: last-position logits differ by {rel:.2e} (relative)"
         ref = ref[:ref.index(eos)] if eos in ref else ref
         assert model.greedy(ids, MAX_TOKENS, stop_ids=[eos]) == ref, text
@@ -101,9 +102,9 @@ def perplexity(model, tokens: list[int]) -> float:
 PPL_BOUND = 1.30
 
 
-def test_q4_perplexity_close_to_q0(q0, q4, shakespeare_text):
+def test_q4_perplexity_close_to_q0(q0, q4, shakespeare_text, report):
     tokens = q0.tokenizer().encode(shakespeare_text, add_special_tokens=False).ids[:384]
     ppl_q0, ppl_q4 = perplexity(q0.cpu_model(), tokens), perplexity(q4.cpu_model(), tokens)
-    print(f"\nperplexity on {len(tokens)} tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}, q4f32_1 {ppl_q4:.3f}"
-          f" (+{100 * (ppl_q4 / ppl_q0 - 1):.1f}%)")
+    report(f"SmolLM2 perplexity on {len(tokens)} tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}, "
+           f"q4f32_1 {ppl_q4:.3f} (+{100 * (ppl_q4 / ppl_q0 - 1):.1f}%)")
     assert ppl_q4 <= PPL_BOUND * ppl_q0

@@ -36,24 +36,26 @@ def multi_turn_steps(seed: int) -> list[list[int]]:
     return [draw(21), draw(1), draw(1), draw(13)]
 
 
-def check_against_cpu(art: Artifact, steps, rtol: float) -> None:
+def check_against_cpu(art: Artifact, steps, rtol: float, report) -> None:
     cpu = art.cpu_model()
     expected = [cpu.prefill(s) for s in steps]
     got = probe(art, steps)
     for i, (e, g) in enumerate(zip(expected, got)):
         err = np.abs(e - g).max() / np.abs(e).max()
+        report(f"{art.manifest['model']['name']} WebGPU vs CPU, step {i} ({len(steps[i])} tokens): "
+               f"logit error {err:.1e} (relative)")
         assert err < rtol, f"step {i} ({len(steps[i])} tokens): relative logit error {err:.2e}"
 
 
-def test_tiny_model_webgpu_matches_cpu(tiny_hf, build_artifact):
+def test_tiny_model_webgpu_matches_cpu(tiny_hf, build_artifact, report):
     art = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=("webgpu", "cpu")))
-    check_against_cpu(art, multi_turn_steps(0), rtol=1e-4)
+    check_against_cpu(art, multi_turn_steps(0), rtol=1e-4, report=report)
 
 
 @pytest.mark.slow
-def test_smollm2_q4f32_webgpu_matches_cpu(build_artifact):
+def test_smollm2_q4f32_webgpu_matches_cpu(build_artifact, report):
     art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu")))
-    check_against_cpu(art, multi_turn_steps(1), rtol=1e-3)
+    check_against_cpu(art, multi_turn_steps(1), rtol=1e-3, report=report)
 
 
 def test_f16_artifact_has_a_fallback_that_runs_without_shader_f16(tiny_hf, build_artifact):
