@@ -243,7 +243,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
         cache_index = package.write_shards(tmp, param_names, arrays)
         (tmp / "tensor-cache.json").write_text(json.dumps(cache_index, indent=1) + "\n")
         reporter.advance(1, f"{len(cache_index['records'])} shards")
-        _write_tokenizer_and_configs(tmp, src, name, config, spec, libraries)
+        _write_tokenizer_and_configs(tmp, src, name, config, spec, libraries, reporter)
         reporter.advance(1, "configs")
         weight_bytes = cache_index["metadata"]["ParamBytes"]
         n_params = _count_parameters(config)
@@ -286,7 +286,7 @@ def _count_parameters(cfg) -> int:
 
 
 def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec,
-                                 libraries: list[package.Library]) -> None:
+                                 libraries: list[package.Library], reporter: Reporter) -> None:
     tok = src.tokenizer
     (tmp / "tokenizer.json").write_text(tok.tokenizer_json)
     (tmp / "tokenizer_config.json").write_text(json.dumps({
@@ -299,10 +299,14 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
     eos_id, bos_id = token_id(tok.eos_token), token_id(tok.bos_token)
     conv = None
     if tok.chat_template:
-        conv = chat_template.to_conv_template(
-            tok.chat_template, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
-            stop_token_ids=[eos_id] if eos_id is not None else [], name=name)
-        if tok.add_bos_token and bos_id is not None:
+        try:
+            conv = chat_template.to_conv_template(
+                tok.chat_template, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
+                stop_token_ids=[eos_id] if eos_id is not None else [], name=name)
+        except LanternError as err:
+            # Lantern's runtime renders the Jinja template itself; only WebLLM loses the chat format.
+            reporter.log(f"warning: no WebLLM conv_template: {err}")
+        if conv is not None and tok.add_bos_token and bos_id is not None:
             conv["system_prefix_token_ids"] = [bos_id]
     webgpu = [lib for lib in libraries if lib.target == "webgpu"]
     chat_config = {
