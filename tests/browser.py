@@ -68,3 +68,32 @@ def chromium(webgpu: bool = True) -> Iterator[object]:
 @functools.cache
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+TVMJS = repo_root() / "webruntime" / "node_modules" / "@mlc-ai" / "web-runtime" / "lib"
+WEBLLM = repo_root() / "webruntime" / "node_modules" / "@mlc-ai" / "web-llm" / "lib"
+
+
+@contextlib.contextmanager
+def probe_page(model_dir: Path) -> Iterator[tuple[object, str]]:
+    """The tvmjs probe page (tests/web/model_probe.*) with ``model_dir`` served; yields (page, model URL)."""
+    routes = {"/tvmjs/": TVMJS, "/probe/": repo_root() / "tests" / "web", "/models/m/": model_dir}
+    with serve(routes) as base, chromium() as browser:
+        page = browser.new_page()
+        page.goto(base + "/probe/model_probe.html")
+        yield page, base + "/models/m/"
+
+
+def webllm_chat(artifact, messages: list[dict], max_tokens: int) -> dict:
+    """Load ``artifact`` in the unmodified WebLLM engine, answer greedily; returns the OpenAI reply."""
+    lib = artifact.library("webgpu").name
+    # WebLLM appends resolve/main/ to a model URL unless it already holds /resolve/<rev>/
+    routes = {"/webllm/": WEBLLM, "/page/": repo_root() / "tests" / "web",
+              "/models/m/resolve/main/": artifact.path}
+    with serve(routes) as base, chromium() as browser:
+        page = browser.new_page()
+        page.goto(base + "/page/webllm_chat.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        model = f"{base}/models/m/resolve/main/"
+        return page.evaluate("([m, l, msgs, n]) => webllmChat(m, l, msgs, n)",
+                             [model, model + lib, messages, max_tokens])

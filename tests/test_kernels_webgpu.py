@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 import sampling_reference as ref
-from browser import chromium, repo_root, serve
+from browser import probe_page
 from sampling_reference import V, nucleus_logits
 
 from lantern import kernels, link, lower
@@ -18,20 +18,15 @@ from lantern.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
 
-TVMJS = repo_root() / "webruntime" / "node_modules" / "@mlc-ai" / "web-runtime" / "lib"
-
 
 def arg(a: np.ndarray) -> dict:
     return {"dtype": str(a.dtype), "shape": list(a.shape), "data": a.ravel().tolist()}
 
 
 def call_on_webgpu(folder, lib_file: str, calls: list[tuple[str, list[np.ndarray]]]) -> list[list[np.ndarray]]:
-    routes = {"/tvmjs/": TVMJS, "/probe/": repo_root() / "tests" / "web", "/models/m/": folder}
-    with serve(routes) as base, chromium() as browser:
-        page = browser.new_page()
-        page.goto(base + "/probe/model_probe.html")
+    with probe_page(folder) as (page, model_url):
         out = page.evaluate("([u, l, c]) => callFunctions(u, l, c)",
-                            [base + "/models/m/", lib_file,
+                            [model_url, lib_file,
                              [{"name": n, "args": [arg(a) for a in args]} for n, args in calls]])
     return [[np.array(x) for x in outputs] for outputs in out]
 
@@ -62,8 +57,7 @@ def test_sampling_functions_on_webgpu_match_cpu(tiny_q4):
         us = np.random.default_rng(nucleus).random(32).astype(np.float32)
         calls.append(("sample_with_top_p", [p[order][None], order.astype(np.int32)[None], us,
                                             np.zeros(32, np.int32), np.array([top_p], np.float32)]))
-    lib = next(x["file"] for x in tiny_q4.manifest["libraries"] if x["target"] == "webgpu")
-    gpu = call_on_webgpu(tiny_q4.path, lib, calls)
+    gpu = call_on_webgpu(tiny_q4.path, tiny_q4.library("webgpu").name, calls)
     for (name, args), got in zip(calls, gpu):
         expected = cpu.call(name, *args)
         for e, g in zip(expected, got):

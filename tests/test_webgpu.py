@@ -3,29 +3,23 @@
 import numpy as np
 import pytest
 
-from browser import chromium, repo_root, serve
+from browser import probe_page
 
 from lantern.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
 
-TVMJS = repo_root() / "webruntime" / "node_modules" / "@mlc-ai" / "web-runtime" / "lib"
-
 
 def probe(art: Artifact, steps: list[list[int]], lib: str | None = None, upcast: bool = False) -> list[np.ndarray]:
     """Run the steps (prefill or decode each) on WebGPU; return each step's last logits.
 
-    ``lib`` defaults to the library that needs no optional feature; ``upcast`` loads float16
+    ``lib`` defaults to the library a device without optional features runs; ``upcast`` loads float16
     weights as float32 (what a runtime does for an f16 artifact's fallback library).
     """
-    lib = lib or next(x["file"] for x in art.manifest["libraries"]
-                      if x["target"] == "webgpu" and not x["required_features"])
-    routes = {"/tvmjs/": TVMJS, "/probe/": repo_root() / "tests" / "web", "/models/m/": art.path}
-    with serve(routes) as base, chromium() as browser:
-        page = browser.new_page()
-        page.goto(base + "/probe/model_probe.html")
+    lib = lib or art.library("webgpu").name
+    with probe_page(art.path) as (page, model_url):
         result = page.evaluate("([u, l, s, up]) => runProbe(u, l, s.map(t => ({tokens: t})), up)",
-                               [base + "/models/m/", lib, steps, upcast])
+                               [model_url, lib, steps, upcast])
     return [np.array(x, dtype=np.float32) for x in result["logits"]]
 
 
@@ -69,9 +63,10 @@ def test_f16_artifact_has_a_fallback_that_runs_without_shader_f16(tiny_hf, build
     libs = {lib["file"]: lib for lib in art.manifest["libraries"] if lib["target"] == "webgpu"}
     assert sorted(lib["required_features"] for lib in libs.values()) == [[], ["shader-f16"]]
     assert art.manifest["required_features"] == []
-    fallback = next(f for f, lib in libs.items() if not lib["required_features"])
+    fallback = art.library("webgpu").name  # what an adapter without shader-f16 gets
     assert libs[fallback]["param_upcast"] == "float16->float32" and libs[fallback]["dtype"] == "float32"
-    f16_lib = next(f for f, lib in libs.items() if lib["required_features"])
+    f16_lib = art.library("webgpu", frozenset({"shader-f16"})).name
+    assert libs[f16_lib]["required_features"] == ["shader-f16"]
     assert "enable f16;" in (art.path / f16_lib).read_bytes().decode("latin-1")
 
     tokens = multi_turn_steps(2)
