@@ -25,3 +25,6 @@ echo "== pip install -e .[test]"
 
 echo "== npm ci (webruntime)"
 (cd webruntime && npm ci --no-audit --no-fund --silent)
+
+echo "== npm run build (webruntime -> webruntime/dist)"
+(cd webruntime && npm run build --silent)

@@ -11,6 +11,7 @@ from typing import Iterator
 
 from . import __version__
 from .errors import LanternError
+from .lower import WEBGPU_SCHEDULES
 from .quantize import QUANTIZATIONS
 
 BUILD_EXAMPLES = """examples:
@@ -81,6 +82,7 @@ def cmd_build(args) -> int:
         source=args.source, out=Path(args.out), quant=args.quant,
         lora=Path(args.lora) if args.lora else None,
         targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
+        webgpu_schedule=args.webgpu_schedule,
         dump_dir=Path(args.dump_dir) if args.dump_dir else None, name=args.name,
         use_cache=not args.no_cache)
     if args.cache_dir:
@@ -104,6 +106,18 @@ def cmd_build(args) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .server.app import create_app
+
+    app = create_app([Path(d) for d in args.dirs], Path(args.site) if args.site else None)
+    names = ", ".join(f"/models/{Path(d).resolve().name}/" for d in args.dirs)
+    print(f"lantern: serving {names} and the site on http://{args.host}:{args.port}/", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lantern",
@@ -124,12 +138,26 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--lora", help="PEFT LoRA adapter folder to merge into the base weights")
     b.add_argument("--targets", default="webgpu,cpu",
                    help="comma-separated libraries to build: webgpu, cpu (default: both)")
+    b.add_argument("--webgpu-schedule", default="gpu", choices=WEBGPU_SCHEDULES,
+                   help="kernel schedule of the webgpu library: gpu (default, for real GPUs) or "
+                        "cpu-emulated (for software adapters such as SwiftShader: ~5x faster decode there; "
+                        "not tuned for real GPUs)")
     b.add_argument("--name", help="model name used in file names and package.json (default: from source)")
     b.add_argument("--dump-dir", help="write the IR after every compiler phase to this folder")
     b.add_argument("--cache-dir", help="build cache folder (default: $LANTERN_CACHE or ~/.cache/lantern)")
     b.add_argument("--no-cache", action="store_true", help="rebuild even if an identical build is cached")
     b.add_argument("--json", action="store_true", help="print a machine-readable result instead of tables")
     b.set_defaults(func=cmd_build)
+
+    s = sub.add_parser(
+        "serve", help="serve artifacts, the browser runtime and the site over HTTP",
+        description="Serve the site at /, the runtime at /runtime/lantern.js and /runtime/worker.js, and each "
+                    "artifact folder at /models/<folder name>/.")
+    s.add_argument("dirs", nargs="+", metavar="DIR", help="artifact folders built by `lantern build`")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    s.add_argument("--site", help="folder served at / (default: the repository's site/)")
+    s.set_defaults(func=cmd_serve)
     return parser
 
 

@@ -37,6 +37,8 @@ class Library:
     largest_kernel_bytes: int
     # f32 fallback for f16 weights: the runtime upcasts float16 params before upload.
     param_upcast: str | None = None
+    # webgpu only: "gpu" or "cpu-emulated" (lower.WEBGPU_SCHEDULES)
+    schedule: str | None = None
 
 
 def write_shards(out: Path, names: list[str], arrays: list[np.ndarray]) -> dict:

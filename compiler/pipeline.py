@@ -52,6 +52,7 @@ class BuildOptions:
     quant: str = "q4f32_1"
     lora: Path | None = None
     targets: tuple[str, ...] = ("webgpu", "cpu")
+    webgpu_schedule: str = "gpu"  # see lower.WEBGPU_SCHEDULES
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     dump_dir: Path | None = None
     name: str | None = None
@@ -92,7 +93,8 @@ def _code_hash() -> str:
 
 def _cache_key(src: SourceModel, opts: BuildOptions, versions: dict) -> str:
     facts = {"source": src.source_hash, "code": _code_hash(), "lora": adapter_hash(opts.lora) if opts.lora else None,
-             "quant": opts.quant, "targets": sorted(opts.targets), "name": opts.name or src.name,
+             "quant": opts.quant, "targets": sorted(opts.targets),
+             "schedule": opts.webgpu_schedule, "name": opts.name or src.name,
              "versions": versions}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
@@ -120,6 +122,9 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
     for t in opts.targets:
         if t not in lower.TARGETS:
             raise LanternError(f"unknown target '{t}' (choose from: {', '.join(lower.TARGETS)})")
+    if opts.webgpu_schedule not in lower.WEBGPU_SCHEDULES:
+        raise LanternError(f"unknown WebGPU schedule '{opts.webgpu_schedule}' "
+                           f"(choose from: {', '.join(lower.WEBGPU_SCHEDULES)})")
     if opts.lora is not None and not opts.lora.is_dir():
         raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
     times: dict[str, float] = {}
@@ -210,7 +215,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
             exported = lower.export(src.family, config, lib_spec, target, metadata)
             param_names = exported.param_names
             ex, kernels, largest = lower.compile_module(
-                exported.mod, target, quantized=lib_spec.quantized,
+                exported.mod, target, quantized=lib_spec.quantized, schedule_profile=opts.webgpu_schedule,
                 dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
                 on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))
             executables.append((stem, target_name, lib_spec, ex, kernels, largest))
@@ -232,8 +237,9 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                 ex.export_library(str(tmp / file))
             features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
             upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
+            schedule = opts.webgpu_schedule if target_name == "webgpu" else None
             libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, kernels,
-                                             largest, upcast))
+                                             largest, upcast, schedule))
             reporter.advance(1, file)
     times["link"] = time.perf_counter() - t0
 

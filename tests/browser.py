@@ -97,3 +97,39 @@ def webllm_chat(artifact, messages: list[dict], max_tokens: int) -> dict:
         model = f"{base}/models/m/resolve/main/"
         return page.evaluate("([m, l, msgs, n]) => webllmChat(m, l, msgs, n)",
                              [model, model + lib, messages, max_tokens])
+
+
+@contextlib.contextmanager
+def lantern_server(model_dirs: list[Path], site: Path | None = None) -> Iterator[tuple[str, list[str]]]:
+    """``lantern serve``'s app on a free loopback port (real uvicorn, in a thread).
+
+    Yields the base URL and the list of request paths the server saw, in order.
+    """
+    import socket
+
+    import uvicorn
+
+    from lantern.server.app import create_app
+
+    app = create_app(model_dirs, site or repo_root() / "tests" / "web")
+    seen: list[str] = []
+
+    @app.middleware("http")
+    async def record(request, call_next):
+        seen.append(request.url.path)
+        return await call_next(request)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        threading.Event().wait(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

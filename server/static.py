@@ -1,0 +1,90 @@
+"""The static half of `lantern serve`: the site at /, the runtime at /runtime/, artifacts at /models/<name>/.
+
+Files are answered by Starlette's FileResponse (ETag, Last-Modified, HTTP Range). Every path is
+resolved inside its root folder; anything that would leave it is a 404.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, JSONResponse
+
+from ..errors import LanternError
+
+mimetypes.add_type("application/wasm", ".wasm")
+mimetypes.add_type("text/javascript", ".js")
+
+REPO = Path(__file__).resolve().parent.parent
+RUNTIME_FILES = {"lantern.js", "worker.js"}
+
+
+def runtime_dir() -> Path:
+    """The bundled runtime (webruntime/dist), built by `npm run build` in webruntime/."""
+    dist = REPO / "webruntime" / "dist"
+    if not (dist / "lantern.js").exists():
+        raise LanternError(f"the browser runtime is not built: run `npm ci && npm run build` in {dist.parent}")
+    return dist
+
+
+def model_folders(dirs: list[Path]) -> dict[str, Path]:
+    """``{name: folder}`` for artifact folders; the name is the folder's name."""
+    out: dict[str, Path] = {}
+    for d in dirs:
+        d = d.resolve()
+        if not (d / "lantern.json").is_file():
+            raise LanternError(f"{d} is not a Lantern artifact (no lantern.json); build one with `lantern build`")
+        if d.name in out:
+            raise LanternError(f"two artifact folders are both named {d.name!r}; rename one")
+        out[d.name] = d
+    return out
+
+
+def _file_in(root: Path, rel: str) -> Path:
+    target = (root / rel).resolve()
+    if root not in target.parents or not target.is_file():
+        raise HTTPException(404, f"not found: {rel}")
+    return target
+
+
+def _headers(path: Path) -> dict[str, str]:
+    headers = {
+        # cross-origin isolation, so multi-threaded wasm (SharedArrayBuffer) is allowed
+        "Cross-Origin-Opener-Policy": "same-origin",
+        "Cross-Origin-Embedder-Policy": "require-corp",
+        "Cross-Origin-Resource-Policy": "same-origin",
+    }
+    # Artifact contents change only with a rebuild; revalidate by ETag rather than refetch.
+    headers["Cache-Control"] = "no-cache"
+    return headers
+
+
+def mount_static(app: FastAPI, models: dict[str, Path], site: Path | None) -> None:
+    runtime = runtime_dir()
+
+    @app.get("/models/index.json")
+    def model_index() -> JSONResponse:
+        return JSONResponse({"models": [{"name": n, "url": f"/models/{n}/"} for n in sorted(models)]})
+
+    @app.get("/runtime/{name}")
+    def runtime_file(name: str) -> FileResponse:
+        if name not in RUNTIME_FILES:
+            raise HTTPException(404, f"not found: /runtime/{name}")
+        path = runtime / name
+        return FileResponse(path, headers=_headers(path))
+
+    @app.get("/models/{name}/{rel:path}")
+    def model_file(name: str, rel: str, request: Request) -> FileResponse:
+        if name not in models:
+            raise HTTPException(404, f"no model named {name!r} is served")
+        path = _file_in(models[name], rel)
+        return FileResponse(path, headers=_headers(path))
+
+    if site is not None:
+        @app.get("/{rel:path}")
+        def site_file(rel: str) -> FileResponse:
+            path = _file_in(site, rel or "index.html") if rel and not rel.endswith("/") else \
+                _file_in(site, (rel or "") + "index.html")
+            return FileResponse(path, headers=_headers(path))

@@ -1,0 +1,9 @@
+// Bundles the runtime (src/index.ts) and the worker entry (../worker/worker.ts) into one ES
+// module each under dist/; `lantern serve` serves them as /runtime/lantern.js and /runtime/worker.js.
+import * as esbuild from "esbuild";
+
+const common = { bundle: true, format: "esm", platform: "browser", target: "es2022", logLevel: "warning",
+  // tvmjs and web-tokenizers probe for Node modules they never use in a browser
+  external: ["fs", "path", "perf_hooks", "ws", "url", "crypto", "module"] };
+await esbuild.build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/lantern.js" });
+await esbuild.build({ ...common, entryPoints: ["../worker/worker.ts"], outfile: "dist/worker.js" });

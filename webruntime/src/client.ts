@@ -1,0 +1,113 @@
+// The page side of an engine that runs in a Web Worker: same API as Engine, every call is a
+// message (protocol.ts). Streamed chunks arrive as they are made, without acknowledgements.
+import type { CreateOptions } from "./engine";
+import { deserializeError } from "./errors";
+import type {
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, EngineStats, WorkerRequest, WorkerResponse,
+} from "./protocol";
+
+interface Pending {
+  resolve: (v: unknown) => void;
+  reject: (e: Error) => void;
+  onChunk?: (c: ChatCompletionChunk) => void;
+}
+
+type Outgoing = WorkerRequest extends infer R ? R extends { id: number } ? Omit<R, "id"> : never : never;
+
+export class WorkerEngine {
+  readonly chat = {
+    completions: {
+      create: ((req: ChatCompletionRequest, opts?: CreateOptions) => this.create(req, opts)) as {
+        (req: ChatCompletionRequest & { stream: true }, opts?: CreateOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
+        (req: ChatCompletionRequest & { stream?: false }, opts?: CreateOptions): Promise<ChatCompletion>;
+        (req: ChatCompletionRequest, opts?: CreateOptions): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
+      },
+    },
+  };
+
+  private nextId = 1;
+  private readonly pending = new Map<number, Pending>();
+
+  private constructor(private readonly worker: Worker, private readonly onProgress: EngineOptions["onProgress"]) {
+    worker.onmessage = (ev: MessageEvent<WorkerResponse>) => this.receive(ev.data);
+    worker.onerror = (ev) => {
+      const err = new Error(`the engine worker failed: ${ev.message}`);
+      for (const p of this.pending.values()) p.reject(err);
+      this.pending.clear();
+    };
+  }
+
+  static async start(options: EngineOptions, workerUrl: URL): Promise<WorkerEngine> {
+    const engine = new WorkerEngine(new Worker(workerUrl, { type: "module" }), options.onProgress);
+    const { onProgress: _p, worker: _w, ...plain } = options;
+    await engine.call({ kind: "load", options: plain });
+    return engine;
+  }
+
+  private receive(msg: WorkerResponse): void {
+    const p = this.pending.get(msg.id);
+    if (msg.kind === "progress") {
+      this.onProgress?.(msg.progress);
+      return;
+    }
+    if (!p) return;
+    if (msg.kind === "chunk") {
+      p.onChunk?.(msg.chunk);
+    } else if (msg.kind === "result") {
+      this.pending.delete(msg.id);
+      p.resolve(msg.value);
+    } else {
+      this.pending.delete(msg.id);
+      p.reject(deserializeError(msg.error));
+    }
+  }
+
+  private call(msg: Outgoing, onChunk?: (c: ChatCompletionChunk) => void): Promise<unknown> & { id: number } {
+    const id = this.nextId++;
+    const promise = new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, onChunk });
+    }) as Promise<unknown> & { id: number };
+    promise.id = id;
+    this.worker.postMessage({ ...msg, id } as WorkerRequest);
+    return promise;
+  }
+
+  private async create(request: ChatCompletionRequest, opts: CreateOptions = {}):
+    Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
+    const chunks: ChatCompletionChunk[] = [];
+    let wake: (() => void) | null = null;
+    const call = this.call({ kind: "create", request }, request.stream ? (c) => { chunks.push(c); wake?.(); } : undefined);
+    const onAbort = () => this.worker.postMessage({ kind: "abort", id: this.nextId++, target: call.id } as WorkerRequest);
+    if (opts.signal?.aborted) onAbort();
+    opts.signal?.addEventListener("abort", onAbort);
+    const finished = call.finally(() => opts.signal?.removeEventListener("abort", onAbort));
+    if (!request.stream) return (await finished) as ChatCompletion;
+    let done = false;
+    let failure: Error | null = null;
+    finished.then(() => { done = true; wake?.(); }, (e) => { failure = e; done = true; wake?.(); });
+    return {
+      [Symbol.asyncIterator]: async function* () {
+        for (;;) {
+          if (chunks.length) { yield chunks.shift()!; continue; }
+          if (failure) throw failure;
+          if (done) return;
+          await new Promise<void>((r) => { wake = r; });
+          wake = null;
+        }
+      },
+    };
+  }
+
+  async interrupt(): Promise<void> {
+    await this.call({ kind: "interrupt" });
+  }
+
+  stats(): Promise<EngineStats> {
+    return this.call({ kind: "stats" }) as Promise<EngineStats>;
+  }
+
+  async unload(): Promise<void> {
+    await this.call({ kind: "unload" });
+    this.worker.terminate();
+  }
+}

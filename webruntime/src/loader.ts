@@ -1,0 +1,154 @@
+// Fetches an artifact's files: every byte is checked against lantern.json (size + sha256)
+// before use, verified files are cached, downloads run a few at a time with retries, and a
+// transfer cut mid-file resumes with an HTTP Range request where the server allows it.
+import { ArtifactError, IntegrityError, NetworkError } from "./errors";
+import type { LoadProgress } from "./protocol";
+import type { FileStore } from "./storage";
+
+export interface ManifestFile { sha256: string; size: number }
+
+export interface LibraryEntry {
+  file: string;
+  target: string;
+  dtype: string;
+  required_features: string[];
+  param_upcast: string | null;
+  schedule?: string | null;
+}
+
+export interface Manifest {
+  format: string;
+  model: { name: string; context_window: number; prefill_chunk_size: number; vocab_size: number };
+  quantization: string;
+  libraries: LibraryEntry[];
+  memory: { estimated_gpu_bytes: number };
+  weights: { bytes: number };
+  files: Record<string, ManifestFile>;
+}
+
+export interface FetchOptions {
+  store: FileStore;
+  parallel: number;
+  retries: number;
+  onProgress: (p: LoadProgress) => void;
+  fetchImpl?: typeof fetch;
+}
+
+async function sha256Hex(data: ArrayBuffer): Promise<string> {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", data));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function checkFile(name: string, data: ArrayBuffer, want: ManifestFile): Promise<string | null> {
+  if (data.byteLength !== want.size) return `size ${data.byteLength} bytes, manifest says ${want.size}`;
+  const got = await sha256Hex(data);
+  return got === want.sha256 ? null : `sha256 ${got.slice(0, 16)}..., manifest says ${want.sha256.slice(0, 16)}...`;
+}
+
+export async function fetchManifest(modelUrl: string, store: FileStore): Promise<Manifest> {
+  const url = new URL("lantern.json", modelUrl).href;
+  let text: string;
+  try {
+    const resp = await fetch(url, { cache: "no-cache" });
+    if (!resp.ok) throw new NetworkError("lantern.json", `HTTP ${resp.status} from ${url}`);
+    text = await resp.text();
+  } catch (err) {
+    // Offline after the first visit: the cached manifest still names the cached files.
+    const cached = await store.get(url);
+    if (!cached) throw err instanceof NetworkError ? err : new NetworkError("lantern.json", String(err));
+    text = new TextDecoder().decode(cached);
+  }
+  let manifest: Manifest;
+  try {
+    manifest = JSON.parse(text);
+  } catch {
+    throw new ArtifactError(`${url} is not JSON`);
+  }
+  if (manifest.format !== "lantern-artifact" || !manifest.files || !manifest.libraries) {
+    throw new ArtifactError(`${url} is not a Lantern artifact manifest`);
+  }
+  await store.put(url, new TextEncoder().encode(text).buffer as ArrayBuffer);
+  return manifest;
+}
+
+/** Download one file, resuming with Range after a cut; throws NetworkError after ``retries``. */
+async function download(url: string, name: string, size: number, retries: number,
+                        onBytes: (n: number) => void, fetchImpl: typeof fetch): Promise<ArrayBuffer> {
+  const buf = new Uint8Array(size);
+  let have = 0;
+  let lastError = "";
+  for (let attempt = 0; attempt <= retries; attempt++) {
+    if (attempt > 0) await new Promise((r) => setTimeout(r, 200 * 2 ** attempt));
+    try {
+      const headers: HeadersInit = have > 0 ? { Range: `bytes=${have}-` } : {};
+      const resp = await fetchImpl(url, { headers, cache: "no-store" });
+      if (resp.status === 200 && have > 0) {
+        onBytes(-have);  // the server ignored Range: start over
+        have = 0;
+      } else if (!resp.ok) {
+        lastError = `HTTP ${resp.status}`;
+        if (resp.status >= 400 && resp.status < 500 && resp.status !== 408 && resp.status !== 429) break;
+        continue;
+      }
+      const reader = resp.body!.getReader();
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        if (have + value.byteLength > size) throw new IntegrityError(name, `server sent more than ${size} bytes`);
+        buf.set(value, have);
+        have += value.byteLength;
+        onBytes(value.byteLength);
+      }
+      if (have === size) return buf.buffer;
+      lastError = `connection closed after ${have} of ${size} bytes`;
+    } catch (err) {
+      if (err instanceof IntegrityError) throw err;
+      lastError = String(err);
+    }
+  }
+  throw new NetworkError(name, `${lastError} (after ${retries + 1} attempts)`);
+}
+
+/**
+ * Get ``names`` from the artifact at ``modelUrl``: from the store when the cached copy still
+ * matches the manifest, else from the network. Returns verified bytes by file name.
+ */
+export async function fetchFiles(modelUrl: string, manifest: Manifest, names: string[],
+                                 opts: FetchOptions): Promise<Map<string, ArrayBuffer>> {
+  const fetchImpl = opts.fetchImpl ?? fetch.bind(globalThis);
+  for (const name of names) {
+    if (!manifest.files[name]) throw new ArtifactError(`lantern.json lists no file ${name}`);
+  }
+  const total = names.reduce((s, n) => s + manifest.files[n].size, 0);
+  let done = 0;
+  const report = (phase: LoadProgress["phase"], file: string, fromCache: boolean) =>
+    opts.onProgress({ phase, loadedBytes: done, totalBytes: total, file, fromCache, progress: total ? done / total : 1 });
+
+  const out = new Map<string, ArrayBuffer>();
+  const queue = [...names];
+  const worker = async () => {
+    for (let name = queue.shift(); name !== undefined; name = queue.shift()) {
+      const want = manifest.files[name];
+      const url = new URL(name, modelUrl).href;
+      const cached = await opts.store.get(url);
+      if (cached && (await checkFile(name, cached, want)) === null) {
+        done += want.size;
+        report("verify", name, true);
+        out.set(name, cached);
+        continue;
+      }
+      if (cached) await opts.store.delete(url);  // corrupted in the cache: fetch it again
+      const data = await download(url, name, want.size, opts.retries, (n) => {
+        done += n;
+        report("download", name, false);
+      }, fetchImpl);
+      const problem = await checkFile(name, data, want);
+      if (problem) throw new IntegrityError(name, problem);
+      await opts.store.put(url, data);
+      report("verify", name, false);
+      out.set(name, data);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.max(1, opts.parallel) }, worker));
+  return out;
+}

@@ -1,0 +1,192 @@
+// A Lantern model library on WebGPU through tvmjs: weights on the GPU, one paged KV cache,
+// and a forward step that appends tokens to a sequence and returns the last position's logits.
+import * as tvmjs from "@mlc-ai/web-runtime";
+import { ArtifactError, DeviceLostError, OutOfMemoryError } from "./errors";
+import type { Gpu } from "./device";
+
+interface TensorRecord { name: string; shape: number[]; dtype: string; nbytes: number; byteOffset: number }
+export interface TensorCacheIndex { records: { dataPath: string; records: TensorRecord[] }[] }
+
+interface LibraryMetadata {
+  params: { name: string }[];
+  context_window_size: number;
+  prefill_chunk_size: number;
+}
+
+const PAGE_SIZE = 16;
+
+function halfToFloat(h: number): number {
+  const s = h & 0x8000 ? -1 : 1;
+  const e = (h >> 10) & 0x1f;
+  const f = h & 0x3ff;
+  if (e === 0) return s * 2 ** -14 * (f / 1024);
+  if (e === 31) return f ? NaN : s * Infinity;
+  return s * 2 ** (e - 15) * (1 + f / 1024);
+}
+
+export function largestTensorBytes(index: TensorCacheIndex, upcast: boolean): number {
+  let max = 0;
+  for (const shard of index.records) {
+    for (const r of shard.records) max = Math.max(max, r.dtype === "float16" && upcast ? r.nbytes * 2 : r.nbytes);
+  }
+  return max;
+}
+
+export class TvmModel {
+  private lostReason: string | null = null;
+  private readonly fn: Record<string, tvmjs.PackedFunc> = {};
+  private readonly builtin: Record<string, tvmjs.PackedFunc> = {};
+  private kv!: tvmjs.TVMObject;
+  readonly totalPages: number;
+  readonly contextWindow: number;
+  readonly prefillChunk: number;
+  private readonly sequences = new Set<number>();
+
+  private constructor(private readonly tvm: tvmjs.Instance, private readonly vm: tvmjs.VirtualMachine,
+                      private readonly params: tvmjs.TVMObject, readonly metadata: LibraryMetadata, gpu: Gpu,
+                      contextWindow: number) {
+    this.contextWindow = contextWindow;
+    this.prefillChunk = Math.min(metadata.prefill_chunk_size, contextWindow);
+    gpu.device.lost.then((info) => {
+      this.lostReason = info.message || info.reason || "unknown";
+    });
+    tvm.beginScope();
+    for (const name of ["embed", "prefill", "decode", "create_tir_paged_kv_cache"]) {
+      this.fn[name] = tvm.detachFromCurrentScope(vm.getFunction(name));
+    }
+    for (const name of ["kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_popn",
+      "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages"]) {
+      this.builtin[name] = tvm.detachFromCurrentScope(tvm.getGlobalFunc(`vm.builtin.${name}`));
+    }
+    this.kv = tvm.detachFromCurrentScope(this.fn.create_tir_paged_kv_cache(
+      tvm.makeShapeTuple([1]), tvm.makeShapeTuple([contextWindow]), tvm.makeShapeTuple([this.prefillChunk]),
+      tvm.makeShapeTuple([PAGE_SIZE]), tvm.makeShapeTuple([0])));
+    tvm.endScope();
+    this.totalPages = this.availablePages();
+  }
+
+  /** Instantiate the library, upload the weights and compile every pipeline. */
+  static async load(wasm: ArrayBuffer, gpu: Gpu, index: TensorCacheIndex, shards: Map<string, ArrayBuffer>,
+                    opts: { upcast: boolean; contextWindow?: number;
+                            onUpload: (done: number, total: number) => void;
+                            onCompile: (done: number, total: number) => void }): Promise<TvmModel> {
+    const tvm = await tvmjs.instantiate(wasm, tvmjs.createPolyfillWASI(), () => {});
+    tvm.initWebGPU(gpu.device);
+    const dev = tvm.webgpu();
+    gpu.device.pushErrorScope("out-of-memory");
+    tvm.beginScope();
+    const vm = tvm.detachFromCurrentScope(tvm.createVirtualMachine(dev));
+    let metadata: LibraryMetadata;
+    try {
+      metadata = JSON.parse(vm.getFunction("_metadata")());
+    } catch (err) {
+      throw new ArtifactError(`the model library has no readable _metadata: ${err}`);
+    }
+    const byName = new Map<string, tvmjs.Tensor>();
+    const total = index.records.reduce((s, sh) => s + sh.records.length, 0);
+    for (const shard of index.records) {
+      const bytes = shards.get(shard.dataPath);
+      if (!bytes) throw new ArtifactError(`shard ${shard.dataPath} was not loaded`);
+      for (const rec of shard.records) {
+        const raw = new Uint8Array(bytes, rec.byteOffset, rec.nbytes);
+        const half = rec.dtype === "float16" && opts.upcast;
+        const t = tvm.detachFromCurrentScope(tvm.empty(rec.shape, half ? "float32" : rec.dtype, dev));
+        if (half) t.copyFrom(Float32Array.from(new Uint16Array(raw.slice().buffer), halfToFloat));
+        else t.copyFromRawBytes(raw);
+        byName.set(rec.name, t);
+        opts.onUpload(byName.size, total);
+      }
+    }
+    const missing = metadata.params.filter((p) => !byName.has(p.name)).map((p) => p.name);
+    if (missing.length) throw new ArtifactError(`tensor-cache.json lacks parameters ${missing.slice(0, 3).join(", ")}`);
+    const params = tvm.detachFromCurrentScope(tvm.makeTVMArray(metadata.params.map((p) => byName.get(p.name))));
+    tvm.endScope();
+
+    tvm.beginScope();
+    const kernels = Object.keys(JSON.parse(vm.getInternalModule().getFunction("webgpu.get_fmap", true)())).length;
+    tvm.endScope();
+    let compiled = 0;
+    tvm.registerInitProgressCallback((r: { progress: number }) => {
+      compiled = Math.round(r.progress * kernels);
+      opts.onCompile(compiled, kernels);
+    });
+    await tvm.asyncLoadWebGPUPipelines(vm.getInternalModule());
+    const model = new TvmModel(tvm, vm, params, metadata, gpu,
+      Math.min(opts.contextWindow ?? metadata.context_window_size, metadata.context_window_size));
+    await tvm.webgpu().sync();
+    const oom = await gpu.device.popErrorScope();
+    if (oom) throw new OutOfMemoryError(`the GPU ran out of memory while loading the model: ${oom.message}`);
+    return model;
+  }
+
+  private check(): void {
+    if (this.lostReason !== null) throw new DeviceLostError(`the GPU device was lost: ${this.lostReason}`);
+  }
+
+  availablePages(): number {
+    return Number(this.builtin.attention_kv_cache_get_num_available_pages(this.kv));
+  }
+
+  get sequenceCount(): number {
+    return this.sequences.size;
+  }
+
+  get peakGpuBytes(): number {
+    const ctx = (this.tvm as unknown as { lib: { webGPUContext?: { peakAllocatedBytes: number } } }).lib.webGPUContext;
+    return ctx?.peakAllocatedBytes ?? 0;
+  }
+
+  addSequence(seq: number): void {
+    this.check();
+    this.builtin.kv_state_add_sequence(this.kv, new tvmjs.Scalar(seq, "int64"));
+    this.sequences.add(seq);
+  }
+
+  removeSequence(seq: number): void {
+    if (!this.sequences.delete(seq)) return;
+    this.builtin.kv_state_remove_sequence(this.kv, new tvmjs.Scalar(seq, "int64"));
+  }
+
+  /** Drop the last ``n`` tokens of a sequence (the part of a cached turn the new prompt differs in). */
+  popTokens(seq: number, n: number): void {
+    if (n > 0) this.builtin.kv_state_popn(this.kv, new tvmjs.Scalar(seq, "int64"), new tvmjs.Scalar(n, "int32"));
+  }
+
+  /** Append ``tokens`` to sequence ``seq`` (in prefill chunks); the logits after the last one. */
+  async forward(seq: number, tokens: number[]): Promise<Float32Array> {
+    this.check();
+    const { tvm } = this;
+    let logits: Float32Array | null = null;
+    for (let start = 0; start < tokens.length; start += this.prefillChunk) {
+      const chunk = tokens.slice(start, start + this.prefillChunk);
+      const last = start + this.prefillChunk >= tokens.length;
+      tvm.beginScope();
+      try {
+        const ids = tvm.empty([chunk.length], "int32", tvm.webgpu());
+        ids.copyFrom(Int32Array.from(chunk));
+        const emb = this.fn.embed(ids, this.params);
+        const hidden = emb.shape[1];
+        this.builtin.kv_state_begin_forward(this.kv, tvm.makeShapeTuple([seq]), tvm.makeShapeTuple([chunk.length]));
+        const ret = this.fn[chunk.length > 1 ? "prefill" : "decode"](emb.view([1, chunk.length, hidden]), this.kv, this.params);
+        this.builtin.kv_state_end_forward(this.kv);
+        if (last) {
+          const out = ret.get(0);
+          const host = tvm.empty(out.shape, out.dtype, tvm.cpu());
+          host.copyFrom(out);
+          await tvm.webgpu().sync();
+          logits = new Float32Array(host.toArray() as Float32Array);
+        }
+      } finally {
+        tvm.endScope();
+      }
+    }
+    this.check();
+    if (!logits) throw new Error("forward called with no tokens");
+    return logits;
+  }
+
+  dispose(): void {
+    this.vm.dispose();
+    this.tvm.dispose();
+  }
+}

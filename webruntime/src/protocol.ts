@@ -1,0 +1,142 @@
+// The OpenAI chat-completions shapes (the one TypeScript definition; Python has its own in
+// lantern.protocol) and the message schema between the page and the engine's Web Worker.
+
+export type Role = "system" | "user" | "assistant" | "tool";
+
+export interface ChatMessage {
+  role: Role;
+  content: string | null;
+  name?: string;
+  tool_call_id?: string;
+}
+
+export interface ChatCompletionRequest {
+  messages: ChatMessage[];
+  model?: string;
+  stream?: boolean;
+  stream_options?: { include_usage?: boolean };
+  max_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  repetition_penalty?: number;
+  frequency_penalty?: number;
+  presence_penalty?: number;
+  logit_bias?: Record<string, number>;
+  stop?: string | string[];
+  stop_token_ids?: number[];
+  seed?: number;
+  logprobs?: boolean;
+  top_logprobs?: number;
+  n?: number;
+}
+
+export type FinishReason = "stop" | "length" | "abort";
+
+export interface TopLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[];
+}
+
+export interface TokenLogprob extends TopLogprob {
+  top_logprobs: TopLogprob[];
+}
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  // Lantern's timing extension
+  ttft_ms: number;
+  prefill_tokens_per_s: number;
+  decode_tokens_per_s: number;
+  tpot_ms: number;
+  // prompt tokens whose KV entries were reused from the previous turn
+  cached_prompt_tokens: number;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: "chat.completion";
+  created: number;
+  model: string;
+  choices: {
+    index: number;
+    message: { role: "assistant"; content: string };
+    finish_reason: FinishReason;
+    logprobs: { content: TokenLogprob[] } | null;
+  }[];
+  usage: Usage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: "chat.completion.chunk";
+  created: number;
+  model: string;
+  choices: {
+    index: number;
+    delta: { role?: "assistant"; content?: string };
+    finish_reason: FinishReason | null;
+    logprobs: { content: TokenLogprob[] } | null;
+  }[];
+  usage?: Usage;
+}
+
+export type LoadPhase = "manifest" | "download" | "verify" | "gpu-upload" | "pipeline-compile" | "ready";
+
+export interface LoadProgress {
+  phase: LoadPhase;
+  loadedBytes: number;
+  totalBytes: number;
+  file?: string;
+  fromCache?: boolean;
+  // fraction of the whole load, 0..1
+  progress: number;
+}
+
+export type CacheBackend = "cache-api" | "indexeddb" | "none";
+
+export interface EngineOptions {
+  model: string;  // URL of an artifact folder (ends with "/")
+  worker?: boolean;  // default true
+  cache?: CacheBackend;  // default "cache-api"
+  parallelDownloads?: number;  // default 3
+  retries?: number;  // HTTP retries per file, default 3
+  onProgress?: (p: LoadProgress) => void;
+}
+
+export interface EngineStats {
+  kvSequences: number;  // sequences alive in the paged KV cache
+  kvAvailablePages: number;
+  kvTotalPages: number;
+  cachedTokens: number;  // conversation tokens kept for reuse by the next turn
+  queued: number;
+  library: string;
+  peakGpuBytes: number;
+  adapter: { vendor: string; architecture: string; features: string[]; fallback: boolean };
+  requests: Record<string, number>;  // terminal state -> count
+}
+
+export interface SerializedError {
+  name: string;
+  message: string;
+  file?: string;
+}
+
+// page -> worker
+export type WorkerRequest =
+  | { kind: "load"; id: number; options: Omit<EngineOptions, "onProgress" | "worker"> }
+  | { kind: "create"; id: number; request: ChatCompletionRequest }
+  | { kind: "abort"; id: number; target: number }
+  | { kind: "interrupt"; id: number }
+  | { kind: "stats"; id: number }
+  | { kind: "unload"; id: number };
+
+// worker -> page. Chunks are pushed as they are made: no acknowledgement per token.
+export type WorkerResponse =
+  | { kind: "progress"; id: number; progress: LoadProgress }
+  | { kind: "chunk"; id: number; chunk: ChatCompletionChunk }
+  | { kind: "result"; id: number; value: unknown }
+  | { kind: "error"; id: number; error: SerializedError };

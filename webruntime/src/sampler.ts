@@ -1,0 +1,166 @@
+// Token selection from one step's logits, on the CPU (the vocabulary is ~50k floats, well
+// under a millisecond). The order of operations is the contract the Python server follows:
+//   logit_bias -> repetition/frequency/presence penalties (over generated tokens) ->
+//   greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw.
+// Draws come from a seeded xorshift128+ generator, so one seed gives one token sequence.
+import { InvalidRequestError } from "./errors";
+import type { ChatCompletionRequest } from "./protocol";
+
+export interface SamplingParams {
+  temperature: number;
+  topP: number;
+  topK: number;
+  repetitionPenalty: number;
+  frequencyPenalty: number;
+  presencePenalty: number;
+  logitBias: Map<number, number>;
+  seed: number | null;
+  topLogprobs: number;  // -1: no logprobs
+}
+
+export function samplingParams(req: ChatCompletionRequest, vocabSize: number): SamplingParams {
+  const num = (v: unknown, name: string, lo: number, hi: number, dflt: number) => {
+    if (v === undefined || v === null) return dflt;
+    if (typeof v !== "number" || !Number.isFinite(v) || v < lo || v > hi) {
+      throw new InvalidRequestError(`${name} must be a number in [${lo}, ${hi}], got ${JSON.stringify(v)}`);
+    }
+    return v;
+  };
+  const bias = new Map<number, number>();
+  for (const [k, v] of Object.entries(req.logit_bias ?? {})) {
+    const id = Number(k);
+    if (!Number.isInteger(id) || id < 0 || id >= vocabSize) {
+      throw new InvalidRequestError(`logit_bias names token ${k}, outside the vocabulary (0..${vocabSize - 1})`);
+    }
+    bias.set(id, num(v, `logit_bias[${k}]`, -100, 100, 0));
+  }
+  if (req.top_logprobs !== undefined && !req.logprobs) {
+    throw new InvalidRequestError("top_logprobs requires logprobs: true");
+  }
+  const seed = req.seed === undefined || req.seed === null ? null : num(req.seed, "seed", -(2 ** 53), 2 ** 53, 0);
+  if (seed !== null && !Number.isInteger(seed)) throw new InvalidRequestError("seed must be an integer");
+  return {
+    temperature: num(req.temperature, "temperature", 0, 2, 1),
+    topP: num(req.top_p, "top_p", 0, 1, 1),
+    topK: num(req.top_k, "top_k", 0, vocabSize, 0),
+    repetitionPenalty: num(req.repetition_penalty, "repetition_penalty", 0.01, 10, 1),
+    frequencyPenalty: num(req.frequency_penalty, "frequency_penalty", -2, 2, 0),
+    presencePenalty: num(req.presence_penalty, "presence_penalty", -2, 2, 0),
+    logitBias: bias,
+    seed,
+    topLogprobs: req.logprobs ? num(req.top_logprobs, "top_logprobs", 0, 20, 0) : -1,
+  };
+}
+
+/** xorshift128+ seeded through splitmix64; uniform doubles in [0, 1) with 53 bits. */
+export class Rng {
+  private s0: bigint;
+  private s1: bigint;
+
+  constructor(seed: number) {
+    const mask = (1n << 64n) - 1n;
+    let x = BigInt.asUintN(64, BigInt(seed));
+    const next = () => {
+      x = (x + 0x9e3779b97f4a7c15n) & mask;
+      let z = x;
+      z = ((z ^ (z >> 30n)) * 0xbf58476d1ce4e5b9n) & mask;
+      z = ((z ^ (z >> 27n)) * 0x94d049bb133111ebn) & mask;
+      return z ^ (z >> 31n);
+    };
+    this.s0 = next();
+    this.s1 = next();
+  }
+
+  next(): number {
+    const mask = (1n << 64n) - 1n;
+    let s1 = this.s0;
+    const s0 = this.s1;
+    this.s0 = s0;
+    s1 = (s1 ^ (s1 << 23n)) & mask;
+    this.s1 = s1 ^ s0 ^ (s1 >> 17n) ^ (s0 >> 26n);
+    return Number(((this.s1 + s0) & mask) >> 11n) / 2 ** 53;
+  }
+}
+
+export interface Sampled {
+  token: number;
+  logprob: number;  // of the chosen token under the processed distribution (temperature 1)
+  top: [number, number][];  // [token, logprob], best first
+}
+
+function logSoftmax(x: Float32Array): Float64Array {
+  let max = -Infinity;
+  for (const v of x) if (v > max) max = v;
+  let sum = 0;
+  for (const v of x) sum += Math.exp(v - max);
+  const lse = max + Math.log(sum);
+  return Float64Array.from(x, (v) => v - lse);
+}
+
+export class Sampler {
+  private readonly rng: Rng;
+  private readonly counts = new Map<number, number>();
+
+  constructor(private readonly p: SamplingParams) {
+    this.rng = new Rng(p.seed ?? Math.floor(Math.random() * 2 ** 52));
+  }
+
+  /** Record a generated token (the penalties look at these). */
+  accept(token: number): void {
+    this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
+  }
+
+  sample(raw: Float32Array): Sampled {
+    const { p } = this;
+    const logits = new Float32Array(raw);
+    for (const [id, b] of p.logitBias) logits[id] += b;
+    for (const [id, n] of this.counts) {
+      let v = logits[id];
+      if (p.repetitionPenalty !== 1) v = v > 0 ? v / p.repetitionPenalty : v * p.repetitionPenalty;
+      logits[id] = v - p.frequencyPenalty * n - p.presencePenalty;
+    }
+    let token: number;
+    if (p.temperature === 0) {
+      token = 0;
+      for (let i = 1; i < logits.length; i++) if (logits[i] > logits[token]) token = i;
+    } else {
+      token = this.draw(logits);
+    }
+    let logprob = 0;
+    let top: [number, number][] = [];
+    if (p.topLogprobs >= 0) {
+      const lp = logSoftmax(logits);
+      logprob = lp[token];
+      if (p.topLogprobs > 0) {
+        const order = Array.from(lp.keys()).sort((a, b) => lp[b] - lp[a]).slice(0, p.topLogprobs);
+        top = order.map((i) => [i, lp[i]]);
+      }
+    }
+    return { token, logprob, top };
+  }
+
+  private draw(logits: Float32Array): number {
+    const { p } = this;
+    // candidates sorted by logit, best first; ties broken by the lower token id
+    let ids = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a] || a - b);
+    if (p.topK > 0) ids = ids.slice(0, p.topK);
+    const max = logits[ids[0]];
+    const weights = ids.map((i) => Math.exp((logits[i] - max) / p.temperature));
+    const total = weights.reduce((s, w) => s + w, 0);
+    let keep = ids.length;
+    if (p.topP < 1) {
+      let cum = 0;
+      for (let k = 0; k < ids.length; k++) {
+        cum += weights[k] / total;
+        if (cum >= p.topP) { keep = k + 1; break; }
+      }
+    }
+    const kept = weights.slice(0, keep).reduce((s, w) => s + w, 0);
+    let u = this.rng.next() * kept;
+    for (let k = 0; k < keep; k++) {
+      u -= weights[k];
+      if (u < 0) return ids[k];
+    }
+    return ids[keep - 1];
+  }
+}
