@@ -51,14 +51,19 @@ def serve(routes: dict[str, Path]) -> Iterator[str]:
         server.server_close()
 
 
+def launch(playwright, webgpu: bool = True):
+    """A headless Chromium from a running Playwright, WebGPU enabled unless asked otherwise."""
+    args = CHROMIUM_ARGS if webgpu else [a for a in CHROMIUM_ARGS if "webgpu" not in a]
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+
+
 @contextlib.contextmanager
 def chromium(webgpu: bool = True) -> Iterator[object]:
     """A headless Chromium browser (Playwright), WebGPU enabled unless asked otherwise."""
     from playwright.sync_api import sync_playwright
 
-    args = CHROMIUM_ARGS if webgpu else [a for a in CHROMIUM_ARGS if "webgpu" not in a]
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        browser = launch(p, webgpu)
         try:
             yield browser
         finally:
@@ -100,10 +105,12 @@ def webllm_chat(artifact, messages: list[dict], max_tokens: int) -> dict:
 
 
 @contextlib.contextmanager
-def lantern_server(model_dirs: list[Path], site: Path | None = None) -> Iterator[tuple[str, list[str]]]:
+def lantern_server(model_dirs: list[Path], site: Path | None = None,
+                   customize=None) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
     """``lantern serve``'s app on a free loopback port (real uvicorn, in a thread).
 
-    Yields the base URL and the list of request paths the server saw, in order.
+    ``customize(app)`` may add middleware (fault injection). Yields the base URL and the
+    requests the server saw, in order, as (path, Range header or None).
     """
     import socket
 
@@ -112,11 +119,13 @@ def lantern_server(model_dirs: list[Path], site: Path | None = None) -> Iterator
     from lantern.server.app import create_app
 
     app = create_app(model_dirs, site or repo_root() / "tests" / "web")
-    seen: list[str] = []
+    seen: list[tuple[str, str | None]] = []
+    if customize is not None:
+        customize(app)
 
     @app.middleware("http")
     async def record(request, call_next):
-        seen.append(request.url.path)
+        seen.append((request.url.path, request.headers.get("range")))
         return await call_next(request)
 
     sock = socket.socket()

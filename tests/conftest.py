@@ -56,13 +56,14 @@ _BUILDS: dict[tuple, Path] = {}
 
 @pytest.fixture(scope="session")
 def build_artifact(cache_dir, tmp_path_factory):
-    """build_artifact(source, quant, targets, lora=None) -> artifact folder, built once per session."""
-    def _build(source, quant: str, targets=("cpu",), lora=None, name=None) -> Path:
-        key = (str(source), quant, tuple(targets), str(lora), name)
+    """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="gpu") -> artifact
+    folder, built once per session."""
+    def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="gpu") -> Path:
+        key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule)
         if key not in _BUILDS:
             out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant}"
             build(BuildOptions(source=str(source), out=out, quant=quant, targets=tuple(targets),
-                               lora=lora, cache_dir=cache_dir, name=name))
+                               lora=lora, cache_dir=cache_dir, name=name, webgpu_schedule=webgpu_schedule))
             _BUILDS[key] = out
         return _BUILDS[key]
     return _build

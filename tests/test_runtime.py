@@ -1,0 +1,304 @@
+"""The browser runtime (webruntime/, worker/) in headless Chromium on WebGPU (SwiftShader).
+
+Pages import /runtime/lantern.js from `lantern serve`'s app exactly as a site does; the engine
+runs in its Web Worker. SmolLM2 q4f32_1 is built with the cpu-emulated WebGPU schedule, the one
+the runtime picks on a software adapter. References come from the same artifact's CPU library.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from browser import launch, lantern_server
+from test_smollm2 import PROMPTS, eos_id
+
+from lantern.artifact import Artifact
+from lantern.chat_template import render
+
+pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
+
+SHORT_SYSTEM = {"role": "system", "content": "Answer briefly."}
+
+
+def cpu_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> str:
+    cfg = art.tokenizer_config()
+    prompt = render(cfg["chat_template"], messages)
+    ids = art.tokenizer().encode(prompt, add_special_tokens=False).ids
+    out = art.cpu_model().greedy(ids, max_tokens, stop_ids=[eos_id(art)])
+    return art.tokenizer().decode(out)
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def smollm2(build_artifact) -> Artifact:
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
+                                        webgpu_schedule="cpu-emulated"))
+
+
+def open_page(browser, base: str):
+    page = browser.new_page()
+    page.goto(base + "/engine.html")
+    page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+    return page
+
+
+@pytest.fixture(scope="module")
+def playwright():
+    """Playwright allows one sync session at a time: the module's browsers all come from this one."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    b = launch(playwright)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def session(smollm2, browser):
+    """One server, one browser context and one loaded engine shared by the tests below."""
+    with lantern_server([smollm2.path]) as (base, seen):
+        context = browser.new_context()
+        page = open_page(context, base)
+        stats = page.evaluate("(m) => load(m)", f"/models/{smollm2.path.name}/")
+        yield {"base": base, "seen": seen, "context": context, "page": page, "stats": stats, "art": smollm2}
+
+
+def chat(page, *requests: dict) -> list[dict]:
+    return page.evaluate("(reqs) => chat(reqs)", list(requests))
+
+
+def test_load_reports_progress_and_picks_the_emulated_library(session, report):
+    stats, page = session["stats"], session["page"]
+    assert stats["adapter"]["fallback"] is True  # SwiftShader
+    assert stats["library"] == session["art"].library("webgpu").name
+    progress = page.evaluate("window.progress")
+    phases = [p["phase"] for p in progress]
+    for phase in ("manifest", "download", "verify", "gpu-upload", "pipeline-compile", "ready"):
+        assert phase in phases
+    fractions = [p["progress"] for p in progress]
+    assert fractions == sorted(fractions) and fractions[-1] == 1
+    weights = session["art"].manifest["weights"]["bytes"]
+    assert max(p["loadedBytes"] for p in progress if p["phase"] == "download") >= weights
+    assert stats["peakGpuBytes"] >= weights
+    report(f"runtime: peak GPU memory allocated {stats['peakGpuBytes'] / 2**20:.0f} MiB "
+           f"(weights {weights / 2**20:.0f} MiB)")
+
+
+def test_greedy_tokens_equal_the_cpu_library_on_five_prompts(session, report):
+    page, art = session["page"], session["art"]
+    replies = chat(page, *[{"messages": user(p), "max_tokens": 32, "temperature": 0} for p in PROMPTS])
+    for prompt, reply in zip(PROMPTS, replies):
+        assert reply["choices"][0]["message"]["content"] == cpu_greedy(art, user(prompt), 32), prompt
+    assert "Paris" in replies[0]["choices"][0]["message"]["content"]
+    usage = replies[0]["usage"]
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens", "ttft_ms", "prefill_tokens_per_s",
+                "decode_tokens_per_s", "tpot_ms"):
+        assert usage[key] > 0, key
+    assert replies[0]["object"] == "chat.completion" and replies[0]["id"].startswith("chatcmpl-")
+    report(f"runtime (SwiftShader, cpu-emulated): TTFT {usage['ttft_ms'] / 1000:.1f} s for "
+           f"{usage['prompt_tokens']} prompt tokens, decode {usage['decode_tokens_per_s']:.2f} tok/s")
+    session["first_reply"] = replies[0]
+
+
+def test_streaming_yields_the_non_streaming_text(session):
+    page, art = session["page"], session["art"]
+    req = {"messages": user(PROMPTS[-1]), "max_tokens": 32, "temperature": 0}
+    [plain, streamed] = chat(page, req, {**req, "stream": True, "stream_options": {"include_usage": True}})
+    assert streamed["text"] == plain["choices"][0]["message"]["content"] == cpu_greedy(art, user(PROMPTS[-1]), 32)
+    chunks = streamed["chunks"]
+    assert len(chunks) > 5  # streamed token by token, not in one piece
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == plain["usage"]["completion_tokens"]
+    # the same prompt again: its KV entries were kept, only the last prompt token is run
+    assert usage["cached_prompt_tokens"] == usage["prompt_tokens"] - 1
+
+
+def test_same_seed_same_text_and_different_seeds_differ(session):
+    page = session["page"]
+    base = {"messages": user("Tell me a story about a dragon."), "max_tokens": 12, "temperature": 0.8}
+    a, b, c = chat(page, {**base, "seed": 7}, {**base, "seed": 7}, {**base, "seed": 8})
+    text = [r["choices"][0]["message"]["content"] for r in (a, b, c)]
+    assert text[0] == text[1]
+    assert text[0] != text[2]
+
+
+def test_next_turn_reuses_the_kv_cache_and_still_equals_the_cpu(session):
+    page, art = session["page"], session["art"]
+    first = [SHORT_SYSTEM, *user("Name a fruit.")]
+    [r1] = chat(page, {"messages": first, "max_tokens": 8, "temperature": 0})
+    answer = r1["choices"][0]["message"]["content"]
+    second = [*first, {"role": "assistant", "content": answer}, *user("What color is it?")]
+    [r2] = chat(page, {"messages": second, "max_tokens": 8, "temperature": 0})
+    assert r2["choices"][0]["message"]["content"] == cpu_greedy(art, second, 8)
+    if r1["choices"][0]["finish_reason"] == "stop":  # the answer, as re-rendered, is in the cache
+        assert r2["usage"]["cached_prompt_tokens"] >= r1["usage"]["prompt_tokens"] + r1["usage"]["completion_tokens"] - 1
+    else:
+        assert r2["usage"]["cached_prompt_tokens"] >= r1["usage"]["prompt_tokens"]
+
+
+def test_stop_strings_logit_bias_and_logprobs(session):
+    page = session["page"]
+    base = {"messages": [SHORT_SYSTEM, *user(PROMPTS[2])], "max_tokens": 16, "temperature": 0}
+    [free] = chat(page, base)
+    text = free["choices"][0]["message"]["content"]
+    word = text.split()[1]
+    [stopped] = chat(page, {**base, "stop": [word]})
+    assert stopped["choices"][0]["message"]["content"] == text[: text.index(word)]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    [probs] = chat(page, {**base, "max_tokens": 3, "logprobs": True, "top_logprobs": 3})
+    content = probs["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3
+    for entry in content:  # greedy: the chosen token is the most likely one
+        assert entry["logprob"] <= 0
+        assert entry["top_logprobs"][0]["logprob"] == pytest.approx(entry["logprob"])
+        assert len(entry["top_logprobs"]) == 3
+    first = session["art"].tokenizer().encode(content[0]["token"], add_special_tokens=False).ids[0]
+    [biased] = chat(page, {**base, "max_tokens": 1, "logprobs": True, "logit_bias": {str(first): -100}})
+    assert biased["choices"][0]["logprobs"]["content"][0]["token"] != content[0]["token"]
+
+
+def test_abort_mid_stream_then_a_later_request_works(session):
+    page = session["page"]
+    req = {"messages": [SHORT_SYSTEM, *user("Count from one to twenty.")], "max_tokens": 32, "temperature": 0}
+    aborted = page.evaluate("([r, n]) => chatAborted(r, n)", [req, 3])
+    assert aborted["finish"] == "abort"
+    assert aborted["chunks"] <= 5  # stopped at the next decode step, not at max_tokens
+    [after] = chat(page, {**req, "max_tokens": 4})
+    assert after["choices"][0]["finish_reason"] == "length"
+
+
+def test_fifty_aborted_requests_leave_no_kv_sequences(session):
+    page = session["page"]
+    before = page.evaluate("engine.stats()")
+    result = page.evaluate("""async (req) => {
+      // 50 requests at once: three are aborted mid-answer, the rest while still queued
+      const runs = [];
+      for (let i = 0; i < 50; i++) runs.push(chatAborted(req, i < 3 ? 1 + i : 0));
+      return await Promise.all(runs);
+    }""", {"messages": [SHORT_SYSTEM, *user("Hi")], "max_tokens": 16, "temperature": 0})
+    assert [r["finish"] for r in result] == ["abort"] * 50
+    stats = page.evaluate("engine.stats()")
+    assert stats["kvSequences"] == 0
+    assert stats["kvAvailablePages"] == stats["kvTotalPages"]
+    assert stats["requests"]["cancelled"] - before["requests"].get("cancelled", 0) == 50
+    assert stats["queued"] == 0
+
+
+def test_invalid_request_is_a_typed_error_across_the_worker(session):
+    page = session["page"]
+    err = page.evaluate("""() => errorOf(() => engine.chat.completions.create(
+        {messages: [{role: 'user', content: 'hi'}], temperature: 7}))""")
+    assert err["name"] == "InvalidRequestError" and "temperature" in err["message"]
+    err = page.evaluate("() => errorOf(() => engine.chat.completions.create({messages: []}))")
+    assert err["name"] == "InvalidRequestError"
+
+
+def test_reload_loads_weights_from_cache_without_network(session):
+    seen, art = session["seen"], session["art"]
+    page = open_page(session["context"], session["base"])  # a new page: a second visit
+    mark = len(seen)
+    page.evaluate("(m) => load(m)", f"/models/{art.path.name}/")
+    fetched = [path for path, _ in seen[mark:] if path.startswith("/models/")]
+    assert fetched == [f"/models/{art.path.name}/lantern.json"]  # the manifest is revalidated, nothing else
+    [reply] = chat(page, {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0})
+    assert reply["choices"][0]["message"]["content"]
+    cached = page.evaluate("lantern.listCachedModels()")
+    assert any(url.endswith(f"/models/{art.path.name}/") for url in cached)
+    page.evaluate("engine.unload()")
+    removed = page.evaluate("(m) => lantern.deleteModelFromCache(m)", f"/models/{art.path.name}/")
+    shards = sum(1 for f in art.manifest["files"] if f.startswith("params_shard"))
+    assert removed == 6 + shards  # lantern.json, 4 config files, the wasm library, the shards
+    assert not any(url.endswith(f"/models/{art.path.name}/") for url in page.evaluate("lantern.listCachedModels()"))
+    page.close()
+
+
+@pytest.fixture()
+def artifact_copy(smollm2, tmp_path):
+    def make(name: str):
+        dst = tmp_path / name
+        shutil.copytree(smollm2.path, dst, ignore=shutil.ignore_patterns("*.so"))
+        return dst
+    return make
+
+
+def test_a_shard_tampered_on_the_server_is_refused_naming_the_file(artifact_copy, browser):
+    folder = artifact_copy("tampered")
+    shard = folder / "params_shard_1.bin"
+    data = bytearray(shard.read_bytes())
+    data[1000] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with lantern_server([folder]) as (base, _):
+        context = browser.new_context()
+        page = open_page(context, base)
+        err = page.evaluate("() => errorOf(() => load('/models/tampered/'))")
+        context.close()
+    assert err["name"] == "IntegrityError"
+    assert err["file"] == "params_shard_1.bin" and "params_shard_1.bin" in err["message"]
+
+
+def test_corrupted_cache_entry_is_fetched_again_and_a_cut_download_resumes(artifact_copy, browser):
+    from starlette.responses import StreamingResponse
+
+    folder = artifact_copy("flaky")
+    cut_path = "/models/flaky/params_shard_0.bin"
+    cut = []
+
+    def customize(app):
+        @app.middleware("http")
+        async def cut_first_download(request, call_next):
+            # The first full download of shard 0 stops half-way: the connection drops.
+            if request.url.path == cut_path and not cut and "range" not in request.headers:
+                cut.append(1)
+                data = (folder / "params_shard_0.bin").read_bytes()
+
+                async def half():
+                    yield data[: len(data) // 2]
+                    raise ConnectionResetError("cut by the test")
+                return StreamingResponse(half(), headers={"content-length": str(len(data))})
+            return await call_next(request)
+
+    with lantern_server([folder], customize=customize) as (base, seen):
+        context = browser.new_context()
+        page = open_page(context, base)
+        page.evaluate("(m) => load(m)", "/models/flaky/")
+        ranges = [r for p, r in seen if p == cut_path]
+        assert ranges[0] is None and ranges[1] is not None and ranges[1].startswith("bytes=")
+        assert int(ranges[1].split("=")[1].rstrip("-")) > 0  # resumed, not restarted
+        page.evaluate("engine.unload()")
+        # corrupt the cached copy of shard 2, then load again: it is detected and re-fetched
+        page.evaluate("""async (url) => {
+          const cache = await caches.open('lantern-artifacts-v1');
+          await cache.put(new URL(url, location.href).href, new Response(new Uint8Array(1000)));
+        }""", "/models/flaky/params_shard_2.bin")
+        mark = len(seen)
+        page.evaluate("(m) => load(m)", "/models/flaky/")
+        again = [p for p, _ in seen[mark:] if p.startswith("/models/flaky/") and not p.endswith("lantern.json")]
+        assert again == ["/models/flaky/params_shard_2.bin"]
+        [reply] = chat(page, {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0})
+        assert reply["choices"][0]["message"]["content"]
+        context.close()
+
+
+def test_no_webgpu_is_a_typed_error(smollm2, playwright):
+    plain = launch(playwright, webgpu=False)
+    try:
+        with lantern_server([smollm2.path]) as (base, _):
+            page = open_page(plain, base)
+            err = page.evaluate("(m) => errorOf(() => load(m))", f"/models/{smollm2.path.name}/")
+    finally:
+        plain.close()
+    assert err["name"] == "WebGPUUnavailableError"
