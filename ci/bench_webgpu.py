@@ -1,10 +1,11 @@
-"""Benchmark (not a test): a built artifact on WebGPU in headless Chromium, through WebLLM's engine.
+"""Benchmark (not a test): an artifact on WebGPU in headless Chromium, Lantern's runtime beside WebLLM.
 
-Prints the wall time of the whole run (browser start to answer), TTFT, prefill and decode tokens/s, and the weight bandwidth decode achieves
-(decode tokens/s x weight bytes), to compare against the adapter's matvec bandwidth; on
-SwiftShader that is 2-3.3 GB/s on one core (see shared/PLATFORM.md).
+Both engines load the same artifact folder and answer the same prompt greedily. Printed per
+engine: load time (cold: empty cache), TTFT, prefill and decode tokens/s, and the weight
+bandwidth decode achieves (decode tokens/s x weight bytes), to compare against the adapter's
+matvec bandwidth; on SwiftShader that is 2-3.3 GB/s on one core (see shared/PLATFORM.md).
 
-    .venv/bin/python ci/bench_webgpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64]
+    .venv/bin/python ci/bench_webgpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64] [--engines lantern,webllm]
 """
 
 from __future__ import annotations
@@ -18,9 +19,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser import webllm_chat  # noqa: E402
+from browser import chromium, lantern_server, webllm_chat  # noqa: E402
 
 from lantern.artifact import Artifact  # noqa: E402
+
+
+def lantern_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
+    with lantern_server([art.path]) as (base, _), chromium() as browser:
+        page = browser.new_page()
+        page.goto(base + "/engine.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        start = time.perf_counter()
+        stats = page.evaluate("(m) => load(m)", f"/models/{art.path.name}/")
+        load_s = time.perf_counter() - start
+        [reply] = page.evaluate("(reqs) => chat(reqs)", [{"messages": messages, "max_tokens": max_tokens,
+                                                          "temperature": 0}])
+    u = reply["usage"]
+    return {"library": stats["library"], "load_s": load_s, "prompt_tokens": u["prompt_tokens"],
+            "completion_tokens": u["completion_tokens"], "ttft_s": u["ttft_ms"] / 1000,
+            "prefill_tokens_per_s": u["prefill_tokens_per_s"], "decode_tokens_per_s": u["decode_tokens_per_s"]}
+
+
+def webllm_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
+    start = time.perf_counter()
+    reply = webllm_chat(art, messages, max_tokens)
+    total = time.perf_counter() - start
+    u, extra = reply["usage"], reply["usage"].get("extra", {})
+    return {"library": art.library("webgpu").name,
+            "load_s": None,  # WebLLM's load is inside its single call; see load_and_answer_s
+            "load_and_answer_s": total, "prompt_tokens": u["prompt_tokens"],
+            "completion_tokens": u["completion_tokens"], "ttft_s": extra.get("time_to_first_token_s", 0.0),
+            "prefill_tokens_per_s": extra.get("prefill_tokens_per_s", 0.0),
+            "decode_tokens_per_s": extra.get("decode_tokens_per_s", 0.0)}
 
 
 def main() -> int:
@@ -28,29 +58,24 @@ def main() -> int:
     parser.add_argument("artifact", help="artifact folder built by `lantern build`")
     parser.add_argument("--prompt-words", type=int, default=100, help="length of the prompt in words")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+    parser.add_argument("--engines", default="lantern,webllm", help="comma-separated: lantern, webllm")
     args = parser.parse_args()
 
     art = Artifact.open(args.artifact)
     prompt = "Summarise this text: " + " ".join(["the quick brown fox jumps over the lazy dog"] * 20)
-    prompt = " ".join(prompt.split()[: args.prompt_words])
-    start = time.perf_counter()
-    reply = webllm_chat(art, [{"role": "user", "content": prompt}], args.max_tokens)
-    total = time.perf_counter() - start
-    usage = reply["usage"]
-    extra = usage.get("extra", {})
+    messages = [{"role": "user", "content": " ".join(prompt.split()[: args.prompt_words])}]
+    runners = {"lantern": lantern_run, "webllm": webllm_run}
     weight_bytes = art.manifest["weights"]["bytes"]
-    decode = extra.get("decode_tokens_per_s", 0.0)
-    figures = {
-        "model": f"{art.manifest['model']['name']} {art.manifest['quantization']}",
-        "prompt_tokens": usage["prompt_tokens"],
-        "completion_tokens": usage["completion_tokens"],
-        "browser_load_and_answer_s": round(total, 2),  # browser start, weights, compile, answer
-        "ttft_s": round(extra.get("time_to_first_token_s", 0.0), 3),
-        "prefill_tokens_per_s": round(extra.get("prefill_tokens_per_s", 0.0), 2),
-        "decode_tokens_per_s": round(decode, 2),
-        "decode_weight_bandwidth_GB_s": round(decode * weight_bytes / 1e9, 2),
-    }
-    print(json.dumps(figures, indent=2))
+    results = {}
+    for name in args.engines.split(","):
+        r = runners[name.strip()](art, messages, args.max_tokens)
+        r["decode_weight_bandwidth_GB_s"] = r["decode_tokens_per_s"] * weight_bytes / 1e9
+        results[name] = {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
+    print(json.dumps({"model": f"{art.manifest['model']['name']} {art.manifest['quantization']}",
+                      "results": results}, indent=2))
+    if "lantern" in results and "webllm" in results and results["webllm"]["decode_tokens_per_s"]:
+        ratio = results["lantern"]["decode_tokens_per_s"] / results["webllm"]["decode_tokens_per_s"]
+        print(f"decode tokens/s, lantern / webllm: {ratio:.2f}x")
     return 0
 
 
