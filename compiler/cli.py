@@ -107,13 +107,24 @@ def cmd_build(args) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
     import uvicorn
 
-    from .server.app import create_app
+    from .server.app import Limits, ServerConfig, create_app
 
-    app = create_app([Path(d) for d in args.dirs], Path(args.site) if args.site else None)
+    api_key = args.api_key or os.environ.get("LANTERN_API_KEY")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+        raise LanternError(f"binding to {args.host} exposes the API beyond this machine: "
+                           "set --api-key or LANTERN_API_KEY")
+    config = ServerConfig(
+        [Path(d) for d in args.dirs], Path(args.site) if args.site else None, api_key=api_key,
+        cors_origins=[o.strip() for o in (args.cors or "").split(",") if o.strip()],
+        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue))
+    app = create_app(config)
     names = ", ".join(f"/models/{Path(d).resolve().name}/" for d in args.dirs)
-    print(f"lantern: serving {names} and the site on http://{args.host}:{args.port}/", file=sys.stderr)
+    print(f"lantern: serving {names}, the runtime, the site and the OpenAI API (/v1) on "
+          f"http://{args.host}:{args.port}/", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -150,13 +161,21 @@ def make_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
 
     s = sub.add_parser(
-        "serve", help="serve artifacts, the browser runtime and the site over HTTP",
-        description="Serve the site at /, the runtime at /runtime/lantern.js and /runtime/worker.js, and each "
-                    "artifact folder at /models/<folder name>/.")
+        "serve", help="OpenAI-compatible API on the CPU, plus the site, runtime and artifacts over HTTP",
+        description="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) running "
+                    "each artifact's CPU library, /health and /metrics, and as static files the site at /, the "
+                    "runtime at /runtime/lantern.js and /runtime/worker.js, and each artifact folder at "
+                    "/models/<folder name>/ (the model's name in the API).")
     s.add_argument("dirs", nargs="+", metavar="DIR", help="artifact folders built by `lantern build`")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     s.add_argument("--site", help="folder served at / (default: the repository's site/)")
+    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $LANTERN_API_KEY); "
+                                     "needed for any bind address other than loopback")
+    s.add_argument("--cors", help="comma-separated origins allowed to call the API from a browser")
+    s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
+    s.add_argument("--max-queue", type=int, default=16,
+                   help="requests that may wait per model before new ones get HTTP 429 (default 16)")
     s.set_defaults(func=cmd_serve)
     return parser
 

@@ -1,21 +1,287 @@
-"""The `lantern serve` application."""
+"""The `lantern serve` application: an OpenAI-compatible API over artifacts' CPU libraries, plus
+the site, the browser runtime and the artifacts as static files (static.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..errors import LanternError
+from .engine import InvalidRequest, ModelEngine, Step, new_id
+from .metrics import Metrics
+from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
+                       ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
+                       ErrorResponse, Logprobs, ModelCard, ModelList, SamplingFields)
 from .static import REPO, model_folders, mount_static
 
 
-def create_app(model_dirs: list[Path], site: Path | None = None) -> FastAPI:
-    models = model_folders(model_dirs)
-    app = FastAPI(title="Lantern", docs_url=None, redoc_url=None)
+@dataclass
+class Limits:
+    max_body_bytes: int = 1 << 20
+    max_tokens: int = 4096
+    max_queue: int = 16  # requests waiting per model before 429
+
+
+@dataclass
+class ServerConfig:
+    model_dirs: list[Path]
+    site: Path | None = None
+    api_key: str | None = None
+    cors_origins: list[str] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        self.status, self.body = status, ErrorBody(message=message, type=type_, param=param, code=code)
+
+
+def _error(status: int, body: ErrorBody) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=body).model_dump(), status_code=status)
+
+
+class ModelSlot:
+    """One model: its engine (loaded in the background) and the queue in front of it."""
+
+    def __init__(self, name: str, path: Path):
+        self.name, self.path = name, path
+        self.engine: ModelEngine | None = None
+        self.load_error: str | None = None
+        self.waiting = 0
+        self.ready = threading.Event()
+
+    def load(self) -> None:
+        try:
+            self.engine = ModelEngine(self.path)
+        except Exception as err:  # reported on every request for this model
+            self.load_error = f"{type(err).__name__}: {err}"
+        self.ready.set()
+
+
+def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) -> FastAPI:
+    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
+    folders = model_folders(config.model_dirs)
+    slots = {name: ModelSlot(name, path) for name, path in folders.items()}
+    metrics = Metrics()
+    limits = config.limits
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        # Models load in the background: /health says "loading" and requests get 503 meanwhile.
+        for slot in slots.values():
+            threading.Thread(target=slot.load, daemon=True, name=f"load-{slot.name}").start()
+        yield
+
+    app = FastAPI(title="Lantern", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        path = request.url.path
+        if path.startswith("/v1/"):
+            if config.api_key and request.headers.get("authorization") != f"Bearer {config.api_key}":
+                return _error(401, ErrorBody(message="missing or wrong API key (Authorization: Bearer ...)",
+                                             type="authentication_error", code="invalid_api_key"))
+            size = request.headers.get("content-length")
+            if size is not None and size.isdigit() and int(size) > limits.max_body_bytes:
+                return _error(413, ErrorBody(message=f"request body over {limits.max_body_bytes} bytes",
+                                             type="invalid_request_error", code="request_too_large"))
+        response = await call_next(request)
+        if path.startswith("/v1/"):
+            metrics.count_request(path, response.status_code)
+        return response
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError):
+        return _error(err.status, err.body)
+
+    @app.exception_handler(InvalidRequest)
+    async def invalid_request(_: Request, err: InvalidRequest):
+        return _error(400, ErrorBody(message=str(err), type="invalid_request_error"))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        loc = ".".join(str(x) for x in first.get("loc", ())[1:])
+        return _error(400, ErrorBody(message=f"{loc or 'body'}: {first.get('msg', 'invalid request')}",
+                                     type="invalid_request_error", param=loc or None))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, err: StarletteHTTPException):
+        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        return _error(err.status_code, ErrorBody(message=str(err.detail), type=kind))
 
     @app.get("/health")
     def health() -> dict:
-        return {"status": "ok", "models": sorted(models)}
+        states = {n: ("failed" if s.load_error else "ready" if s.engine else "loading") for n, s in slots.items()}
+        return {"status": "ok" if all(v == "ready" for v in states.values()) else "loading", "models": states}
 
-    mount_static(app, models, site if site is not None else REPO / "site")
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics_text() -> str:
+        return metrics.render({n: s.waiting for n, s in slots.items()})
+
+    @app.get("/v1/models")
+    def list_models() -> ModelList:
+        return ModelList(data=[ModelCard(id=n, created=int(p.joinpath("lantern.json").stat().st_mtime))
+                               for n, p in folders.items()])
+
+    def slot_for(req: SamplingFields) -> ModelSlot:
+        name = req.model or (next(iter(slots)) if len(slots) == 1 else None)
+        if name is None:
+            raise ApiError(400, "several models are served: name one in `model`", param="model")
+        if name not in slots:
+            raise ApiError(404, f"the model {name!r} does not exist (served: {', '.join(slots)})",
+                           type_="not_found_error", param="model", code="model_not_found")
+        slot = slots[name]
+        if not slot.ready.is_set():
+            raise ApiError(503, f"model {name} is still loading", type_="server_error", code="model_loading")
+        if slot.load_error:
+            raise ApiError(503, f"model {name} failed to load: {slot.load_error}", type_="server_error")
+        if (req.token_limit() or 0) > limits.max_tokens:
+            raise ApiError(400, f"max_tokens is limited to {limits.max_tokens}", param="max_tokens")
+        return slot
+
+    def admit(slot: ModelSlot) -> None:
+        """Take a place in the model's queue, or 429 (before any response byte is sent)."""
+        if slot.waiting >= limits.max_queue:
+            raise ApiError(429, f"{slot.waiting} requests are already waiting for {slot.name}; retry later",
+                           type_="rate_limit_error", code="queue_full")
+        slot.waiting += 1
+
+    async def run(slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, cancelled: threading.Event):
+        """Generate on a worker thread (one at a time per model) for an admitted request."""
+        def step(s: Step) -> None:
+            if s.usage is not None:  # the terminal step, also for a client that has gone away
+                metrics.observe(s.usage, s.finish)
+            on_step(s)
+
+        try:
+            await asyncio.to_thread(slot.engine.generate, prompt, req, cancelled, step)
+        except InvalidRequest as err:
+            raise ApiError(400, str(err)) from None
+        finally:
+            slot.waiting -= 1
+
+    def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields) -> list[int]:
+        try:
+            slot.engine.sampling(req)  # reject bad sampling fields before queueing
+        except InvalidRequest as err:
+            raise ApiError(400, str(err)) from None
+        return slot.engine.encode(prompt_text)
+
+    async def respond(req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk, make_final):
+        """Non-streaming: one JSON body. Streaming: SSE chunks and `data: [DONE]`."""
+        cancelled = threading.Event()
+        admit(slot)
+        if not req.stream:
+            steps: list[Step] = []
+            try:
+                await run(slot, prompt, req, steps.append, cancelled)
+            finally:
+                cancelled.set()
+            return make_final(steps)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def produce():
+            try:
+                await run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s), cancelled)
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+            except ApiError as err:
+                queue.put_nowait(err)
+
+        producer = asyncio.create_task(produce())
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        async def events():
+            first = True
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is None:
+                        break
+                    if isinstance(item, ApiError):
+                        yield f"data: {json.dumps(ErrorResponse(error=item.body).model_dump())}\n\n"
+                        break
+                    chunk = make_chunk(item, first)
+                    first = False
+                    if item.usage is not None and not include_usage:
+                        chunk.usage = None
+                    body = chunk.model_dump()
+                    for choice in body["choices"]:  # OpenAI sends `role` only in the first delta
+                        if choice.get("delta", {}).get("role", "") is None:
+                            del choice["delta"]["role"]
+                    yield f"data: {json.dumps(body)}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                cancelled.set()  # a client that went away stops its generation at the next step
+
+        response = StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        response.producer = producer  # keep a reference: the task must not be collected mid-run
+        return response
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest):
+        slot = slot_for(req)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        prompt = prepare(slot, slot.engine.render_chat(messages), req)
+        cid, created = new_id("chatcmpl"), int(time.time())
+        logprobs_on = req.logprobs
+
+        def make_chunk(step: Step, first: bool) -> ChatCompletionChunk:
+            delta = Delta(role="assistant", content=step.delta) if first else Delta(content=step.delta)
+            return ChatCompletionChunk(id=cid, created=created, model=slot.name, usage=step.usage,
+                                       choices=[ChunkChoice(delta=delta, finish_reason=step.finish,
+                                                            logprobs=Logprobs(content=step.logprobs)
+                                                            if logprobs_on and step.logprobs else None)],
+                                       lantern_route="cloud")
+
+        def make_final(steps: list[Step]) -> ChatCompletion:
+            lps = [lp for s in steps for lp in (s.logprobs or [])]
+            return ChatCompletion(
+                id=cid, created=created, model=slot.name, usage=steps[-1].usage, lantern_route="cloud",
+                choices=[Choice(message=AssistantMessage(content="".join(s.delta for s in steps)),
+                                finish_reason=steps[-1].finish,
+                                logprobs=Logprobs(content=lps) if logprobs_on else None)])
+
+        return await respond(req, slot, prompt, make_chunk, make_final)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        slot = slot_for(req)
+        prompt = prepare(slot, req.prompt, req)
+        cid, created = new_id("cmpl"), int(time.time())
+
+        def make_chunk(step: Step, first: bool) -> Completion:
+            text = (req.prompt if first and req.echo else "") + step.delta
+            return Completion(id=cid, created=created, model=slot.name, usage=step.usage,
+                              choices=[CompletionChoice(text=text, finish_reason=step.finish)])
+
+        def make_final(steps: list[Step]) -> Completion:
+            text = (req.prompt if req.echo else "") + "".join(s.delta for s in steps)
+            return Completion(id=cid, created=created, model=slot.name, usage=steps[-1].usage,
+                              choices=[CompletionChoice(text=text, finish_reason=steps[-1].finish)])
+
+        return await respond(req, slot, prompt, make_chunk, make_final)
+
+    mount_static(app, folders, config.site if config.site is not None else REPO / "site")
     return app
+
+
+__all__ = ["ApiError", "Limits", "ServerConfig", "create_app", "LanternError"]

@@ -105,10 +105,11 @@ def webllm_chat(artifact, messages: list[dict], max_tokens: int) -> dict:
 
 
 @contextlib.contextmanager
-def lantern_server(model_dirs: list[Path], site: Path | None = None,
+def lantern_server(model_dirs, site: Path | None = None,
                    customize=None) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
     """``lantern serve``'s app on a free loopback port (real uvicorn, in a thread).
 
+    ``model_dirs`` is a list of artifact folders or a whole ``ServerConfig``.
     ``customize(app)`` may add middleware (fault injection). Yields the base URL and the
     requests the server saw, in order, as (path, Range header or None).
     """
@@ -118,7 +119,12 @@ def lantern_server(model_dirs: list[Path], site: Path | None = None,
 
     from lantern.server.app import create_app
 
-    app = create_app(model_dirs, site or repo_root() / "tests" / "web")
+    from lantern.server.app import ServerConfig
+
+    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
+    if config.site is None:
+        config.site = repo_root() / "tests" / "web"
+    app = create_app(config)
     seen: list[tuple[str, str | None]] = []
     if customize is not None:
         customize(app)

@@ -18,3 +18,5 @@ export { chooseLibrary } from "./device";
 export * from "./errors";
 export type * from "./protocol";
 export { deleteModelFromCache, listCachedModels } from "./storage";
+// The sampler and its seeded generator, the contract the Python server's sampler follows.
+export { Rng, Sampler, samplingParams } from "./sampler";

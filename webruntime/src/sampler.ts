@@ -145,22 +145,19 @@ export class Sampler {
     let ids = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a] || a - b);
     if (p.topK > 0) ids = ids.slice(0, p.topK);
     const max = logits[ids[0]];
-    const weights = ids.map((i) => Math.exp((logits[i] - max) / p.temperature));
-    const total = weights.reduce((s, w) => s + w, 0);
+    const cum = new Float64Array(ids.length);  // running sums of exp((l - max) / T), in order
+    let sum = 0;
+    for (let k = 0; k < ids.length; k++) {
+      sum += Math.exp((logits[ids[k]] - max) / p.temperature);
+      cum[k] = sum;
+    }
     let keep = ids.length;
     if (p.topP < 1) {
-      let cum = 0;
-      for (let k = 0; k < ids.length; k++) {
-        cum += weights[k] / total;
-        if (cum >= p.topP) { keep = k + 1; break; }
-      }
+      const k = cum.findIndex((c) => c / sum >= p.topP);
+      if (k >= 0) keep = k + 1;
     }
-    const kept = weights.slice(0, keep).reduce((s, w) => s + w, 0);
-    let u = this.rng.next() * kept;
-    for (let k = 0; k < keep; k++) {
-      u -= weights[k];
-      if (u < 0) return ids[k];
-    }
+    const u = this.rng.next() * cum[keep - 1];
+    for (let k = 0; k < keep; k++) if (cum[k] > u) return ids[k];
     return ids[keep - 1];
   }
 }

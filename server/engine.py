@@ -1,0 +1,155 @@
+"""The server's model engine: an artifact's CPU library with the browser engine's semantics.
+
+Same chat template, tokenizer, sampler, stop handling and usage figures as
+webruntime/src/engine.ts. Generation is blocking numpy/TVM work, so it runs on one worker
+thread per model; the FastAPI layer queues requests in front of it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..artifact import Artifact
+from ..chat_template import render
+from ..errors import LanternError
+from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
+from .sampler import Sampled, Sampler, SamplingParams
+
+
+class InvalidRequest(LanternError):
+    """A request the model cannot serve as asked (HTTP 400)."""
+
+
+@dataclass
+class Step:
+    delta: str
+    logprobs: list[TokenLogprob] | None
+    finish: str | None = None
+    usage: Usage | None = None
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """Characters at the end of ``text`` that could still grow into a stop string."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold
+
+
+class ModelEngine:
+    def __init__(self, path: Path):
+        self.art = Artifact.open(path)
+        self.name = path.name
+        self.created = int(path.joinpath("lantern.json").stat().st_mtime)
+        self.model = self.art.cpu_model()
+        self.tokenizer = self.art.tokenizer()
+        cfg = self.art.tokenizer_config()
+        self.template = cfg.get("chat_template")
+        tok = lambda t: t.get("content", "") if isinstance(t, dict) else (t or "")  # noqa: E731
+        self.bos, self.eos = tok(cfg.get("bos_token")), tok(cfg.get("eos_token"))
+        chat = json.loads((path / "mlc-chat-config.json").read_text())
+        eos = chat.get("eos_token_id")
+        self.stop_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.stop_ids |= set((chat.get("conv_template") or {}).get("stop_token_ids") or [])
+        self.vocab_size = self.art.manifest["model"]["vocab_size"]
+        self.context_window = self.art.manifest["model"]["context_window"]
+        self.lock = threading.Lock()  # one generation at a time per model
+
+    def render_chat(self, messages: list[dict]) -> str:
+        if not self.template:
+            raise InvalidRequest(f"model {self.name} has no chat template; use /v1/completions")
+        try:
+            return render(self.template, messages, bos_token=self.bos, eos_token=self.eos)
+        except LanternError as err:
+            raise InvalidRequest(str(err)) from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def sampling(self, req: SamplingFields) -> SamplingParams:
+        bias = {}
+        for k, v in (req.logit_bias or {}).items():
+            if int(k) >= self.vocab_size:
+                raise InvalidRequest(f"logit_bias names token {k}, outside the vocabulary (0..{self.vocab_size - 1})")
+            bias[int(k)] = v
+        if req.top_logprobs is not None and not req.logprobs:
+            raise InvalidRequest("top_logprobs requires logprobs: true")
+        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=min(req.top_k, self.vocab_size),
+                              repetition_penalty=req.repetition_penalty, frequency_penalty=req.frequency_penalty,
+                              presence_penalty=req.presence_penalty, logit_bias=bias, seed=req.seed,
+                              top_logprobs=(req.top_logprobs or 0) if req.logprobs else -1)
+
+    def _logprob(self, s: Sampled) -> TokenLogprob:
+        def entry(i: int, lp: float) -> dict:
+            text = self.tokenizer.decode([i], skip_special_tokens=False)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+        return TokenLogprob(**entry(s.token, s.logprob), top_logprobs=[TopLogprob(**entry(i, lp)) for i, lp in s.top])
+
+    def generate(self, prompt: list[int], req: SamplingFields, cancelled: threading.Event,
+                 on_step: Callable[[Step], None]) -> None:
+        """Run one request to a terminal state, reporting text deltas through ``on_step``."""
+        params = self.sampling(req)
+        room = self.context_window - len(prompt)
+        if room < 1:
+            raise InvalidRequest(f"the prompt is {len(prompt)} tokens; the context window is {self.context_window}")
+        max_tokens = min(req.token_limit() or room, room)
+        stops = req.stop_list()
+        stop_ids = self.stop_ids | set(req.stop_token_ids or [])
+        sampler = Sampler(params)
+        with self.lock:
+            started = time.perf_counter()
+            self.model.reset()
+            logits = self.model.prefill(prompt)
+            prefill_s = time.perf_counter() - started
+            ids: list[int] = []
+            text, sent, finish, first_at = "", 0, None, 0.0
+            pending: list[TokenLogprob] = []
+            while True:
+                if cancelled.is_set():
+                    finish = "abort"
+                    break
+                s = sampler.sample(logits)
+                first_at = first_at or time.perf_counter()
+                if s.token in stop_ids:
+                    finish = "stop"
+                    break
+                ids.append(s.token)
+                sampler.accept(s.token)
+                if params.top_logprobs >= 0:
+                    pending.append(self._logprob(s))
+                decoded = self.tokenizer.decode(ids, skip_special_tokens=False)
+                if not decoded.endswith("\ufffd"):  # never emit half a character
+                    text = decoded
+                hits = [i for i in (text.find(st, max(0, sent - len(st))) for st in stops) if i >= 0]
+                if hits:
+                    text, finish = text[: min(hits)], "stop"
+                    break
+                if len(ids) >= max_tokens:
+                    finish = "length"
+                    break
+                safe = len(text) - _held_back(text, stops)
+                if safe > sent:
+                    on_step(Step(text[sent:safe], pending or None))
+                    sent, pending = safe, []
+                logits = self.model.prefill([s.token])
+            decode_s = time.perf_counter() - first_at
+            n = len(ids)
+            usage = Usage(prompt_tokens=len(prompt), completion_tokens=n, total_tokens=len(prompt) + n,
+                          ttft_ms=(first_at - started) * 1000,
+                          prefill_tokens_per_s=len(prompt) / prefill_s if prefill_s else 0.0,
+                          decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
+                          tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0)
+            on_step(Step(text[sent:], pending or None, finish, usage))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4()}"

@@ -1,0 +1,113 @@
+"""Token selection for the server, step for step the browser's (webruntime/src/sampler.ts):
+
+    logit_bias -> repetition/frequency/presence penalties (over generated tokens) ->
+    greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw
+
+with the same seeded xorshift128+ generator, so a seed means the same thing in both engines.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_MASK = (1 << 64) - 1
+
+
+class Rng:
+    """xorshift128+ seeded through splitmix64; uniform doubles in [0, 1) with 53 bits."""
+
+    def __init__(self, seed: int):
+        x = seed & _MASK
+
+        def splitmix() -> int:
+            nonlocal x
+            x = (x + 0x9E3779B97F4A7C15) & _MASK
+            z = x
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+            return z ^ (z >> 31)
+
+        self.s0 = splitmix()
+        self.s1 = splitmix()
+
+    def next(self) -> float:
+        s1, s0 = self.s0, self.s1
+        self.s0 = s0
+        s1 = (s1 ^ (s1 << 23)) & _MASK
+        self.s1 = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26)
+        return (((self.s1 + s0) & _MASK) >> 11) / 2.0 ** 53
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    top_logprobs: int = -1  # -1: no logprobs
+
+
+@dataclass
+class Sampled:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+class Sampler:
+    def __init__(self, p: SamplingParams):
+        self.p = p
+        self.rng = Rng(p.seed if p.seed is not None else random.getrandbits(52))
+        self.counts: dict[int, int] = {}
+
+    def accept(self, token: int) -> None:
+        self.counts[token] = self.counts.get(token, 0) + 1
+
+    def sample(self, raw: np.ndarray) -> Sampled:
+        p = self.p
+        logits = raw.astype(np.float32).copy()
+        for i, b in p.logit_bias.items():
+            logits[i] += np.float32(b)
+        for i, n in self.counts.items():
+            v = float(logits[i])
+            if p.repetition_penalty != 1:
+                v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
+            logits[i] = np.float32(v - p.frequency_penalty * n - p.presence_penalty)
+        token = int(np.argmax(logits)) if p.temperature == 0 else self._draw(logits)
+        logprob, top = 0.0, []
+        if p.top_logprobs >= 0:
+            lp = _log_softmax(logits)
+            logprob = float(lp[token])
+            if p.top_logprobs > 0:
+                order = np.argsort(-lp, kind="stable")[: p.top_logprobs]
+                top = [(int(i), float(lp[i])) for i in order]
+        return Sampled(token, logprob, top)
+
+    def _draw(self, logits: np.ndarray) -> int:
+        p = self.p
+        ids = np.lexsort((np.arange(len(logits)), -logits.astype(np.float64)))  # best first, ties: lower id
+        if p.top_k > 0:
+            ids = ids[: p.top_k]
+        vals = logits[ids].astype(np.float64)
+        weights = np.exp((vals - vals[0]) / p.temperature)
+        cum = np.cumsum(weights)  # sequential sums, as the browser adds them
+        keep = len(ids)
+        if p.top_p < 1:
+            hit = np.nonzero(cum / cum[-1] >= p.top_p)[0]
+            keep = int(hit[0]) + 1 if len(hit) else len(ids)
+        u = self.rng.next() * cum[keep - 1]
+        k = int(np.searchsorted(cum[:keep], u, side="right"))
+        return int(ids[min(k, keep - 1)])

@@ -1,0 +1,205 @@
+"""`lantern serve`: the OpenAI-compatible API on the artifact's CPU library, over real HTTP (uvicorn),
+driven by the unmodified `openai` client and by raw requests for the error paths."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import threading
+import time
+
+import pytest
+
+from browser import lantern_server
+from test_runtime import cpu_greedy, user
+from test_smollm2 import PROMPTS
+
+from lantern.artifact import Artifact
+from lantern.server.app import Limits, ServerConfig
+from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
+from lantern.server.sampler import Rng, Sampler, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2(build_artifact) -> Artifact:
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
+                                        webgpu_schedule="cpu-emulated"))
+
+
+def wait_ready(base: str) -> None:
+    host, port = base.removeprefix("http://").split(":")
+    for _ in range(600):
+        conn = http.client.HTTPConnection(host, int(port))
+        conn.request("GET", "/health")
+        if json.loads(conn.getresponse().read())["status"] == "ok":
+            return
+        time.sleep(0.1)
+    raise TimeoutError("model did not load")
+
+
+@contextlib.contextmanager
+def served(art: Artifact, **config):
+    cfg = ServerConfig([art.path], **config)
+    with lantern_server(cfg) as (base, seen):
+        wait_ready(base)
+        yield base, seen
+
+
+@pytest.fixture(scope="module")
+def server(smollm2):
+    with served(smollm2, limits=Limits(max_queue=16)) as (base, _):
+        yield base
+
+
+@pytest.fixture()
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0)
+
+
+def raw(base: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    host, port = base.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=300)
+    conn.request(method, path, body=body, headers={"content-type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    return resp.status, resp.read()
+
+
+def test_openai_client_greedy_equals_the_cpu_library_and_streams_the_same(client, smollm2):
+    name = smollm2.path.name
+    assert [m.id for m in client.models.list().data] == [name]
+    reply = client.chat.completions.create(model=name, messages=user(PROMPTS[0]), max_tokens=32, temperature=0)
+    text = reply.choices[0].message.content
+    assert text == cpu_greedy(smollm2, user(PROMPTS[0]), 32)
+    assert "Paris" in text
+    ChatCompletion.model_validate(reply.model_dump())
+    assert reply.usage.completion_tokens > 0 and reply.model_extra["lantern_route"] == "cloud"
+    stream = client.chat.completions.create(model=name, messages=user(PROMPTS[0]), max_tokens=32, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    for c in chunks:
+        ChatCompletionChunk.model_validate(c.model_dump())
+
+
+def test_seeds_and_legacy_completions(client, smollm2):
+    name = smollm2.path.name
+    ask = dict(model=name, messages=user("Tell me a story about a dragon."), max_tokens=12, temperature=0.8)
+    a, b, c = (client.chat.completions.create(**ask, seed=s).choices[0].message.content for s in (7, 7, 8))
+    assert a == b != c
+    done = client.completions.create(model=name, prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert done.choices[0].text.strip() and done.usage.prompt_tokens > 0
+
+
+def test_errors_have_openai_shape_and_status(server, client, smollm2):
+    import openai
+
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=user("hi"))
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=smollm2.path.name, messages=user("hi"), temperature=5)
+    for body in (b"{not json", b'{"messages": "hi"}', b'{"messages": [{"role": "wizard", "content": "x"}]}',
+                 b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 1}}',
+                 b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}'):
+        status, data = raw(server, "POST", "/v1/chat/completions", body)
+        assert status == 400, body
+        assert set(json.loads(data)["error"]) >= {"message", "type"}
+    status, _ = raw(server, "POST", "/v1/chat/completions", b"x" * (2 << 20))
+    assert status == 413
+    for path in ("/models/../../etc/passwd", "/models/%2e%2e/%2e%2e/etc/passwd", "/runtime/../README.md",
+                 f"/models/{smollm2.path.name}/../../pyproject.toml", "/..%2fpyproject.toml"):
+        status, _ = raw(server, "GET", path)
+        assert status == 404, path
+    status, data = raw(server, "GET", f"/models/{smollm2.path.name}/tensor-cache.json",
+                       headers={"range": "bytes=0-9"})
+    assert status == 206 and len(data) == 10
+    status, data = raw(server, "GET", "/metrics")
+    text = data.decode()
+    assert 'lantern_requests_total{path="/v1/chat/completions",status="400"}' in text
+    assert "lantern_ttft_seconds_bucket" in text and "lantern_queue_depth" in text
+
+
+def test_api_key_is_enforced(smollm2):
+    with served(smollm2, api_key="s3cret") as (base, _):
+        status, data = raw(base, "GET", "/v1/models")
+        assert status == 401 and json.loads(data)["error"]["code"] == "invalid_api_key"
+        status, _ = raw(base, "GET", "/v1/models", headers={"authorization": "Bearer s3cret"})
+        assert status == 200
+
+
+def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot(smollm2):
+    from openai import OpenAI, RateLimitError
+
+    with served(smollm2, limits=Limits(max_queue=16)) as (base, _):
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+        name = smollm2.path.name
+        results, errors = [], []
+
+        def stream(i: int):
+            try:
+                s = client.chat.completions.create(model=name, messages=user(f"Say {i}."), max_tokens=3,
+                                                   temperature=0, stream=True)
+                results.append([c.choices[0].finish_reason for c in s][-1])
+            except RateLimitError:
+                errors.append(429)
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) >= 16 and all(r in ("stop", "length") for r in results)
+        assert len(results) + len(errors) == 20 and errors  # the burst beyond the queue got 429, no 5xx
+
+        # a client that disconnects mid-stream: its generation stops early
+        s = client.chat.completions.create(model=name, messages=user("Count to one hundred."), max_tokens=500,
+                                           temperature=0, stream=True)
+        next(iter(s))
+        s.close()
+        for _ in range(600):
+            _, data = raw(base, "GET", "/metrics")
+            if 'lantern_generations_total{finish_reason="abort"} 1' in data.decode():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the disconnected stream was not cancelled")
+        assert 'lantern_queue_depth{model="%s"} 0' % name in raw(base, "GET", "/metrics")[1].decode()
+
+
+def test_python_and_browser_samplers_agree(smollm2):
+    """Same seed, same draws: the Python sampler against the runtime's, on identical logits."""
+    import numpy as np
+    from browser import chromium
+
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal(512) * 3).astype(np.float32)
+    cases = [dict(temperature=0.8, seed=7), dict(temperature=1.2, top_p=0.9, seed=11),
+             dict(temperature=0.7, top_k=20, seed=3, repetition_penalty=1.3, presence_penalty=0.5)]
+    py = []
+    for c in cases:
+        s = Sampler(SamplingParams(**{k: v for k, v in c.items()}))
+        toks = []
+        for _ in range(20):
+            t = s.sample(logits).token
+            s.accept(t)
+            toks.append(t)
+        py.append(toks)
+    with lantern_server([smollm2.path]) as (base, _), chromium() as browser:
+        page = browser.new_page()
+        page.goto(base + "/engine.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        js = page.evaluate("""([logits, cases]) => cases.map((c) => {
+            const s = new lantern.Sampler(lantern.samplingParams(c, logits.length));
+            const out = [];
+            for (let i = 0; i < 20; i++) { const t = s.sample(Float32Array.from(logits)).token; s.accept(t); out.push(t); }
+            return out;
+        })""", [logits.tolist(), cases])
+        first = page.evaluate("() => { const r = new lantern.Rng(42); return [r.next(), r.next(), r.next()]; }")
+    r = Rng(42)
+    assert first == [r.next(), r.next(), r.next()]
+    assert js == py
