@@ -16,6 +16,7 @@ from test_smollm2 import PROMPTS, eos_id
 
 from lantern.artifact import Artifact
 from lantern.chat_template import render
+from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 
@@ -105,6 +106,8 @@ def test_greedy_tokens_equal_the_cpu_library_on_five_prompts(session, report):
                 "decode_tokens_per_s", "tpot_ms"):
         assert usage[key] > 0, key
     assert replies[0]["object"] == "chat.completion" and replies[0]["id"].startswith("chatcmpl-")
+    for reply in replies:  # the TypeScript shapes are the Python ones (server/protocol.py)
+        ChatCompletion.model_validate(reply)
     report(f"runtime (SwiftShader, cpu-emulated): TTFT {usage['ttft_ms'] / 1000:.1f} s for "
            f"{usage['prompt_tokens']} prompt tokens, decode {usage['decode_tokens_per_s']:.2f} tok/s")
     session["first_reply"] = replies[0]
@@ -117,6 +120,8 @@ def test_streaming_yields_the_non_streaming_text(session):
     assert streamed["text"] == plain["choices"][0]["message"]["content"] == cpu_greedy(art, user(PROMPTS[-1]), 32)
     chunks = streamed["chunks"]
     assert len(chunks) > 5  # streamed token by token, not in one piece
+    for c in chunks:
+        ChatCompletionChunk.model_validate(c)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
@@ -302,3 +307,52 @@ def test_no_webgpu_is_a_typed_error(smollm2, playwright):
     finally:
         plain.close()
     assert err["name"] == "WebGPUUnavailableError"
+
+
+def wait_for_cloud(base: str) -> None:
+    import json
+    import time
+    import urllib.request
+
+    for _ in range(600):
+        if json.load(urllib.request.urlopen(base + "/health"))["status"] == "ok":
+            return
+        time.sleep(0.1)
+    raise TimeoutError("the server's CPU model did not load")
+
+
+def test_router_without_webgpu_answers_from_the_cloud_with_the_same_shape(smollm2, playwright):
+    plain = launch(playwright, webgpu=False)
+    name = smollm2.path.name
+    try:
+        with lantern_server([smollm2.path]) as (base, _):
+            wait_for_cloud(base)
+            page = open_page(plain, base)
+            out = page.evaluate("([o, r]) => routerChat(o, r)", [
+                {"local": {"model": f"/models/{name}/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+                {"messages": user(PROMPTS[0]), "max_tokens": 8, "temperature": 0}])
+    finally:
+        plain.close()
+    assert out["events"] == [{"type": "route", "route": "cloud", "reason": "no-webgpu"}]
+    reply = out["reply"]
+    assert reply["lantern_route"] == "cloud"
+    ChatCompletion.model_validate(reply)
+    assert reply["choices"][0]["message"]["content"] == cpu_greedy(smollm2, user(PROMPTS[0]), 8)
+
+
+def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, browser):
+    name = smollm2.path.name
+    with lantern_server([smollm2.path]) as (base, _):
+        wait_for_cloud(base)
+        context = browser.new_context()
+        page = open_page(context, base)
+        out = page.evaluate("([o, r, n]) => routerChat(o, r, n)", [
+            {"local": {"model": f"/models/{name}/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+            {"messages": user(PROMPTS[0]), "max_tokens": 24, "temperature": 0, "stream": True}, 4])
+        context.close()
+    routes = [c["lantern_route"] for c in out["chunks"]]
+    assert routes[:4] == ["local"] * 4 and routes[-1] == "cloud"
+    assert routes == sorted(routes, key=lambda r: r == "cloud")  # local first, then cloud, no switching back
+    fallback = [e for e in out["events"] if e["type"] == "fallback"]
+    assert fallback and fallback[0]["reason"] == "DeviceLostError" and fallback[0]["midStream"] is True
+    assert out["text"] == cpu_greedy(smollm2, user(PROMPTS[0]), 24)

@@ -38,6 +38,12 @@ async function handle(msg: WorkerRequest): Promise<unknown> {
     case "stats":
       if (!engine) throw new Error("load the engine first");
       return engine.stats();
+    case "render":
+      if (!engine) throw new Error("load the engine first");
+      return engine.renderPrompt(msg.messages);
+    case "debug-lose-device":
+      engine?.debugLoseDevice();
+      return null;
     case "unload":
       await engine?.unload();
       engine = null;

@@ -98,6 +98,14 @@ export class WorkerEngine {
     };
   }
 
+  renderPrompt(messages: ChatCompletionRequest["messages"]): Promise<string> {
+    return this.call({ kind: "render", messages }) as Promise<string>;
+  }
+
+  async debugLoseDevice(): Promise<void> {
+    await this.call({ kind: "debug-lose-device" });
+  }
+
   async interrupt(): Promise<void> {
     await this.call({ kind: "interrupt" });
   }

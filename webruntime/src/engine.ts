@@ -37,6 +37,7 @@ class Job {
 
 interface StepEvent {
   delta: string;
+  tokens: number;  // completion tokens so far
   logprobs: TokenLogprob[] | null;
   finish: FinishReason | null;
   usage?: Usage;
@@ -175,6 +176,7 @@ export class Engine {
       const c: ChatCompletionChunk = {
         id: job.id, object: "chat.completion.chunk", created: job.created, model: this.manifest.model.name,
         choices: [{ index: 0, delta, finish_reason: e.finish, logprobs: e.logprobs ? { content: e.logprobs } : null }],
+        lantern_completion_tokens: e.tokens,
       };
       if (e.usage && includeUsage) c.usage = e.usage;
       return c;
@@ -269,7 +271,7 @@ export class Engine {
     try {
       if (job.cancelled) {
         job.move("cancelled");
-        job.onEvent({ delta: "", logprobs: null, finish: "abort", usage: usage() });
+        job.onEvent({ delta: "", tokens: 0, logprobs: null, finish: "abort", usage: usage() });
         return;
       }
       job.move("prefill");
@@ -321,7 +323,8 @@ export class Engine {
         if (completion >= maxTokens) { finish = "length"; break; }
         const safe = text.length - heldBack(text, stops);
         if (safe > sent) {
-          job.onEvent({ delta: text.slice(sent, safe), logprobs: pendingLogprobs.length ? pendingLogprobs : null, finish: null });
+          job.onEvent({ delta: text.slice(sent, safe), tokens: completion,
+            logprobs: pendingLogprobs.length ? pendingLogprobs : null, finish: null });
           sent = safe;
           pendingLogprobs = [];
         }
@@ -334,7 +337,8 @@ export class Engine {
       } else {
         job.move("completed");
       }
-      job.onEvent({ delta: text.slice(sent), logprobs: pendingLogprobs.length ? pendingLogprobs : null, finish, usage: usage() });
+      job.onEvent({ delta: text.slice(sent), tokens: completion, logprobs: pendingLogprobs.length ? pendingLogprobs : null,
+        finish, usage: usage() });
     } catch (err) {
       job.move("failed");
       this.release();
@@ -356,6 +360,16 @@ export class Engine {
       return { token, logprob: lp, bytes: Array.from(new TextEncoder().encode(token)) };
     };
     return { ...entry(s.token, s.logprob), top_logprobs: s.top.map(([id, lp]) => entry(id, lp)) };
+  }
+
+  /** The prompt text the model's chat template makes of ``messages`` (the router continues from it). */
+  renderPrompt(messages: ChatCompletionRequest["messages"]): string {
+    return this.codec.renderChat(messages);
+  }
+
+  /** Test hook: destroy the GPU device, as a driver reset would; the next step fails with DeviceLostError. */
+  debugLoseDevice(): void {
+    this.loaded().loseDevice("destroyed by debugLoseDevice()");
   }
 
   /** Stop the running request at its next decode step (it finishes with finish_reason "abort"). */

@@ -43,8 +43,8 @@ export class TvmModel {
   private readonly sequences = new Set<number>();
 
   private constructor(private readonly tvm: tvmjs.Instance, private readonly vm: tvmjs.VirtualMachine,
-                      private readonly params: tvmjs.TVMObject, readonly metadata: LibraryMetadata, gpu: Gpu,
-                      contextWindow: number) {
+                      private readonly params: tvmjs.TVMObject, readonly metadata: LibraryMetadata,
+                      private readonly gpu: Gpu, contextWindow: number) {
     this.contextWindow = contextWindow;
     this.prefillChunk = Math.min(metadata.prefill_chunk_size, contextWindow);
     gpu.device.lost.then((info) => {
@@ -119,6 +119,11 @@ export class TvmModel {
     return model;
   }
 
+  loseDevice(reason: string): void {
+    this.lostReason = reason;
+    this.gpu.device.destroy();
+  }
+
   private check(): void {
     if (this.lostReason !== null) throw new DeviceLostError(`the GPU device was lost: ${this.lostReason}`);
   }
@@ -155,6 +160,15 @@ export class TvmModel {
   /** Append ``tokens`` to sequence ``seq`` (in prefill chunks); the logits after the last one. */
   async forward(seq: number, tokens: number[]): Promise<Float32Array> {
     this.check();
+    try {
+      return await this.run(seq, tokens);
+    } catch (err) {
+      this.check();  // a failure on a lost device is reported as the loss
+      throw err;
+    }
+  }
+
+  private async run(seq: number, tokens: number[]): Promise<Float32Array> {
     const { tvm } = this;
     let logits: Float32Array | null = null;
     for (let start = 0; start < tokens.length; start += this.prefillChunk) {

@@ -56,7 +56,11 @@ export interface Usage {
   cached_prompt_tokens: number;
 }
 
+// Where a response was computed; the router sets it, `lantern serve` sends "cloud".
+export type Route = "local" | "cloud";
+
 export interface ChatCompletion {
+  lantern_route?: Route;
   id: string;
   object: "chat.completion";
   created: number;
@@ -71,6 +75,9 @@ export interface ChatCompletion {
 }
 
 export interface ChatCompletionChunk {
+  lantern_route?: Route;
+  // completion tokens generated so far (the router continues a failed stream from here)
+  lantern_completion_tokens?: number;
   id: string;
   object: "chat.completion.chunk";
   created: number;
@@ -132,6 +139,8 @@ export type WorkerRequest =
   | { kind: "abort"; id: number; target: number }
   | { kind: "interrupt"; id: number }
   | { kind: "stats"; id: number }
+  | { kind: "render"; id: number; messages: ChatMessage[] }
+  | { kind: "debug-lose-device"; id: number }
   | { kind: "unload"; id: number };
 
 // worker -> page. Chunks are pushed as they are made: no acknowledgement per token.

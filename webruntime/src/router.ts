@@ -1,0 +1,287 @@
+// The hybrid router: one chat.completions.create that runs on the local engine when the device
+// can, and on any OpenAI-compatible endpoint otherwise, or when the local path fails. A stream
+// that fails locally is continued on the cloud from the text already streamed.
+import type { CreateOptions } from "./engine";
+import { LanternError, NetworkError } from "./errors";
+import { createEngine, type LanternEngine } from "./create";
+import type {
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, FinishReason, Route,
+} from "./protocol";
+
+export type Policy = "auto" | "local" | "cloud";
+
+export interface CloudOptions {
+  baseURL: string;  // e.g. "https://api.example.com/v1"
+  apiKey?: string;
+  model: string;
+}
+
+export type RouterEvent =
+  | { type: "route"; route: Route; reason: string }
+  | { type: "fallback"; reason: string; error: string; midStream: boolean };
+
+export interface RouterOptions {
+  local: EngineOptions;
+  cloud: CloudOptions;
+  policy?: Policy;
+  // Task hook: return a route for this request (e.g. long prompts or tools to the cloud).
+  choose?: (req: ChatCompletionRequest) => Route | undefined;
+  // Give up on the local engine when it produces nothing for this long (ms); default 120000.
+  localTimeoutMs?: number;
+  onEvent?: (e: RouterEvent) => void;
+}
+
+export interface RouterCreateOptions extends CreateOptions { route?: Route }
+
+/** An error from the cloud endpoint (HTTP status and OpenAI error body). */
+export class CloudError extends LanternError {
+  constructor(readonly status: number, message: string) {
+    super(`cloud endpoint answered ${status}: ${message}`);
+  }
+}
+
+class LocalTimeout extends LanternError {}
+
+async function* sse(resp: Response): AsyncGenerator<unknown> {
+  const reader = resp.body!.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return;
+    buf += value;
+    let cut: number;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const event = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") return;
+        yield JSON.parse(data);
+      }
+    }
+  }
+}
+
+class Cloud {
+  constructor(private readonly opts: CloudOptions) {}
+
+  async post(path: string, body: object, signal?: AbortSignal): Promise<Response> {
+    let resp: Response;
+    try {
+      resp = await fetch(this.opts.baseURL.replace(/\/$/, "") + path, {
+        method: "POST", signal,
+        headers: { "content-type": "application/json", ...(this.opts.apiKey ? { authorization: `Bearer ${this.opts.apiKey}` } : {}) },
+        body: JSON.stringify({ ...body, model: this.opts.model }),
+      });
+    } catch (err) {
+      throw new NetworkError(path, String(err));
+    }
+    if (!resp.ok) {
+      let message = resp.statusText;
+      try { message = (await resp.json()).error?.message ?? message; } catch { /* keep the status text */ }
+      throw new CloudError(resp.status, message);
+    }
+    return resp;
+  }
+
+  async chat(req: ChatCompletionRequest, signal?: AbortSignal): Promise<ChatCompletion> {
+    const resp = await this.post("/chat/completions", { ...req, stream: false }, signal);
+    return { ...(await resp.json()), lantern_route: "cloud" };
+  }
+
+  async *chatStream(req: ChatCompletionRequest, signal?: AbortSignal): AsyncGenerator<ChatCompletionChunk> {
+    const resp = await this.post("/chat/completions", { ...req, stream: true }, signal);
+    for await (const c of sse(resp)) yield { ...(c as ChatCompletionChunk), lantern_route: "cloud" };
+  }
+
+  /** Continue ``prompt`` (a rendered chat plus the text streamed so far) with the legacy endpoint. */
+  async *continueText(prompt: string, req: ChatCompletionRequest, maxTokens: number | undefined,
+                      signal?: AbortSignal): AsyncGenerator<{ text: string; finish: FinishReason | null }> {
+    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, ...sampling } = req;
+    const resp = await this.post("/completions", { ...sampling, prompt, max_tokens: maxTokens, stream: true }, signal);
+    for await (const c of sse(resp)) {
+      const choice = (c as { choices: { text: string; finish_reason: FinishReason | null }[] }).choices[0];
+      if (choice) yield { text: choice.text, finish: choice.finish_reason };
+    }
+  }
+}
+
+export class Router {
+  readonly chat = {
+    completions: {
+      create: ((req: ChatCompletionRequest, opts?: RouterCreateOptions) => this.create(req, opts)) as {
+        (req: ChatCompletionRequest & { stream: true }, opts?: RouterCreateOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
+        (req: ChatCompletionRequest & { stream?: false }, opts?: RouterCreateOptions): Promise<ChatCompletion>;
+        (req: ChatCompletionRequest, opts?: RouterCreateOptions): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
+      },
+    },
+  };
+
+  private readonly cloud: Cloud;
+  /** Why the local engine is not used, or null when it is loaded. */
+  localUnavailable: string | null = "not loaded";
+
+  private constructor(private readonly opts: RouterOptions, public local: LanternEngine | null) {
+    this.cloud = new Cloud(opts.cloud);
+  }
+
+  static async create(opts: RouterOptions): Promise<Router> {
+    const router = new Router(opts, null);
+    const policy = opts.policy ?? "auto";
+    if (policy === "cloud") {
+      router.localUnavailable = "policy is cloud";
+      return router;
+    }
+    const gpu = (globalThis.navigator as Navigator & { gpu?: GPU }).gpu;
+    const adapter = gpu ? await gpu.requestAdapter().catch(() => null) : null;
+    if (!adapter) {
+      router.localUnavailable = "no-webgpu";
+      if (policy === "local") throw new LanternError("policy is local but this browser has no usable WebGPU");
+      return router;
+    }
+    try {
+      router.local = await createEngine(opts.local);
+      router.localUnavailable = null;
+    } catch (err) {
+      if (policy === "local") throw err;
+      router.localUnavailable = `load-failed:${(err as Error).name}: ${(err as Error).message}`;
+    }
+    return router;
+  }
+
+  private emit(e: RouterEvent): void {
+    this.opts.onEvent?.(e);
+  }
+
+  private pick(req: ChatCompletionRequest, opts: RouterCreateOptions): { route: Route; reason: string } {
+    if (opts.route) return { route: opts.route, reason: "request override" };
+    const hook = this.opts.choose?.(req);
+    if (hook) return { route: hook, reason: "choose hook" };
+    if (this.local) return { route: "local", reason: "local engine ready" };
+    return { route: "cloud", reason: this.localUnavailable ?? "local engine unavailable" };
+  }
+
+  private async create(req: ChatCompletionRequest, opts: RouterCreateOptions = {}):
+    Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
+    let { route, reason } = this.pick(req, opts);
+    if (route === "local" && !this.local) {
+      route = "cloud";
+      reason = this.localUnavailable ?? "local engine unavailable";
+    }
+    this.emit({ type: "route", route, reason });
+    if (route === "cloud") {
+      return req.stream ? this.cloud.chatStream(req, opts.signal) : this.cloud.chat(req, opts.signal);
+    }
+    if (req.stream) return this.localStream(req, opts);
+    try {
+      const reply = await this.withTimeout((signal) =>
+        this.local!.chat.completions.create({ ...req, stream: false }, { signal }), opts.signal);
+      return { ...reply, lantern_route: "local" };
+    } catch (err) {
+      if (!this.fallbackWorthy(err)) throw err;
+      this.fallback(err, false);
+      return this.cloud.chat(req, opts.signal);
+    }
+  }
+
+  /** Run ``work`` with an abort signal that fires on the caller's abort or on the local timeout. */
+  private async withTimeout<T>(work: (signal: AbortSignal) => Promise<T>, outer?: AbortSignal): Promise<T> {
+    const ctrl = new AbortController();
+    outer?.addEventListener("abort", () => ctrl.abort());
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        ctrl.abort();
+        reject(new LocalTimeout(`the local engine took longer than ${this.opts.localTimeoutMs ?? 120000} ms`));
+      }, this.opts.localTimeoutMs ?? 120000);
+    });
+    try {
+      return await Promise.race([work(ctrl.signal), timeout]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  private fallbackWorthy(err: unknown): boolean {
+    const name = (err as Error)?.name;
+    // Request errors would fail on the cloud too; everything about the device or engine falls back.
+    return name !== "InvalidRequestError";
+  }
+
+  private fallback(err: unknown, midStream: boolean): void {
+    const e = err as Error;
+    this.emit({ type: "fallback", reason: e?.name ?? "Error", error: e?.message ?? String(err), midStream });
+    if (["DeviceLostError", "OutOfMemoryError", "LocalTimeout"].includes(e?.name)) {
+      // The engine is not coming back on this page; later requests go straight to the cloud.
+      this.localUnavailable = e.name;
+      const engine = this.local;
+      this.local = null;
+      engine?.unload().catch(() => {});
+    }
+  }
+
+  private localStream(req: ChatCompletionRequest, opts: RouterCreateOptions): AsyncIterable<ChatCompletionChunk> {
+    const self = this;
+    return {
+      [Symbol.asyncIterator]: async function* () {
+        const local = self.local!;
+        let text = "";
+        let tokens = 0;
+        let last: ChatCompletionChunk | null = null;
+        let prompt = "";
+        const ctrl = new AbortController();
+        opts.signal?.addEventListener("abort", () => ctrl.abort());
+        const timeoutMs = self.opts.localTimeoutMs ?? 120000;
+        try {
+          const stream = await local.chat.completions.create({ ...req, stream: true }, { signal: ctrl.signal });
+          const it = stream[Symbol.asyncIterator]();
+          for (;;) {
+            let timer: ReturnType<typeof setTimeout> | undefined;
+            const next = await Promise.race([
+              it.next(),
+              new Promise<never>((_, reject) => {
+                timer = setTimeout(() => { ctrl.abort(); reject(new LocalTimeout(`no token for ${timeoutMs} ms`)); }, timeoutMs);
+              }),
+            ]).finally(() => clearTimeout(timer));
+            if (next.done) return;
+            const chunk = next.value;
+            text += chunk.choices[0]?.delta.content ?? "";
+            tokens = chunk.lantern_completion_tokens ?? tokens;
+            last = chunk;
+            yield { ...chunk, lantern_route: "local" as Route };
+          }
+        } catch (err) {
+          if (!self.fallbackWorthy(err) || opts.signal?.aborted) throw err;
+          // Continue on the cloud from what was already streamed: no duplicates, no gaps.
+          prompt = (await self.promptFor(req, local)) + text;
+          self.fallback(err, true);
+        }
+        const budget = req.max_tokens !== undefined ? Math.max(1, req.max_tokens - tokens) : undefined;
+        const base = last ?? {
+          id: `chatcmpl-${crypto.randomUUID()}`, object: "chat.completion.chunk" as const,
+          created: Math.floor(Date.now() / 1000), model: self.opts.cloud.model, choices: [],
+        };
+        for await (const piece of self.cloud.continueText(prompt, req, budget, opts.signal)) {
+          yield {
+            id: base.id, object: "chat.completion.chunk", created: base.created, model: base.model,
+            choices: [{ index: 0, delta: { content: piece.text }, finish_reason: piece.finish, logprobs: null }],
+            lantern_route: "cloud",
+          };
+        }
+      },
+    };
+  }
+
+  private async promptFor(req: ChatCompletionRequest, local: LanternEngine): Promise<string> {
+    try {
+      return await local.renderPrompt(req.messages);
+    } catch (err) {
+      throw new LanternError(`cannot continue on the cloud: the chat template could not be rendered (${err})`);
+    }
+  }
+}
+
+export function createRouter(opts: RouterOptions): Promise<Router> {
+  return Router.create(opts);
+}
