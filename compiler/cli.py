@@ -129,6 +129,62 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_table(report):
+    from rich.table import Table
+
+    table = Table(title=f"lantern validate {report.artifact}")
+    for col in ("check", "value", "limit", "result", "detail"):
+        table.add_column(col)
+    style = {"pass": "green", "fail": "bold red", "not-checked": "yellow"}
+    for c in report.checks:
+        value = "" if c.value is None else f"{c.value:.4g}"
+        limit = "" if c.limit is None else f"{c.limit:.4g}"
+        table.add_row(c.name, value, limit, f"[{style[c.status]}]{c.status}[/]", c.detail)
+    return table
+
+
+def _metrics_table(report):
+    from rich.table import Table
+
+    table = Table(title="measured")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in report.metrics.items():
+        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    return table
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .validate import CannotRun, ValidateOptions, validate, write_junit
+
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+    opts = ValidateOptions(
+        artifact=Path(args.artifact), budget=Path(args.budget) if args.budget else None,
+        prompts=Path(args.prompts) if args.prompts else None,
+        baseline=Path(args.baseline) if args.baseline else None, max_tokens=args.max_tokens,
+        ppl_tokens=args.ppl_tokens, text=Path(args.text) if args.text else None)
+    try:
+        with console.status("validating") as status:
+            report = validate(opts, lambda s: status.update(f"validate: {s}"))
+    except CannotRun as err:
+        print(f"lantern: validate could not run: {err}", file=sys.stderr)
+        return 2
+    console.print(_metrics_table(report))
+    console.print(_report_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if args.junit:
+        write_junit(report, Path(args.junit))
+    failed = [c.name for c in report.checks if c.status == "fail"]
+    if failed:
+        print(f"lantern: validate: budget breached: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print("lantern: validate: within budget", file=sys.stderr)
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lantern",
@@ -177,6 +233,25 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait per model before new ones get HTTP 429 (default 16)")
     s.set_defaults(func=cmd_serve)
+
+    v = sub.add_parser(
+        "validate", help="run an artifact in headless Chromium and check it against budgets (exit 0/1/2)",
+        description="Load the artifact with the real runtime (Web Worker, WebGPU) in headless Chromium and "
+                    "measure correctness against its CPU library (greedy tokens, logits, perplexity), speed "
+                    "(load cold and cached, TTFT, prefill and decode tokens/s), size and GPU memory, and that "
+                    "every kernel compiles as a WebGPU pipeline. Exit 0 within budget, 1 a budget was breached, "
+                    "2 the validation could not run. Budget file format: see ci/budget.toml.")
+    v.add_argument("artifact", help="artifact folder built by `lantern build` (with the cpu target)")
+    v.add_argument("--budget", help="TOML file of limits (absolute, or relative to --baseline)")
+    v.add_argument("--prompts", help='JSONL prompts: {"prompt": "raw text"} or {"messages": [...]} per line '
+                                     "(default: five built-in prompts)")
+    v.add_argument("--baseline", help="an earlier --json report; relative budgets and token matches use it")
+    v.add_argument("--json", help="write the full report (metrics, checks, greedy tokens) here")
+    v.add_argument("--junit", help="write the checks as JUnit XML here")
+    v.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
+    v.add_argument("--ppl-tokens", type=int, default=256, help="held-out text tokens for perplexity (default 256)")
+    v.add_argument("--text", help="held-out text file for perplexity (default: a built-in passage)")
+    v.set_defaults(func=cmd_validate)
     return parser
 
 

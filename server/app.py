@@ -40,6 +40,7 @@ class ServerConfig:
     api_key: str | None = None
     cors_origins: list[str] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
+    api: bool = True  # False: static files only, no CPU models loaded
 
 
 class ApiError(Exception):
@@ -73,7 +74,7 @@ class ModelSlot:
 def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) -> FastAPI:
     config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
     folders = model_folders(config.model_dirs)
-    slots = {name: ModelSlot(name, path) for name, path in folders.items()}
+    slots = {name: ModelSlot(name, path) for name, path in folders.items()} if config.api else {}
     metrics = Metrics()
     limits = config.limits
 

@@ -113,13 +113,8 @@ def lantern_server(model_dirs, site: Path | None = None,
     ``customize(app)`` may add middleware (fault injection). Yields the base URL and the
     requests the server saw, in order, as (path, Range header or None).
     """
-    import socket
-
-    import uvicorn
-
-    from lantern.server.app import create_app
-
-    from lantern.server.app import ServerConfig
+    from lantern.server.app import ServerConfig, create_app
+    from lantern.server.background import serve_in_thread
 
     config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
     if config.site is None:
@@ -134,17 +129,5 @@ def lantern_server(model_dirs, site: Path | None = None,
         seen.append((request.url.path, request.headers.get("range")))
         return await call_next(request)
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        threading.Event().wait(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with serve_in_thread(app) as base:
+        yield base, seen

@@ -41,6 +41,9 @@ async function handle(msg: WorkerRequest): Promise<unknown> {
     case "render":
       if (!engine) throw new Error("load the engine first");
       return engine.renderPrompt(msg.messages);
+    case "debug":
+      if (!engine) throw new Error("load the engine first");
+      return engine.debug(msg.request);
     case "debug-lose-device":
       engine?.debugLoseDevice();
       return null;

@@ -3,7 +3,8 @@
 import type { CreateOptions } from "./engine";
 import { deserializeError } from "./errors";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, EngineStats, WorkerRequest, WorkerResponse,
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, DebugOp, DebugResult, EngineOptions, EngineStats,
+  WorkerRequest, WorkerResponse,
 } from "./protocol";
 
 interface Pending {
@@ -100,6 +101,10 @@ export class WorkerEngine {
 
   renderPrompt(messages: ChatCompletionRequest["messages"]): Promise<string> {
     return this.call({ kind: "render", messages }) as Promise<string>;
+  }
+
+  debug(request: DebugOp): Promise<DebugResult> {
+    return this.call({ kind: "debug", request }) as Promise<DebugResult>;
   }
 
   async debugLoseDevice(): Promise<void> {

@@ -5,8 +5,8 @@ import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError 
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
 import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, EngineStats, FinishReason,
-  LoadProgress, TokenLogprob, Usage,
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, DebugOp, DebugResult, EngineOptions, EngineStats,
+  FinishReason, LoadProgress, TokenLogprob, Usage,
 } from "./protocol";
 import { samplingParams, Sampler, type Sampled } from "./sampler";
 import { openStore } from "./storage";
@@ -365,6 +365,42 @@ export class Engine {
   /** The prompt text the model's chat template makes of ``messages`` (the router continues from it). */
   renderPrompt(messages: ChatCompletionRequest["messages"]): string {
     return this.codec.renderChat(messages);
+  }
+
+  /**
+   * Measurements on raw token ids for `lantern validate`, queued like a request; they use the
+   * KV sequence afresh, so the cached conversation is dropped.
+   */
+  debug(req: DebugOp): Promise<DebugResult> {
+    const turn = this.tail.then(async (): Promise<DebugResult> => {
+      const model = this.loaded();
+      this.release();
+      model.addSequence(SEQ);
+      try {
+        if (req.op === "nll") return { nll: await model.tokenNll(SEQ, req.tokens) };
+        if (req.op === "logits") return { logits: Array.from(await model.forward(SEQ, req.tokens)) };
+        const out: number[] = [];
+        const t0 = performance.now();
+        let logits = await model.forward(SEQ, req.prompt);
+        const t1 = performance.now();
+        let steps = 0;
+        while (out.length < req.maxTokens) {
+          let best = 0;
+          for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+          if (this.stopTokenIds.has(best)) break;
+          out.push(best);
+          if (out.length < req.maxTokens) {
+            logits = await model.forward(SEQ, [best]);
+            steps++;
+          }
+        }
+        return { tokens: out, prefillMs: t1 - t0, decodeMs: performance.now() - t1, decodeSteps: steps };
+      } finally {
+        model.removeSequence(SEQ);
+      }
+    });
+    this.tail = turn.then(() => {}, () => {});
+    return turn;
   }
 
   /** Test hook: destroy the GPU device, as a driver reset would; the next step fails with DeviceLostError. */

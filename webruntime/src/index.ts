@@ -2,6 +2,7 @@
 // requests on WebGPU, in a Web Worker by default; `createRouter` adds the cloud fallback.
 export { WorkerEngine } from "./client";
 export { createEngine, type LanternEngine } from "./create";
+export { checkLibraryPipelines, type PipelineCheck } from "./checks";
 export { chooseLibrary } from "./device";
 export { Engine } from "./engine";
 export * from "./errors";

@@ -51,7 +51,7 @@ export class TvmModel {
       this.lostReason = info.message || info.reason || "unknown";
     });
     tvm.beginScope();
-    for (const name of ["embed", "prefill", "decode", "create_tir_paged_kv_cache"]) {
+    for (const name of ["embed", "prefill", "decode", "batch_prefill", "create_tir_paged_kv_cache"]) {
       this.fn[name] = tvm.detachFromCurrentScope(vm.getFunction(name));
     }
     for (const name of ["kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_popn",
@@ -197,6 +197,48 @@ export class TvmModel {
     this.check();
     if (!logits) throw new Error("forward called with no tokens");
     return logits;
+  }
+
+  /**
+   * Append ``tokens`` to ``seq`` and return, for every position but the last, the negative
+   * log-likelihood of the token that follows it (perplexity = exp(mean)).
+   */
+  async tokenNll(seq: number, tokens: number[]): Promise<number[]> {
+    this.check();
+    const { tvm } = this;
+    const nll: number[] = [];
+    for (let start = 0; start < tokens.length; start += this.prefillChunk) {
+      const chunk = tokens.slice(start, start + this.prefillChunk);
+      tvm.beginScope();
+      try {
+        const ids = tvm.empty([chunk.length], "int32", tvm.webgpu());
+        ids.copyFrom(Int32Array.from(chunk));
+        const positions = tvm.empty([chunk.length], "int32", tvm.webgpu());
+        positions.copyFrom(Int32Array.from(chunk.keys()));
+        const emb = this.fn.embed(ids, this.params);
+        this.builtin.kv_state_begin_forward(this.kv, tvm.makeShapeTuple([seq]), tvm.makeShapeTuple([chunk.length]));
+        const ret = this.fn.batch_prefill(emb.view([1, chunk.length, emb.shape[1]]), positions, this.kv, this.params);
+        this.builtin.kv_state_end_forward(this.kv);
+        const out = ret.get(0);
+        const host = tvm.empty(out.shape, out.dtype, tvm.cpu());
+        host.copyFrom(out);
+        await tvm.webgpu().sync();
+        const all = host.toArray() as Float32Array;
+        const vocab = out.shape[out.shape.length - 1];
+        for (let i = 0; i < chunk.length && start + i + 1 < tokens.length; i++) {
+          const row = all.subarray(i * vocab, (i + 1) * vocab);
+          let max = -Infinity;
+          for (const v of row) if (v > max) max = v;
+          let sum = 0;
+          for (const v of row) sum += Math.exp(v - max);
+          nll.push(max + Math.log(sum) - row[tokens[start + i + 1]]);
+        }
+      } finally {
+        tvm.endScope();
+      }
+    }
+    this.check();
+    return nll;
   }
 
   dispose(): void {

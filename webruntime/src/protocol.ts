@@ -132,6 +132,21 @@ export interface SerializedError {
   file?: string;
 }
 
+// Measurements `lantern validate` takes through the engine (raw tokens, no chat template).
+export type DebugOp =
+  | { op: "greedy"; prompt: number[]; maxTokens: number }  // -> { tokens, prefillMs, decodeMs, decodeSteps }
+  | { op: "logits"; tokens: number[] }  // -> { logits: number[] } at the last position
+  | { op: "nll"; tokens: number[] };  // -> { nll: number[] } per next token
+
+export interface DebugResult {
+  tokens?: number[];
+  logits?: number[];
+  nll?: number[];
+  prefillMs?: number;
+  decodeMs?: number;
+  decodeSteps?: number;
+}
+
 // page -> worker
 export type WorkerRequest =
   | { kind: "load"; id: number; options: Omit<EngineOptions, "onProgress" | "worker"> }
@@ -141,6 +156,7 @@ export type WorkerRequest =
   | { kind: "stats"; id: number }
   | { kind: "render"; id: number; messages: ChatMessage[] }
   | { kind: "debug-lose-device"; id: number }
+  | { kind: "debug"; id: number; request: DebugOp }
   | { kind: "unload"; id: number };
 
 // worker -> page. Chunks are pushed as they are made: no acknowledgement per token.

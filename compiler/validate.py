@@ -1,0 +1,372 @@
+"""`lantern validate`: run an artifact in headless Chromium with the real runtime and check it
+against budgets, so a bad checkpoint fails CI like a failing test.
+
+Measurements (one run):
+  correctness  greedy tokens from the browser vs the artifact's CPU library (match rate, first
+               divergence), last-position logit error, perplexity on a held-out text; with a
+               baseline report, greedy tokens and perplexity against the baseline's
+  speed        load time cold (empty cache) and cached, TTFT, prefill and decode tokens/s
+  size         artifact bytes, bytes per parameter, wasm bytes, kernels, largest WGSL kernel,
+               peak GPU memory the runtime allocated
+  pipelines    every kernel of every webgpu library compiled as a WebGPU pipeline (a library
+               whose features the adapter lacks is "not checked", never "pass")
+
+Exit status: 0 within budget, 1 a budget was breached, 2 the validation could not run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .artifact import Artifact
+from .errors import LanternError
+
+DATA = Path(__file__).parent / "validate_data"
+PAGE = Path(__file__).parent / "validate_page"
+
+
+class CannotRun(LanternError):
+    """The validation could not run (exit 2): broken artifact, no browser, no WebGPU."""
+
+
+# budget key -> (metric name, "min" | "max", relative to baseline?)
+BUDGETS: dict[str, tuple[str, str, bool]] = {
+    "correctness.min_cpu_token_match": ("cpu_token_match", "min", False),
+    "correctness.max_logit_error": ("logit_error", "max", False),
+    "correctness.max_perplexity": ("perplexity", "max", False),
+    "correctness.max_perplexity_increase_pct": ("perplexity", "max", True),
+    "correctness.max_perplexity_gap_pct": ("perplexity_gap_pct", "max", False),
+    "correctness.min_baseline_token_match": ("baseline_token_match", "min", False),
+    "speed.min_decode_tokens_per_s": ("decode_tokens_per_s", "min", False),
+    "speed.min_prefill_tokens_per_s": ("prefill_tokens_per_s", "min", False),
+    "speed.max_ttft_s": ("ttft_s", "max", False),
+    "speed.max_load_s_cold": ("load_s_cold", "max", False),
+    "speed.max_load_s_cached": ("load_s_cached", "max", False),
+    "speed.max_decode_drop_pct": ("decode_tokens_per_s", "drop", True),
+    "size.max_artifact_bytes": ("artifact_bytes", "max", False),
+    "size.max_bytes_per_param": ("bytes_per_param", "max", False),
+    "size.max_peak_gpu_bytes": ("peak_gpu_bytes", "max", False),
+    "size.max_wasm_bytes": ("wasm_bytes", "max", False),
+}
+
+
+@dataclass
+class Check:
+    name: str  # the budget key, or "pipelines:<file>"
+    metric: str
+    value: float | None
+    limit: float | None
+    status: str  # pass | fail | not-checked
+    detail: str = ""
+
+
+@dataclass
+class ValidateOptions:
+    artifact: Path
+    budget: Path | None = None
+    prompts: Path | None = None
+    baseline: Path | None = None
+    max_tokens: int = 32
+    ppl_tokens: int = 256
+    text: Path | None = None
+
+
+@dataclass
+class Report:
+    artifact: str
+    metrics: dict
+    checks: list[Check] = field(default_factory=list)
+    greedy: list[dict] = field(default_factory=list)  # per prompt: browser tokens (a later baseline)
+    pipelines: list[dict] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def to_json(self) -> dict:
+        return {"artifact": self.artifact, "passed": self.passed, "metrics": self.metrics,
+                "checks": [asdict(c) for c in self.checks], "greedy": self.greedy, "pipelines": self.pipelines}
+
+
+def load_budget(path: Path | None) -> dict[str, float]:
+    if path is None:
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise CannotRun(f"budget {path}: {err}") from None
+    flat = {f"{section}.{key}": value for section, table in data.items() if isinstance(table, dict)
+            for key, value in table.items()}
+    unknown = sorted(set(flat) - set(BUDGETS))
+    if unknown:
+        raise CannotRun(f"budget {path}: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(BUDGETS))})")
+    return flat
+
+
+def load_prompts(path: Path | None) -> list[dict]:
+    path = path or DATA / "prompts.jsonl"
+    prompts = []
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise CannotRun(f"{path}:{i}: not JSON ({err.msg})") from None
+        if not isinstance(item, dict) or not ({"prompt", "messages"} & set(item)):
+            raise CannotRun(f"{path}:{i}: each line needs \"prompt\" (raw text) or \"messages\" (chat)")
+        prompts.append(item)
+    if not prompts:
+        raise CannotRun(f"{path}: no prompts")
+    return prompts
+
+
+def evaluate(metrics: dict, budget: dict[str, float], baseline: dict | None) -> list[Check]:
+    checks = []
+    for key, limit in sorted(budget.items()):
+        metric, kind, relative = BUDGETS[key]
+        value = metrics.get(metric)
+        if relative:
+            base = (baseline or {}).get("metrics", {}).get(metric)
+            if base is None or value is None:
+                checks.append(Check(key, metric, value, limit, "not-checked", "no baseline value"))
+                continue
+            if kind == "drop":  # percent below the baseline
+                change = (base - value) / base * 100 if base else 0.0
+                ok = change <= limit
+                checks.append(Check(key, metric, value, limit, "pass" if ok else "fail",
+                                    f"{change:+.1f}% below baseline {base:.4g} (limit {limit}%)"))
+            else:  # percent above the baseline
+                change = (value - base) / base * 100 if base else 0.0
+                ok = change <= limit
+                checks.append(Check(key, metric, value, limit, "pass" if ok else "fail",
+                                    f"{change:+.1f}% vs baseline {base:.4g} (limit +{limit}%)"))
+            continue
+        if value is None:
+            checks.append(Check(key, metric, None, limit, "not-checked", "not measured in this run"))
+            continue
+        ok = value >= limit if kind == "min" else value <= limit
+        checks.append(Check(key, metric, value, limit, "pass" if ok else "fail",
+                            "" if ok else f"{metric} {value:.4g}, {'at least' if kind == 'min' else 'at most'} "
+                                          f"{limit:.4g} allowed"))
+    return checks
+
+
+def _match(a: list[int], b: list[int]) -> tuple[int, int | None]:
+    """(tokens equal position by position, first divergence or None)."""
+    n = min(len(a), len(b))
+    first = next((i for i in range(n) if a[i] != b[i]), None)
+    if first is None and len(a) != len(b):
+        first = n
+    same = sum(1 for i in range(n) if a[i] == b[i])
+    return same, first
+
+
+def _perplexity(nll: list[float]) -> float:
+    return float(math.exp(sum(nll) / len(nll)))
+
+
+def find_chromium() -> str:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        raise CannotRun("no Chromium found on PATH (install `chromium`, e.g. `apt-get install chromium`); "
+                        "lantern validate runs the artifact in headless Chromium with WebGPU")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        raise CannotRun("playwright is not installed: pip install playwright") from None
+    return chromium
+
+
+def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
+    find_chromium()  # before minutes of work
+    try:
+        art = Artifact.open(opts.artifact)
+    except LanternError as err:
+        raise CannotRun(str(err)) from None
+    if not any(lib["target"] == "cpu" for lib in art.manifest["libraries"]):
+        raise CannotRun(f"{art.path.name} has no cpu library: build it with --targets webgpu,cpu to validate")
+    prompts = load_prompts(opts.prompts)
+    text = (opts.text or DATA / "heldout.txt").read_text()
+    tok = art.tokenizer()
+    cfg = art.tokenizer_config()
+    stop_ids = [tok.token_to_id(cfg["eos_token"] if isinstance(cfg.get("eos_token"), str)
+                                else cfg["eos_token"]["content"])]
+
+    def ids_of(item: dict) -> list[int]:
+        if "messages" in item:
+            from .chat_template import render
+            return tok.encode(render(cfg["chat_template"], item["messages"]), add_special_tokens=False).ids
+        return tok.encode(item["prompt"], add_special_tokens=False).ids
+
+    prompt_ids = [ids_of(p) for p in prompts]
+    text_ids = tok.encode(text, add_special_tokens=False).ids[: opts.ppl_tokens]
+
+    step("CPU reference")
+    cpu = art.cpu_model()
+    cpu_greedy = [cpu.greedy(p, opts.max_tokens, stop_ids) for p in prompt_ids]
+    cpu.reset()
+    cpu_logits = cpu.prefill(prompt_ids[0])
+    cpu.reset()
+    all_logits = cpu.all_logits(text_ids).astype(np.float64)
+    lse = np.log(np.exp(all_logits - all_logits.max(1, keepdims=True)).sum(1)) + all_logits.max(1)
+    cpu_nll = (lse[:-1] - all_logits[np.arange(len(text_ids) - 1), text_ids[1:]]).tolist()
+
+    browser_data = _run_browser(art, prompt_ids, text_ids, opts.max_tokens, step)
+
+    m = art.manifest
+    webgpu = [lib for lib in m["libraries"] if lib["target"] == "webgpu"]
+    wasm_bytes = sum((art.path / lib["file"]).stat().st_size for lib in webgpu)
+    metrics: dict = {
+        "artifact_bytes": sum(f["size"] for f in m["files"].values()),
+        "weight_bytes": m["weights"]["bytes"],
+        "bytes_per_param": m["weights"]["bytes_per_param"],
+        "wasm_bytes": wasm_bytes,
+        "kernels": max((lib["kernels"] for lib in webgpu), default=0),
+        "largest_kernel_bytes": max((lib["largest_kernel_bytes"] for lib in webgpu), default=0),
+    }
+    same = total = 0
+    first_divergence = []
+    greedy = []
+    for p, cpu_ids, web_ids in zip(prompts, cpu_greedy, browser_data["greedy"]):
+        s, first = _match(web_ids, cpu_ids)
+        same += s
+        total += max(len(web_ids), len(cpu_ids), 1)
+        first_divergence.append(first)
+        greedy.append({"prompt": p, "tokens": web_ids, "cpu_tokens": cpu_ids, "first_divergence": first})
+    web_logits = np.asarray(browser_data["logits"], dtype=np.float64)
+    metrics.update({
+        "cpu_token_match": same / total,
+        "first_divergence": min((f for f in first_divergence if f is not None), default=None),
+        "logit_error": float(np.abs(web_logits - cpu_logits).max() / np.abs(cpu_logits).max()),
+        "perplexity": _perplexity(browser_data["nll"]),
+        "cpu_perplexity": _perplexity(cpu_nll),
+        "perplexity_gap_pct": abs(_perplexity(browser_data["nll"]) / _perplexity(cpu_nll) - 1) * 100,
+        "perplexity_tokens": len(text_ids),
+        **browser_data["metrics"],
+    })
+    return Report(str(art.path), metrics, greedy=greedy, pipelines=browser_data["pipelines"])
+
+
+def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
+                 step: Callable[[str], None]) -> dict:
+    from .server.app import ServerConfig, create_app
+    from .server.background import serve_in_thread
+
+    chromium = find_chromium()
+    from playwright.sync_api import sync_playwright
+
+    app = create_app(ServerConfig([art.path], site=PAGE, api=False))
+    model_url = f"/models/{art.path.name}/"
+    out: dict = {"metrics": {}, "pipelines": []}
+    args = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-dawn-features=disable_robustness",
+            "--disable-background-networking", "--no-first-run"]
+    with serve_in_thread(app) as base, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
+        try:
+            context = browser.new_context()
+            page = context.new_page()
+            page.goto(base + "/index.html")
+            page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+
+            def call(expr: str, arg=None):
+                try:
+                    return page.evaluate(expr, arg)
+                except Exception as err:  # the page's error, e.g. WebGPUUnavailableError
+                    msg = str(err).split("\n")[0]
+                    raise CannotRun(f"the browser run failed: {msg}") from None
+
+            step("browser: cold load")
+            call("(m) => lanternValidate.clearCache(m)", model_url)
+            cold = call("(m) => lanternValidate.load(m)", model_url)
+            out["metrics"].update(load_s_cold=cold["seconds"], peak_gpu_bytes=cold["stats"]["peakGpuBytes"],
+                                  library=cold["stats"]["library"], adapter=cold["stats"]["adapter"])
+            step("browser: greedy continuations")
+            runs = [call("(r) => lanternValidate.debug(r)", {"op": "greedy", "prompt": ids, "maxTokens": max_tokens})
+                    for ids in prompt_ids]
+            out["greedy"] = [r["tokens"] for r in runs]
+            # speed from the same runs: prefill of each prompt, then one decode step per token
+            prefill_s = sum(r["prefillMs"] for r in runs) / 1000
+            decode_s = sum(r["decodeMs"] for r in runs) / 1000
+            steps = sum(r["decodeSteps"] for r in runs)
+            out["metrics"].update(ttft_s=prefill_s / len(runs),
+                                  prefill_tokens_per_s=sum(map(len, prompt_ids)) / prefill_s,
+                                  decode_tokens_per_s=steps / decode_s if decode_s else None)
+            out["logits"] = call("(r) => lanternValidate.debug(r)", {"op": "logits", "tokens": prompt_ids[0]})["logits"]
+            step("browser: perplexity")
+            out["nll"] = call("(r) => lanternValidate.debug(r)", {"op": "nll", "tokens": text_ids})["nll"]
+            out["metrics"]["peak_gpu_bytes"] = call("() => lanternValidate.stats()")["peakGpuBytes"]
+            call("() => lanternValidate.unload()")
+            step("browser: cached load")
+            page2 = context.new_page()
+            page2.goto(base + "/index.html")
+            page2.wait_for_function("document.getElementById('status').textContent === 'ready'")
+            page = page2
+            cached = call("(m) => lanternValidate.load(m)", model_url)
+            out["metrics"]["load_s_cached"] = cached["seconds"]
+            call("() => lanternValidate.unload()")
+            step("browser: pipelines")
+            for lib in art.manifest["libraries"]:
+                if lib["target"] == "webgpu":
+                    out["pipelines"].append(call("([m, f, r]) => lanternValidate.pipelines(m, f, r)",
+                                                 [model_url, lib["file"], lib["required_features"]]))
+        finally:
+            browser.close()
+    return out
+
+
+def pipeline_checks(report: Report) -> list[Check]:
+    checks = []
+    for p in report.pipelines:
+        if not p["checked"]:
+            status, detail = "not-checked", f"adapter lacks {', '.join(p['missingFeatures'])}"
+        else:
+            status = "pass" if p["ok"] else "fail"
+            detail = f"{p['kernels']} kernels compiled in {p['seconds']:.1f} s" if p["ok"] else p.get("error", "")
+        checks.append(Check(f"pipelines:{p['file']}", "pipelines", p["kernels"], None, status, detail))
+    return checks
+
+
+def write_junit(report: Report, path: Path) -> None:
+    suite = ET.Element("testsuite", name="lantern validate", tests=str(len(report.checks)),
+                       failures=str(sum(c.status == "fail" for c in report.checks)),
+                       skipped=str(sum(c.status == "not-checked" for c in report.checks)))
+    for c in report.checks:
+        case = ET.SubElement(suite, "testcase", classname="lantern.validate", name=c.name)
+        if c.status == "fail":
+            ET.SubElement(case, "failure", message=c.detail or c.name)
+        elif c.status == "not-checked":
+            ET.SubElement(case, "skipped", message=c.detail)
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def validate(opts: ValidateOptions, step: Callable[[str], None] = lambda _: None) -> Report:
+    budget = load_budget(opts.budget)
+    baseline = None
+    if opts.baseline is not None:
+        try:
+            baseline = json.loads(opts.baseline.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise CannotRun(f"baseline {opts.baseline}: {err}") from None
+    started = time.perf_counter()
+    report = measure(opts, step)
+    if baseline is not None:
+        matched = total = 0
+        for mine, theirs in zip(report.greedy, baseline.get("greedy", [])):
+            s, _ = _match(mine["tokens"], theirs["tokens"])
+            matched += s
+            total += max(len(mine["tokens"]), len(theirs["tokens"]), 1)
+        report.metrics["baseline_token_match"] = matched / total if total else None
+    report.metrics["validate_seconds"] = time.perf_counter() - started
+    report.checks = evaluate(report.metrics, budget, baseline) + pipeline_checks(report)
+    return report

@@ -1,0 +1,132 @@
+"""`lantern validate` end to end: the real CLI, headless Chromium, the real runtime."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from lantern.artifact import Artifact
+
+pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
+
+# small enough to keep each run near a minute on SwiftShader
+QUICK = ["--max-tokens", "6", "--ppl-tokens", "32"]
+
+
+@pytest.fixture(scope="module")
+def smollm2(build_artifact) -> Artifact:
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
+                                        webgpu_schedule="cpu-emulated"))
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("validate") / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt": "The capital of France is"}) + "\n")
+    return path
+
+
+def validate(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lantern.cli", "validate", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=1200)
+
+
+def copy_artifact(art: Artifact, dst):
+    shutil.copytree(art.path, dst)
+    return dst
+
+
+def rehash(folder) -> None:
+    """Regenerate lantern.json's hashes after editing files (a retrained checkpoint looks like this)."""
+    manifest = json.loads((folder / "lantern.json").read_text())
+    for name in manifest["files"]:
+        data = (folder / name).read_bytes()
+        manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    (folder / "lantern.json").write_text(json.dumps(manifest, indent=1))
+
+
+@pytest.fixture(scope="module")
+def healthy_report(smollm2, prompts, tmp_path_factory, request):
+    out = tmp_path_factory.mktemp("reports")
+    root = request.config.rootpath
+    run = validate(smollm2.path, "--budget", root / "ci" / "budget.toml", "--prompts", prompts, *QUICK,
+                   "--json", out / "report.json", "--junit", out / "report.xml")
+    return run, out
+
+
+def test_a_healthy_artifact_passes(healthy_report, report):
+    run, out = healthy_report
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads((out / "report.json").read_text())
+    assert data["passed"] is True
+    m = data["metrics"]
+    assert m["cpu_token_match"] == 1.0 and m["logit_error"] < 1e-3
+    assert m["peak_gpu_bytes"] >= m["weight_bytes"]
+    assert all(p["ok"] for p in data["pipelines"] if p["checked"])
+    suite = ET.parse(out / "report.xml").getroot()
+    assert suite.get("failures") == "0" and int(suite.get("tests")) == len(data["checks"])
+    report(f"validate (SmolLM2 q4f32_1, SwiftShader): load cold {m['load_s_cold']:.1f} s, cached "
+           f"{m['load_s_cached']:.1f} s, decode {m['decode_tokens_per_s']:.2f} tok/s, perplexity "
+           f"{m['perplexity']:.1f} (CPU {m['cpu_perplexity']:.1f}), peak GPU {m['peak_gpu_bytes'] / 2**20:.0f} MiB")
+
+
+def test_perturbed_weights_fail_the_correctness_budget(smollm2, prompts, healthy_report, tmp_path, request):
+    _, out = healthy_report
+    folder = copy_artifact(smollm2, tmp_path / "perturbed")
+    shard = folder / "params_shard_1.bin"
+    data = np.frombuffer(shard.read_bytes(), dtype=np.uint8).copy()
+    rng = np.random.default_rng(0)
+    hit = rng.random(len(data)) < 0.2  # noise on a fifth of the bytes of one shard
+    data[hit] ^= rng.integers(1, 256, hit.sum(), dtype=np.uint8)
+    shard.write_bytes(data.tobytes())
+    rehash(folder)
+    run = validate(folder, "--budget", request.config.rootpath / "ci" / "budget.toml", "--prompts", prompts,
+                   *QUICK, "--baseline", out / "report.json")
+    assert run.returncode == 1, run.stderr[-3000:]
+    breached = run.stderr.split("budget breached:")[1]
+    assert "correctness." in breached and "speed." not in breached
+
+
+def test_an_impossible_speed_floor_fails_naming_the_metric(smollm2, prompts, tmp_path):
+    budget = tmp_path / "budget.toml"
+    budget.write_text("[speed]\nmin_decode_tokens_per_s = 1e9\n")
+    run = validate(smollm2.path, "--budget", budget, "--prompts", prompts, *QUICK)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "budget breached: speed.min_decode_tokens_per_s" in run.stderr
+
+
+def test_a_corrupted_shard_cannot_run_and_names_the_file(smollm2, tmp_path):
+    folder = copy_artifact(smollm2, tmp_path / "corrupt")
+    shard = folder / "params_shard_2.bin"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 1
+    shard.write_bytes(bytes(data))
+    run = validate(folder)
+    assert run.returncode == 2
+    assert "params_shard_2.bin" in run.stderr
+
+
+def test_missing_chromium_is_a_clear_message(smollm2, tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}  # nothing on PATH: no chromium
+    run = validate(smollm2.path, "--max-tokens", "1", env=env)
+    assert run.returncode == 2
+    assert "no Chromium found" in run.stderr
+
+
+def test_bad_budget_and_prompts_are_refused_before_running(smollm2, tmp_path):
+    budget = tmp_path / "b.toml"
+    budget.write_text("[speed]\nmin_decode_tok = 1\n")
+    run = validate(smollm2.path, "--budget", budget)
+    assert run.returncode == 2 and "unknown keys speed.min_decode_tok" in run.stderr
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "x"}\n')
+    run = validate(smollm2.path, "--prompts", prompts)
+    assert run.returncode == 2 and "p.jsonl:1" in run.stderr
