@@ -369,4 +369,7 @@ def validate(opts: ValidateOptions, step: Callable[[str], None] = lambda _: None
         report.metrics["baseline_token_match"] = matched / total if total else None
     report.metrics["validate_seconds"] = time.perf_counter() - started
     report.checks = evaluate(report.metrics, budget, baseline) + pipeline_checks(report)
+    # Grammar-constrained decoding is not in the runtime yet: say so rather than pass silently.
+    report.checks.append(Check("correctness.structured_output", "structured_output", None, None, "not-checked",
+                               "the runtime has no grammar engine yet (JSON-schema decoding)"))
     return report

@@ -231,6 +231,25 @@ def test_reload_loads_weights_from_cache_without_network(session):
     page.close()
 
 
+def test_indexeddb_cache_serves_a_second_load(session, browser):
+    art, seen = session["art"], session["seen"]
+    context = browser.new_context()  # its own storage: nothing cached yet
+    try:
+        model = f"/models/{art.path.name}/"
+        first = open_page(context, session["base"])
+        first.evaluate("(m) => load(m, {cache: 'indexeddb'})", model)
+        first.evaluate("engine.unload()")
+        mark = len(seen)
+        second = open_page(context, session["base"])
+        second.evaluate("(m) => load(m, {cache: 'indexeddb'})", model)
+        assert [p for p, _ in seen[mark:] if p.startswith("/models/")] == [f"{model}lantern.json"]
+        assert any(u.endswith(model) for u in second.evaluate("lantern.listCachedModels('indexeddb')"))
+        assert not any(u.endswith(model) for u in second.evaluate("lantern.listCachedModels('cache-api')"))
+        second.evaluate("engine.unload()")
+    finally:
+        context.close()
+
+
 @pytest.fixture()
 def artifact_copy(smollm2, tmp_path):
     def make(name: str):
