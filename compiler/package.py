@@ -94,7 +94,10 @@ def write_package_json(out: Path, name: str, quant: str, version: str, files: li
         "name": npm_name(name, quant),
         "version": version,
         "description": f"{name} ({quant}) compiled by Lantern for WebGPU browsers",
-        "files": sorted(files),
+        # what a browser fetches; the CPU library (.so) is for servers and stays out of the package
+        "files": sorted(f for f in files if not f.endswith(".so")),
+        # the folder is the model: `model: ".../node_modules/<name>/"`; files are addressable by path
+        "exports": {".": f"./{MANIFEST}", "./*": "./*"},
         "keywords": ["lantern", "webgpu", "llm", "webllm"],
         "lantern": {"manifest": MANIFEST},
     }

@@ -33,12 +33,13 @@ def model_folders(dirs: list[Path]) -> dict[str, Path]:
     """``{name: folder}`` for artifact folders; the name is the folder's name."""
     out: dict[str, Path] = {}
     for d in dirs:
+        name = Path(d).absolute().name  # the name as given: a symlink can rename a build
         d = d.resolve()
         if not (d / "lantern.json").is_file():
             raise LanternError(f"{d} is not a Lantern artifact (no lantern.json); build one with `lantern build`")
-        if d.name in out:
-            raise LanternError(f"two artifact folders are both named {d.name!r}; rename one")
-        out[d.name] = d
+        if name in out:
+            raise LanternError(f"two artifact folders are both named {name!r}; rename one")
+        out[name] = d
     return out
 
 

@@ -1,0 +1,64 @@
+// The capability page: what WebGPU offers here and which route the router would take for each
+// served model (the same library choice and memory check the runtime makes when it loads).
+import { chooseLibrary } from "/runtime/lantern.js";
+
+const facts = document.querySelector("#facts tbody");
+const limitsTable = document.querySelector("#limits tbody");
+
+function row(table, name, value) {
+  const tr = table.insertRow();
+  tr.insertCell().textContent = name;
+  tr.insertCell().textContent = value;
+}
+
+async function main() {
+  const gpu = navigator.gpu;
+  const adapter = gpu ? await gpu.requestAdapter().catch(() => null) : null;
+  row(facts, "WebGPU", gpu ? (adapter ? "available" : "present, but no adapter") : "not available");
+  const features = new Set(adapter ? [...adapter.features] : []);
+  const info = adapter?.info ?? {};
+  const emulated = Boolean(info.isFallbackAdapter) ||
+    /swiftshader|llvmpipe|lavapipe|warp/i.test(`${info.vendor} ${info.architecture} ${info.description}`);
+  if (adapter) {
+    row(facts, "adapter", `${info.vendor || "?"} ${info.architecture || ""} ${info.description || ""}`.trim());
+    row(facts, "software adapter", emulated ? "yes (CPU-emulated WebGPU)" : "no");
+    row(facts, "shader-f16", features.has("shader-f16") ? "yes" : "no (f16 models use their f32 library)");
+    for (const key of ["maxBufferSize", "maxStorageBufferBindingSize", "maxComputeWorkgroupStorageSize",
+      "maxComputeInvocationsPerWorkgroup", "maxStorageBuffersPerShaderStage"]) {
+      row(limitsTable, key, String(adapter.limits[key]));
+    }
+  }
+  row(facts, "device memory", navigator.deviceMemory ? `${navigator.deviceMemory} GiB (rounded)` : "not reported");
+  const quota = await navigator.storage?.estimate?.().catch(() => null);
+  row(facts, "storage quota", quota ? `${(quota.usage / 2 ** 20).toFixed(0)} MiB used of ${(quota.quota / 2 ** 20).toFixed(0)} MiB` : "not reported");
+
+  let models = [];
+  try { models = (await (await fetch("/models/index.json")).json()).models; } catch { /* no index */ }
+  const verdicts = [];
+  for (const m of models) {
+    let route = "cloud";
+    let reason = "no WebGPU adapter";
+    if (adapter) {
+      try {
+        const manifest = await (await fetch(new URL("lantern.json", new URL(m.url, location.href)))).json();
+        const lib = chooseLibrary(manifest, { features, emulated });
+        const need = manifest.memory.estimated_gpu_bytes;
+        const biggest = Math.min(adapter.limits.maxBufferSize, adapter.limits.maxStorageBufferBindingSize);
+        if (navigator.deviceMemory && navigator.deviceMemory < 8 && need > navigator.deviceMemory * 2 ** 30) {
+          reason = `needs ${(need / 2 ** 30).toFixed(2)} GiB, device reports ${navigator.deviceMemory} GiB`;
+        } else {
+          route = "local";
+          reason = `${lib.file}${lib.param_upcast ? " (f16 weights upcast to f32)" : ""}, buffers up to ${(biggest / 2 ** 20).toFixed(0)} MiB`;
+        }
+      } catch (err) {
+        reason = `${err.name}: ${err.message}`;
+      }
+    }
+    row(facts, `route for ${m.name}`, `${route}: ${reason}`);
+    verdicts.push(`${m.name} would run ${route === "local" ? "locally on WebGPU" : "on the cloud"}`);
+  }
+  document.getElementById("verdict").textContent = verdicts.length ? verdicts.join("; ") + "." :
+    adapter ? "WebGPU works here." : "No WebGPU here: models would run on the cloud fallback.";
+  document.body.dataset.ready = "true";
+}
+main();

@@ -1,0 +1,131 @@
+// The chat page: a model picker over the served artifacts, load progress, streaming answers
+// through the router (local WebGPU engine, `lantern serve` as the cloud fallback).
+import { createRouter, deleteModelFromCache } from "/runtime/lantern.js";
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  model: $("model"), load: $("load"), clear: $("clear"), route: $("route"), progress: $("progress"),
+  progressText: $("progress-text"), log: $("log"), form: $("ask"), prompt: $("prompt"), send: $("send"),
+  stop: $("stop"), stats: $("stats"),
+};
+let router = null;
+let messages = [];
+let abort = null;
+
+function mib(bytes) { return (bytes / 2 ** 20).toFixed(1); }
+
+function showRoute(route, reason) {
+  ui.route.dataset.route = route;
+  ui.route.textContent = route === "local" ? "running locally (WebGPU)" : `running on the cloud (${reason})`;
+}
+
+async function listModels() {
+  const wanted = new URLSearchParams(location.search).get("model");
+  let models = [];
+  try {
+    models = (await (await fetch("/models/index.json")).json()).models;
+  } catch { /* a static host without an index: ?model=URL names the model */ }
+  if (wanted && !models.some((m) => m.url === wanted)) models.unshift({ name: wanted, url: wanted });
+  for (const m of models) ui.model.add(new Option(m.name, m.url));
+  ui.progressText.textContent = models.length ? "Pick a model and press Load." : "No models are served.";
+}
+
+function progressReporter() {
+  const started = performance.now();
+  return (p) => {
+    ui.progress.value = p.progress;
+    if (p.phase === "download" && p.loadedBytes > 0) {
+      const seconds = (performance.now() - started) / 1000;
+      const speed = p.loadedBytes / seconds;
+      const eta = (p.totalBytes - p.loadedBytes) / speed;
+      ui.progressText.textContent = `Downloading ${p.file}: ${mib(p.loadedBytes)} / ${mib(p.totalBytes)} MiB, ` +
+        `${mib(speed)} MiB/s, ${Math.max(0, eta).toFixed(0)} s left`;
+    } else {
+      ui.progressText.textContent = `${p.phase}${p.fromCache ? " (from cache)" : ""}: ${Math.round(p.progress * 100)}%`;
+    }
+  };
+}
+
+async function load() {
+  const url = ui.model.value;
+  const name = ui.model.selectedOptions[0]?.text ?? url;
+  ui.load.disabled = true;
+  ui.send.disabled = true;
+  messages = [];
+  ui.log.textContent = "";
+  try {
+    router = await createRouter({
+      local: { model: url, onProgress: progressReporter() },
+      cloud: { baseURL: new URL("/v1", location.href).href, model: name },
+      onEvent: (e) => {
+        if (e.type === "fallback") showRoute("cloud", `${e.reason}: ${e.error}`);
+      },
+    });
+    ui.progress.value = 1;
+    showRoute(router.local ? "local" : "cloud", router.localUnavailable);
+    ui.progressText.textContent = router.local ? "Ready: 100%" : `Ready (cloud): ${router.localUnavailable}`;
+    ui.send.disabled = false;
+    ui.prompt.focus();
+  } catch (err) {
+    ui.progressText.textContent = `Could not load: ${err.name}: ${err.message}`;
+  } finally {
+    ui.load.disabled = false;
+  }
+}
+
+async function send(event) {
+  event.preventDefault();
+  const text = ui.prompt.value.trim();
+  if (!text || !router) return;
+  ui.prompt.value = "";
+  messages.push({ role: "user", content: text });
+  ui.log.append(Object.assign(document.createElement("div"), { className: "msg-user", textContent: text }));
+  const answer = document.createElement("div");
+  answer.className = "msg-assistant";
+  ui.log.append(answer);
+  ui.send.disabled = true;
+  ui.stop.disabled = false;
+  abort = new AbortController();
+  const started = performance.now();
+  let tokens = 0;
+  let firstAt = 0;
+  try {
+    const stream = await router.chat.completions.create(
+      { messages, stream: true, max_tokens: 256, stream_options: { include_usage: true } }, { signal: abort.signal });
+    for await (const chunk of stream) {
+      const delta = chunk.choices[0]?.delta?.content ?? "";
+      if (delta && !firstAt) firstAt = performance.now();
+      answer.textContent += delta;
+      tokens += delta ? 1 : 0;
+      if (chunk.lantern_route) showRoute(chunk.lantern_route, ui.route.textContent);
+      const u = chunk.usage;
+      ui.stats.textContent = u
+        ? `TTFT ${(u.ttft_ms / 1000).toFixed(1)} s · ${u.decode_tokens_per_s.toFixed(1)} tok/s`
+        : `TTFT ${firstAt ? ((firstAt - started) / 1000).toFixed(1) : "…"} s · ` +
+          `${firstAt ? (tokens / ((performance.now() - firstAt) / 1000 || 1)).toFixed(1) : "…"} tok/s`;
+      if (chunk.choices[0]?.finish_reason === "abort") answer.append(" [stopped]");
+    }
+  } catch (err) {
+    answer.append(abort.signal.aborted ? " [stopped]" : ` [error: ${err.name}: ${err.message}]`);
+  } finally {
+    messages.push({ role: "assistant", content: answer.textContent.replace(/ \[stopped\]$/, "") });
+    ui.send.disabled = false;
+    ui.stop.disabled = true;
+    abort = null;
+  }
+}
+
+ui.load.addEventListener("click", load);
+ui.form.addEventListener("submit", send);
+ui.prompt.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey) {
+    e.preventDefault();
+    ui.form.requestSubmit();
+  }
+});
+ui.stop.addEventListener("click", () => abort?.abort());
+ui.clear.addEventListener("click", async () => {
+  const n = await deleteModelFromCache(ui.model.value);
+  ui.progressText.textContent = `Removed ${n} cached files of ${ui.model.selectedOptions[0]?.text}.`;
+});
+listModels();

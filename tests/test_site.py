@@ -1,0 +1,150 @@
+"""The static site (site/) served by `lantern serve`, driven like a person would in headless Chromium,
+and the npm packages a web app depends on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from browser import launch, lantern_server, repo_root
+from test_runtime import wait_for_cloud
+
+from lantern.artifact import Artifact
+
+pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
+
+SHOTS = repo_root() / "test-output" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def smollm2(build_artifact, tmp_path_factory) -> Path:
+    art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
+                                       webgpu_schedule="cpu-emulated"))
+    link = tmp_path_factory.mktemp("served") / "smollm2"  # served as /models/smollm2/, as the embed page says
+    link.symlink_to(art.path)
+    return link
+
+
+@pytest.fixture(scope="module")
+def site(smollm2):
+    with lantern_server([smollm2], site=repo_root() / "site") as (base, seen):
+        wait_for_cloud(base)
+        yield base
+
+
+@pytest.fixture(scope="module")
+def playwright():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        yield p
+
+
+def load_chat(page, base: str) -> None:
+    page.goto(base + "/index.html")
+    page.wait_for_function("document.getElementById('model').options.length > 0")
+    page.get_by_role("button", name="Load").click()
+    page.wait_for_function("document.getElementById('send').disabled === false", timeout=300_000)
+
+
+def test_chat_page_loads_streams_stops_and_answers(site, playwright):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser = launch(playwright)
+    try:
+        page = browser.new_page(viewport={"width": 390, "height": 844})  # a phone-sized screen
+        load_chat(page, site)
+        assert page.locator("#progress").evaluate("p => p.value") == 1
+        assert "100%" in page.locator("#progress-text").inner_text()
+        assert page.locator("#route").get_attribute("data-route") == "local"
+        # keyboard only: type and press Enter
+        page.locator("#prompt").fill("Count from one to twenty.")
+        page.locator("#prompt").press("Enter")
+        page.wait_for_function("document.querySelector('.msg-assistant').textContent.length > 3", timeout=300_000)
+        page.screenshot(path=str(SHOTS / "chat-mid-answer.png"), full_page=True)
+        page.get_by_role("button", name="Stop").click()
+        page.wait_for_function("document.getElementById('send').disabled === false", timeout=120_000)
+        assert page.locator(".msg-assistant").inner_text().endswith("[stopped]")
+        # a second question still streams a full answer, with live figures
+        page.locator("#prompt").fill("What is the capital of France?")
+        page.locator("#prompt").press("Enter")
+        page.wait_for_function("document.querySelectorAll('.msg-assistant').length === 2 && "
+                               "document.getElementById('send').disabled === false", timeout=300_000)
+        answer = page.locator(".msg-assistant").nth(1).inner_text()
+        assert "Paris" in answer and "[error" not in answer
+        assert "tok/s" in page.locator("#stats").inner_text()
+    finally:
+        browser.close()
+
+
+def test_capability_page_reports_the_adapter_and_the_route(site, playwright):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser = launch(playwright)
+    try:
+        page = browser.new_page()
+        page.goto(site + "/capability.html")
+        page.wait_for_selector("body[data-ready]")
+        text = page.inner_text("main")
+        assert "WebGPU\tavailable" in text and "shader-f16\tno" in text
+        assert "route for smollm2\tlocal" in text and "swiftshader" in text.lower()
+        page.screenshot(path=str(SHOTS / "capability.png"), full_page=True)
+    finally:
+        browser.close()
+
+
+def test_without_webgpu_the_chat_page_shows_the_cloud_and_still_answers(site, playwright):
+    browser = launch(playwright, webgpu=False)
+    try:
+        page = browser.new_page()
+        load_chat(page, site)
+        assert page.locator("#route").get_attribute("data-route") == "cloud"
+        assert "no-webgpu" in page.locator("#route").inner_text()
+        page.locator("#prompt").fill("What is the capital of France?")
+        page.locator("#prompt").press("Enter")
+        page.wait_for_function("document.querySelector('.msg-assistant') && "
+                               "document.getElementById('send').disabled === false", timeout=120_000)
+        assert "Paris" in page.locator(".msg-assistant").inner_text()
+        page.goto(site + "/capability.html")
+        page.wait_for_selector("body[data-ready]")
+        assert "route for smollm2\tcloud" in page.inner_text("main")
+    finally:
+        browser.close()
+
+
+def test_the_embedding_example_runs_as_shown(site, playwright):
+    browser = launch(playwright)
+    try:
+        page = browser.new_page()
+        page.goto(site + "/embed.html")
+        shown = page.locator("#code").inner_text()
+        assert 'createEngine({ model: "/models/smollm2/" })' in shown
+        page.wait_for_function("document.getElementById('embed-output').textContent !== 'loading the model…'",
+                               timeout=300_000)
+        assert page.locator("#embed-output").inner_text().strip()
+    finally:
+        browser.close()
+
+
+def npm_pack(folder: Path) -> list[str]:
+    out = subprocess.run(["npm", "pack", "--dry-run", "--json"], cwd=folder, capture_output=True, text=True,
+                         check=True)
+    files = sorted(f["path"] for f in json.loads(out.stdout)[0]["files"])
+    print(f"npm pack --dry-run {folder.name}:\n  " + "\n  ".join(files))
+    return files
+
+
+def test_npm_pack_runtime_and_artifact_hold_what_a_consumer_needs(smollm2):
+    runtime = npm_pack(repo_root() / "webruntime")
+    for needed in ("package.json", "dist/lantern.js", "dist/worker.js", "dist/types/index.d.ts"):
+        assert needed in runtime
+    assert not [f for f in runtime if f.startswith(("src/", "node_modules/")) or f.endswith(".map")]
+    pkg = json.loads((repo_root() / "webruntime" / "package.json").read_text())
+    assert pkg["exports"]["."]["import"] == "./dist/lantern.js" and pkg["types"] and pkg["version"]
+
+    artifact = npm_pack(smollm2.resolve())
+    manifest = json.loads((smollm2 / "lantern.json").read_text())
+    browser_files = {name for name in manifest["files"] if not name.endswith(".so")}
+    assert browser_files | {"lantern.json"} <= set(artifact)
+    assert not [f for f in artifact if f.endswith(".so")]  # the CPU library is for servers
