@@ -17,7 +17,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import LanternError
 from .engine import InvalidRequest, ModelEngine, Step, new_id
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
@@ -110,6 +109,10 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError):
         return _error(err.status, err.body)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, err: Exception):
+        return _error(500, ErrorBody(message=f"{type(err).__name__}: {err}", type="server_error"))
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, err: InvalidRequest):
@@ -205,6 +208,8 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except ApiError as err:
                 queue.put_nowait(err)
+            except Exception as err:  # the stream has started: report in-band, never hang the client
+                queue.put_nowait(ApiError(500, f"generation failed: {type(err).__name__}: {err}", "server_error"))
 
         producer = asyncio.create_task(produce())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -285,4 +290,4 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     return app
 
 
-__all__ = ["ApiError", "Limits", "ServerConfig", "create_app", "LanternError"]
+__all__ = ["ApiError", "Limits", "ServerConfig", "create_app"]
