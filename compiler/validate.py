@@ -245,13 +245,14 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         first_divergence.append(first)
         greedy.append({"prompt": p, "tokens": web_ids, "cpu_tokens": cpu_ids, "first_divergence": first})
     web_logits = np.asarray(browser_data["logits"], dtype=np.float64)
+    perplexity, cpu_perplexity = _perplexity(browser_data["nll"]), _perplexity(cpu_nll)
     metrics.update({
         "cpu_token_match": same / total,
         "first_divergence": min((f for f in first_divergence if f is not None), default=None),
         "logit_error": float(np.abs(web_logits - cpu_logits).max() / np.abs(cpu_logits).max()),
-        "perplexity": _perplexity(browser_data["nll"]),
-        "cpu_perplexity": _perplexity(cpu_nll),
-        "perplexity_gap_pct": abs(_perplexity(browser_data["nll"]) / _perplexity(cpu_nll) - 1) * 100,
+        "perplexity": perplexity,
+        "cpu_perplexity": cpu_perplexity,
+        "perplexity_gap_pct": abs(perplexity / cpu_perplexity - 1) * 100,
         "perplexity_tokens": len(text_ids),
         **browser_data["metrics"],
     })
@@ -275,9 +276,14 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
         try:
             context = browser.new_context()
-            page = context.new_page()
-            page.goto(base + "/index.html")
-            page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+
+            def open_page():
+                page = context.new_page()
+                page.goto(base + "/index.html")
+                page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+                return page
+
+            page = open_page()
 
             def call(expr: str, arg=None):
                 try:
@@ -308,10 +314,7 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
             out["metrics"]["peak_gpu_bytes"] = call("() => lanternValidate.stats()")["peakGpuBytes"]
             call("() => lanternValidate.unload()")
             step("browser: cached load")
-            page2 = context.new_page()
-            page2.goto(base + "/index.html")
-            page2.wait_for_function("document.getElementById('status').textContent === 'ready'")
-            page = page2
+            page = open_page()  # a second visit: weights from the cache
             cached = call("(m) => lanternValidate.load(m)", model_url)
             out["metrics"]["load_s_cached"] = cached["seconds"]
             call("() => lanternValidate.unload()")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mimetypes
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse, JSONResponse
 
 from ..errors import LanternError
@@ -50,16 +50,18 @@ def _file_in(root: Path, rel: str) -> Path:
     return target
 
 
-def _headers(path: Path) -> dict[str, str]:
-    headers = {
-        # cross-origin isolation, so multi-threaded wasm (SharedArrayBuffer) is allowed
-        "Cross-Origin-Opener-Policy": "same-origin",
-        "Cross-Origin-Embedder-Policy": "require-corp",
-        "Cross-Origin-Resource-Policy": "same-origin",
-    }
+HEADERS = {
+    # cross-origin isolation, so multi-threaded wasm (SharedArrayBuffer) is allowed
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "same-origin",
     # Artifact contents change only with a rebuild; revalidate by ETag rather than refetch.
-    headers["Cache-Control"] = "no-cache"
-    return headers
+    "Cache-Control": "no-cache",
+}
+
+
+def _file(path: Path) -> FileResponse:
+    return FileResponse(path, headers=HEADERS)
 
 
 def mount_static(app: FastAPI, models: dict[str, Path], site: Path | None) -> None:
@@ -73,19 +75,17 @@ def mount_static(app: FastAPI, models: dict[str, Path], site: Path | None) -> No
     def runtime_file(name: str) -> FileResponse:
         if name not in RUNTIME_FILES:
             raise HTTPException(404, f"not found: /runtime/{name}")
-        path = runtime / name
-        return FileResponse(path, headers=_headers(path))
+        return _file(runtime / name)
 
     @app.get("/models/{name}/{rel:path}")
-    def model_file(name: str, rel: str, request: Request) -> FileResponse:
+    def model_file(name: str, rel: str) -> FileResponse:
         if name not in models:
             raise HTTPException(404, f"no model named {name!r} is served")
-        path = _file_in(models[name], rel)
-        return FileResponse(path, headers=_headers(path))
+        return _file(_file_in(models[name], rel))
 
     if site is not None:
         @app.get("/{rel:path}")
         def site_file(rel: str) -> FileResponse:
-            path = _file_in(site, rel or "index.html") if rel and not rel.endswith("/") else \
-                _file_in(site, (rel or "") + "index.html")
-            return FileResponse(path, headers=_headers(path))
+            if not rel or rel.endswith("/"):
+                rel += "index.html"
+            return _file(_file_in(site, rel))

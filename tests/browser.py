@@ -131,3 +131,16 @@ def lantern_server(model_dirs, site: Path | None = None,
 
     with serve_in_thread(app) as base:
         yield base, seen
+
+
+def wait_until_ready(base: str) -> None:
+    """Poll ``lantern serve``'s /health until its CPU models have loaded."""
+    import json
+    import time
+    import urllib.request
+
+    for _ in range(600):
+        if json.load(urllib.request.urlopen(base + "/health"))["status"] == "ok":
+            return
+        time.sleep(0.1)
+    raise TimeoutError("the server's CPU models did not load")

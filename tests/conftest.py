@@ -101,6 +101,15 @@ def shakespeare_text(cache_dir) -> str:
 _MEASURED: list[str] = []
 
 
+@pytest.fixture(scope="module")
+def playwright():
+    """Playwright allows one sync session at a time: a module's browsers all come from this one."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        yield p
+
+
 @pytest.fixture(scope="session")
 def report():
     """report(line): a measured figure, printed in the run's summary (CI logs keep it)."""

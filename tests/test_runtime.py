@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from browser import launch, lantern_server
+from browser import launch, lantern_server, wait_until_ready
 from test_smollm2 import PROMPTS, eos_id
 
 from lantern.artifact import Artifact
@@ -46,15 +46,6 @@ def open_page(browser, base: str):
     page.goto(base + "/engine.html")
     page.wait_for_function("document.getElementById('status').textContent === 'ready'")
     return page
-
-
-@pytest.fixture(scope="module")
-def playwright():
-    """Playwright allows one sync session at a time: the module's browsers all come from this one."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        yield p
 
 
 @pytest.fixture(scope="module")
@@ -328,24 +319,12 @@ def test_no_webgpu_is_a_typed_error(smollm2, playwright):
     assert err["name"] == "WebGPUUnavailableError"
 
 
-def wait_for_cloud(base: str) -> None:
-    import json
-    import time
-    import urllib.request
-
-    for _ in range(600):
-        if json.load(urllib.request.urlopen(base + "/health"))["status"] == "ok":
-            return
-        time.sleep(0.1)
-    raise TimeoutError("the server's CPU model did not load")
-
-
 def test_router_without_webgpu_answers_from_the_cloud_with_the_same_shape(smollm2, playwright):
     plain = launch(playwright, webgpu=False)
     name = smollm2.path.name
     try:
         with lantern_server([smollm2.path]) as (base, _):
-            wait_for_cloud(base)
+            wait_until_ready(base)
             page = open_page(plain, base)
             out = page.evaluate("([o, r]) => routerChat(o, r)", [
                 {"local": {"model": f"/models/{name}/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
@@ -362,7 +341,7 @@ def test_router_without_webgpu_answers_from_the_cloud_with_the_same_shape(smollm
 def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, browser):
     name = smollm2.path.name
     with lantern_server([smollm2.path]) as (base, _):
-        wait_for_cloud(base)
+        wait_until_ready(base)
         context = browser.new_context()
         page = open_page(context, base)
         out = page.evaluate("([o, r, n]) => routerChat(o, r, n)", [

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from browser import lantern_server
+from browser import lantern_server, wait_until_ready
 from test_runtime import cpu_greedy, user
 from test_smollm2 import PROMPTS
 
@@ -29,22 +29,11 @@ def smollm2(build_artifact) -> Artifact:
                                         webgpu_schedule="cpu-emulated"))
 
 
-def wait_ready(base: str) -> None:
-    host, port = base.removeprefix("http://").split(":")
-    for _ in range(600):
-        conn = http.client.HTTPConnection(host, int(port))
-        conn.request("GET", "/health")
-        if json.loads(conn.getresponse().read())["status"] == "ok":
-            return
-        time.sleep(0.1)
-    raise TimeoutError("model did not load")
-
-
 @contextlib.contextmanager
 def served(art: Artifact, **config):
     cfg = ServerConfig([art.path], **config)
     with lantern_server(cfg) as (base, seen):
-        wait_ready(base)
+        wait_until_ready(base)
         yield base, seen
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import launch, lantern_server, repo_root
-from test_runtime import wait_for_cloud
+from browser import launch, lantern_server, repo_root, wait_until_ready
 
 from lantern.artifact import Artifact
 
@@ -31,16 +30,8 @@ def smollm2(build_artifact, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def site(smollm2):
     with lantern_server([smollm2], site=repo_root() / "site") as (base, seen):
-        wait_for_cloud(base)
+        wait_until_ready(base)
         yield base
-
-
-@pytest.fixture(scope="module")
-def playwright():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        yield p
 
 
 def load_chat(page, base: str) -> None:

@@ -2,8 +2,9 @@
 // message (protocol.ts). Streamed chunks arrive as they are made, without acknowledgements.
 import type { CreateOptions } from "./engine";
 import { deserializeError } from "./errors";
+import { PushStream } from "./stream";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, DebugOp, DebugResult, EngineOptions, EngineStats,
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats,
   WorkerRequest, WorkerResponse,
 } from "./protocol";
 
@@ -18,11 +19,7 @@ type Outgoing = WorkerRequest extends infer R ? R extends { id: number } ? Omit<
 export class WorkerEngine {
   readonly chat = {
     completions: {
-      create: ((req: ChatCompletionRequest, opts?: CreateOptions) => this.create(req, opts)) as {
-        (req: ChatCompletionRequest & { stream: true }, opts?: CreateOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
-        (req: ChatCompletionRequest & { stream?: false }, opts?: CreateOptions): Promise<ChatCompletion>;
-        (req: ChatCompletionRequest, opts?: CreateOptions): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
-      },
+      create: ((req: ChatCompletionRequest, opts?: CreateOptions) => this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
     },
   };
 
@@ -75,28 +72,15 @@ export class WorkerEngine {
 
   private async create(request: ChatCompletionRequest, opts: CreateOptions = {}):
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
-    const chunks: ChatCompletionChunk[] = [];
-    let wake: (() => void) | null = null;
-    const call = this.call({ kind: "create", request }, request.stream ? (c) => { chunks.push(c); wake?.(); } : undefined);
+    const chunks = new PushStream<ChatCompletionChunk>();
+    const call = this.call({ kind: "create", request }, request.stream ? (c) => chunks.push(c) : undefined);
     const onAbort = () => this.worker.postMessage({ kind: "abort", id: this.nextId++, target: call.id } as WorkerRequest);
     if (opts.signal?.aborted) onAbort();
     opts.signal?.addEventListener("abort", onAbort);
     const finished = call.finally(() => opts.signal?.removeEventListener("abort", onAbort));
     if (!request.stream) return (await finished) as ChatCompletion;
-    let done = false;
-    let failure: Error | null = null;
-    finished.then(() => { done = true; wake?.(); }, (e) => { failure = e; done = true; wake?.(); });
-    return {
-      [Symbol.asyncIterator]: async function* () {
-        for (;;) {
-          if (chunks.length) { yield chunks.shift()!; continue; }
-          if (failure) throw failure;
-          if (done) return;
-          await new Promise<void>((r) => { wake = r; });
-          wake = null;
-        }
-      },
-    };
+    finished.then(() => chunks.end(), (e) => chunks.fail(e));
+    return chunks;
   }
 
   renderPrompt(messages: ChatCompletionRequest["messages"]): Promise<string> {

@@ -5,11 +5,12 @@ import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError 
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
 import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, DebugOp, DebugResult, EngineOptions, EngineStats,
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats,
   FinishReason, LoadProgress, TokenLogprob, Usage,
 } from "./protocol";
 import { samplingParams, Sampler, type Sampled } from "./sampler";
 import { openStore } from "./storage";
+import { PushStream } from "./stream";
 import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
 
 export type RequestState = "queued" | "prefill" | "decode" | "completed" | "cancelled" | "failed";
@@ -68,11 +69,7 @@ function commonPrefix(a: number[], b: number[]): number {
 export class Engine {
   readonly chat = {
     completions: {
-      create: ((req: ChatCompletionRequest, opts?: CreateOptions) => this.create(req, opts)) as {
-        (req: ChatCompletionRequest & { stream: true }, opts?: CreateOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
-        (req: ChatCompletionRequest & { stream?: false }, opts?: CreateOptions): Promise<ChatCompletion>;
-        (req: ChatCompletionRequest, opts?: CreateOptions): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
-      },
+      create: ((req: ChatCompletionRequest, opts?: CreateOptions) => this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
     },
   };
 
@@ -160,13 +157,7 @@ export class Engine {
   }
 
   private stream(req: ChatCompletionRequest, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
-    // A push queue between the decode loop and the consumer's `for await`.
-    const pending: (ChatCompletionChunk | Error | null)[] = [];
-    let wake: (() => void) | null = null;
-    const push = (x: ChatCompletionChunk | Error | null) => {
-      pending.push(x);
-      wake?.();
-    };
+    const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
     const includeUsage = req.stream_options?.include_usage ?? true;
     let jobRef: Job | null = null;
@@ -181,20 +172,9 @@ export class Engine {
       if (e.usage && includeUsage) c.usage = e.usage;
       return c;
     };
-    this.run(req, opts, (e) => push(chunk(jobRef!, e)), (job) => { jobRef = job; })
-      .then(() => push(null), (err) => push(err instanceof Error ? err : new Error(String(err))));
-    return {
-      [Symbol.asyncIterator]: async function* () {
-        for (;;) {
-          while (!pending.length) await new Promise<void>((r) => { wake = r; });
-          wake = null;
-          const item = pending.shift()!;
-          if (item === null) return;
-          if (item instanceof Error) throw item;
-          yield item;
-        }
-      },
-    };
+    this.run(req, opts, (e) => chunks.push(chunk(jobRef!, e)), (job) => { jobRef = job; })
+      .then(() => chunks.end(), (err) => chunks.fail(err instanceof Error ? err : new Error(String(err))));
+    return chunks;
   }
 
   private validate(req: ChatCompletionRequest): void {

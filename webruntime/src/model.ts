@@ -158,73 +158,30 @@ export class TvmModel {
   }
 
   /** Append ``tokens`` to sequence ``seq`` (in prefill chunks); the logits after the last one. */
-  async forward(seq: number, tokens: number[]): Promise<Float32Array> {
-    this.check();
-    try {
-      return await this.run(seq, tokens);
-    } catch (err) {
-      this.check();  // a failure on a lost device is reported as the loss
-      throw err;
-    }
-  }
-
-  private async run(seq: number, tokens: number[]): Promise<Float32Array> {
-    const { tvm } = this;
-    let logits: Float32Array | null = null;
-    for (let start = 0; start < tokens.length; start += this.prefillChunk) {
-      const chunk = tokens.slice(start, start + this.prefillChunk);
-      const last = start + this.prefillChunk >= tokens.length;
-      tvm.beginScope();
-      try {
-        const ids = tvm.empty([chunk.length], "int32", tvm.webgpu());
-        ids.copyFrom(Int32Array.from(chunk));
-        const emb = this.fn.embed(ids, this.params);
-        const hidden = emb.shape[1];
-        this.builtin.kv_state_begin_forward(this.kv, tvm.makeShapeTuple([seq]), tvm.makeShapeTuple([chunk.length]));
-        const ret = this.fn[chunk.length > 1 ? "prefill" : "decode"](emb.view([1, chunk.length, hidden]), this.kv, this.params);
-        this.builtin.kv_state_end_forward(this.kv);
-        if (last) {
-          const out = ret.get(0);
-          const host = tvm.empty(out.shape, out.dtype, tvm.cpu());
-          host.copyFrom(out);
-          await tvm.webgpu().sync();
-          logits = new Float32Array(host.toArray() as Float32Array);
-        }
-      } finally {
-        tvm.endScope();
+  forward(seq: number, tokens: number[]): Promise<Float32Array> {
+    return this.guarded(async () => {
+      let logits: Float32Array | null = null;
+      for (let start = 0; start < tokens.length; start += this.prefillChunk) {
+        const chunk = tokens.slice(start, start + this.prefillChunk);
+        const last = start + this.prefillChunk >= tokens.length;
+        const out = await this.step(seq, chunk, chunk.length > 1 ? "prefill" : "decode", last);
+        if (out) logits = out.data;
       }
-    }
-    this.check();
-    if (!logits) throw new Error("forward called with no tokens");
-    return logits;
+      if (!logits) throw new Error("forward called with no tokens");
+      return logits;
+    });
   }
 
   /**
    * Append ``tokens`` to ``seq`` and return, for every position but the last, the negative
    * log-likelihood of the token that follows it (perplexity = exp(mean)).
    */
-  async tokenNll(seq: number, tokens: number[]): Promise<number[]> {
-    this.check();
-    const { tvm } = this;
-    const nll: number[] = [];
-    for (let start = 0; start < tokens.length; start += this.prefillChunk) {
-      const chunk = tokens.slice(start, start + this.prefillChunk);
-      tvm.beginScope();
-      try {
-        const ids = tvm.empty([chunk.length], "int32", tvm.webgpu());
-        ids.copyFrom(Int32Array.from(chunk));
-        const positions = tvm.empty([chunk.length], "int32", tvm.webgpu());
-        positions.copyFrom(Int32Array.from(chunk.keys()));
-        const emb = this.fn.embed(ids, this.params);
-        this.builtin.kv_state_begin_forward(this.kv, tvm.makeShapeTuple([seq]), tvm.makeShapeTuple([chunk.length]));
-        const ret = this.fn.batch_prefill(emb.view([1, chunk.length, emb.shape[1]]), positions, this.kv, this.params);
-        this.builtin.kv_state_end_forward(this.kv);
-        const out = ret.get(0);
-        const host = tvm.empty(out.shape, out.dtype, tvm.cpu());
-        host.copyFrom(out);
-        await tvm.webgpu().sync();
-        const all = host.toArray() as Float32Array;
-        const vocab = out.shape[out.shape.length - 1];
+  tokenNll(seq: number, tokens: number[]): Promise<number[]> {
+    return this.guarded(async () => {
+      const nll: number[] = [];
+      for (let start = 0; start < tokens.length; start += this.prefillChunk) {
+        const chunk = tokens.slice(start, start + this.prefillChunk);
+        const { data: all, vocab } = (await this.step(seq, chunk, "batch_prefill", true))!;
         for (let i = 0; i < chunk.length && start + i + 1 < tokens.length; i++) {
           const row = all.subarray(i * vocab, (i + 1) * vocab);
           let max = -Infinity;
@@ -233,12 +190,56 @@ export class TvmModel {
           for (const v of row) sum += Math.exp(v - max);
           nll.push(max + Math.log(sum) - row[tokens[start + i + 1]]);
         }
-      } finally {
-        tvm.endScope();
       }
-    }
+      return nll;
+    });
+  }
+
+  /** Run ``work`` on the device; any failure after a device loss is reported as the loss. */
+  private async guarded<T>(work: () => Promise<T>): Promise<T> {
     this.check();
-    return nll;
+    try {
+      const result = await work();
+      this.check();
+      return result;
+    } catch (err) {
+      this.check();
+      throw err;
+    }
+  }
+
+  /**
+   * One chunk through ``entry`` (prefill/decode: last position's logits; batch_prefill: every
+   * position's). With ``read``, the logits are copied to the host.
+   */
+  private async step(seq: number, chunk: number[], entry: "prefill" | "decode" | "batch_prefill",
+                     read: boolean): Promise<{ data: Float32Array; vocab: number } | null> {
+    const { tvm } = this;
+    tvm.beginScope();
+    try {
+      const ids = tvm.empty([chunk.length], "int32", tvm.webgpu());
+      ids.copyFrom(Int32Array.from(chunk));
+      const emb = this.fn.embed(ids, this.params);
+      const input = emb.view([1, chunk.length, emb.shape[1]]);
+      this.builtin.kv_state_begin_forward(this.kv, tvm.makeShapeTuple([seq]), tvm.makeShapeTuple([chunk.length]));
+      let ret;
+      if (entry === "batch_prefill") {
+        const positions = tvm.empty([chunk.length], "int32", tvm.webgpu());
+        positions.copyFrom(Int32Array.from(chunk.keys()));
+        ret = this.fn.batch_prefill(input, positions, this.kv, this.params);
+      } else {
+        ret = this.fn[entry](input, this.kv, this.params);
+      }
+      this.builtin.kv_state_end_forward(this.kv);
+      if (!read) return null;
+      const out = ret.get(0);
+      const host = tvm.empty(out.shape, out.dtype, tvm.cpu());
+      host.copyFrom(out);
+      await tvm.webgpu().sync();
+      return { data: new Float32Array(host.toArray() as Float32Array), vocab: out.shape[out.shape.length - 1] };
+    } finally {
+      tvm.endScope();
+    }
   }
 
   dispose(): void {

@@ -31,6 +31,13 @@ export interface ChatCompletionRequest {
   n?: number;
 }
 
+/** `chat.completions.create` of the engine, the worker client and the router: a stream for `stream: true`. */
+export interface CreateChatCompletion<Options> {
+  (req: ChatCompletionRequest & { stream: true }, opts?: Options): Promise<AsyncIterable<ChatCompletionChunk>>;
+  (req: ChatCompletionRequest & { stream?: false }, opts?: Options): Promise<ChatCompletion>;
+  (req: ChatCompletionRequest, opts?: Options): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
+}
+
 export type FinishReason = "stop" | "length" | "abort";
 
 export interface TopLogprob {

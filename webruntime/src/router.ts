@@ -5,7 +5,7 @@ import type { CreateOptions } from "./engine";
 import { LanternError, NetworkError } from "./errors";
 import { createEngine, type LanternEngine } from "./create";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, FinishReason, Route,
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, EngineOptions, FinishReason, Route,
 } from "./protocol";
 
 export type Policy = "auto" | "local" | "cloud";
@@ -110,11 +110,7 @@ class Cloud {
 export class Router {
   readonly chat = {
     completions: {
-      create: ((req: ChatCompletionRequest, opts?: RouterCreateOptions) => this.create(req, opts)) as {
-        (req: ChatCompletionRequest & { stream: true }, opts?: RouterCreateOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
-        (req: ChatCompletionRequest & { stream?: false }, opts?: RouterCreateOptions): Promise<ChatCompletion>;
-        (req: ChatCompletionRequest, opts?: RouterCreateOptions): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
-      },
+      create: ((req: ChatCompletionRequest, opts?: RouterCreateOptions) => this.create(req, opts)) as CreateChatCompletion<RouterCreateOptions>,
     },
   };
 
