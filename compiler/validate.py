@@ -10,6 +10,8 @@ Measurements (one run):
                peak GPU memory the runtime allocated
   pipelines    every kernel of every webgpu library compiled as a WebGPU pipeline (a library
                whose features the adapter lacks is "not checked", never "pass")
+  structured   greedy answers under a few JSON schemas (validate_data/schemas.json): the share
+               that parse and validate (ajv, in the page)
 
 Exit status: 0 within budget, 1 a budget was breached, 2 the validation could not run.
 """
@@ -47,6 +49,7 @@ BUDGETS: dict[str, tuple[str, str, bool]] = {
     "correctness.max_perplexity_increase_pct": ("perplexity", "max", True),
     "correctness.max_perplexity_gap_pct": ("perplexity_gap_pct", "max", False),
     "correctness.min_baseline_token_match": ("baseline_token_match", "min", False),
+    "correctness.min_structured_valid": ("structured_valid", "min", False),
     "speed.min_decode_tokens_per_s": ("decode_tokens_per_s", "min", False),
     "speed.min_prefill_tokens_per_s": ("prefill_tokens_per_s", "min", False),
     "speed.max_ttft_s": ("ttft_s", "max", False),
@@ -88,6 +91,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     greedy: list[dict] = field(default_factory=list)  # per prompt: browser tokens (a later baseline)
     pipelines: list[dict] = field(default_factory=list)
+    structured: list[dict] = field(default_factory=list)  # per schema: the answer and what was wrong, if anything
 
     @property
     def passed(self) -> bool:
@@ -95,7 +99,8 @@ class Report:
 
     def to_json(self) -> dict:
         return {"artifact": self.artifact, "passed": self.passed, "metrics": self.metrics,
-                "checks": [asdict(c) for c in self.checks], "greedy": self.greedy, "pipelines": self.pipelines}
+                "checks": [asdict(c) for c in self.checks], "greedy": self.greedy, "pipelines": self.pipelines,
+                "structured": self.structured}
 
 
 def load_budget(path: Path | None) -> dict[str, float]:
@@ -256,7 +261,8 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         "perplexity_tokens": len(text_ids),
         **browser_data["metrics"],
     })
-    return Report(str(art.path), metrics, greedy=greedy, pipelines=browser_data["pipelines"])
+    return Report(str(art.path), metrics, greedy=greedy, pipelines=browser_data["pipelines"],
+                  structured=browser_data["structured"])
 
 
 def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
@@ -311,6 +317,10 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
             out["logits"] = call("(r) => lanternValidate.debug(r)", {"op": "logits", "tokens": prompt_ids[0]})["logits"]
             step("browser: perplexity")
             out["nll"] = call("(r) => lanternValidate.debug(r)", {"op": "nll", "tokens": text_ids})["nll"]
+            step("browser: structured output")
+            out["structured"] = _structured(call)
+            out["metrics"]["structured_valid"] = (sum(r["problem"] is None for r in out["structured"])
+                                                  / len(out["structured"]))
             out["metrics"]["peak_gpu_bytes"] = call("() => lanternValidate.stats()")["peakGpuBytes"]
             call("() => lanternValidate.unload()")
             step("browser: cached load")
@@ -325,6 +335,20 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
                                                  [model_url, lib["file"], lib["required_features"]]))
         finally:
             browser.close()
+    return out
+
+
+def _structured(call) -> list[dict]:
+    """Greedy answers under each schema of validate_data/schemas.json, checked with ajv in the page."""
+    spec = json.loads((DATA / "schemas.json").read_text())
+    out = []
+    for name, schema in spec["schemas"].items():
+        reply = call("(r) => lanternValidate.chat(r)", {
+            "messages": spec["messages"], "max_tokens": spec["max_tokens"], "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}})
+        text = reply["choices"][0]["message"]["content"]
+        out.append({"schema": name, "text": text, "problem": call("([s, t]) => lanternValidate.checkJson(s, t)",
+                                                                   [schema, text])})
     return out
 
 
@@ -372,7 +396,4 @@ def validate(opts: ValidateOptions, step: Callable[[str], None] = lambda _: None
         report.metrics["baseline_token_match"] = matched / total if total else None
     report.metrics["validate_seconds"] = time.perf_counter() - started
     report.checks = evaluate(report.metrics, budget, baseline) + pipeline_checks(report)
-    # Grammar-constrained decoding is not in the runtime yet: say so rather than pass silently.
-    report.checks.append(Check("correctness.structured_output", "structured_output", None, None, "not-checked",
-                               "the runtime has no grammar engine yet (JSON-schema decoding)"))
     return report

@@ -21,8 +21,9 @@ from .engine import InvalidRequest, ModelEngine, Step, new_id
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                        ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
-                       ErrorResponse, Logprobs, ModelCard, ModelList, SamplingFields)
+                       ErrorResponse, Logprobs, ModelCard, ModelList, SamplingFields, ToolCall, ToolCallDelta)
 from .static import REPO, model_folders, mount_static
+from .structured import TOOL_OPEN, StructuredOutputError, parse_tool_calls, request_spec
 
 
 @dataclass
@@ -115,7 +116,8 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
         return _error(500, ErrorBody(message=f"{type(err).__name__}: {err}", type="server_error"))
 
     @app.exception_handler(InvalidRequest)
-    async def invalid_request(_: Request, err: InvalidRequest):
+    @app.exception_handler(StructuredOutputError)
+    async def invalid_request(_: Request, err: Exception):
         return _error(400, ErrorBody(message=str(err), type="invalid_request_error"))
 
     @app.exception_handler(RequestValidationError)
@@ -167,7 +169,8 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
                            type_="rate_limit_error", code="queue_full")
         slot.waiting += 1
 
-    async def run(slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, cancelled: threading.Event):
+    async def run(slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, cancelled: threading.Event,
+                  **constraint):
         """Generate on a worker thread (one at a time per model) for an admitted request."""
         def step(s: Step) -> None:
             if s.usage is not None:  # the terminal step, also for a client that has gone away
@@ -175,7 +178,7 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
             on_step(s)
 
         try:
-            await asyncio.to_thread(slot.engine.generate, prompt, req, cancelled, step)
+            await asyncio.to_thread(slot.engine.generate, prompt, req, cancelled, step, **constraint)
         except InvalidRequest as err:
             raise ApiError(400, str(err)) from None
         finally:
@@ -188,14 +191,15 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
             raise ApiError(400, str(err)) from None
         return slot.engine.encode(prompt_text)
 
-    async def respond(req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk, make_final):
+    async def respond(req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk, make_final,
+                      **constraint):
         """Non-streaming: one JSON body. Streaming: SSE chunks and `data: [DONE]`."""
         cancelled = threading.Event()
         admit(slot)
         if not req.stream:
             steps: list[Step] = []
             try:
-                await run(slot, prompt, req, steps.append, cancelled)
+                await run(slot, prompt, req, steps.append, cancelled, **constraint)
             finally:
                 cancelled.set()
             return make_final(steps)
@@ -204,7 +208,8 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
 
         async def produce():
             try:
-                await run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s), cancelled)
+                await run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s), cancelled,
+                          **constraint)
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except ApiError as err:
                 queue.put_nowait(err)
@@ -246,27 +251,52 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     async def chat_completions(req: ChatCompletionRequest):
         slot = slot_for(req)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        prompt = prepare(slot, slot.engine.render_chat(messages), req)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+        fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
+        spec = request_spec(fmt, tools, choice, req.parallel_tool_calls)
+        calling = bool(tools) and choice != "none"
+        prompt = prepare(slot, slot.engine.render_chat(messages, tools if calling else None), req)
+        grammar = slot.engine.compile_grammar(spec)
         cid, created = new_id("chatcmpl"), int(time.time())
         logprobs_on = req.logprobs
+        streamed: list[str] = []  # text so far, for the tool calls in the last chunk
+
+        def split_calls(text: str) -> tuple[str | None, list[ToolCall] | None, str | None]:
+            """Content, tool calls and the finish reason override for the whole generated text."""
+            if not calling:
+                return text, None, None
+            content, calls = parse_tool_calls(text)
+            return content, [ToolCall(**c) for c in calls] or None, "tool_calls" if calls else None
 
         def make_chunk(step: Step, first: bool) -> ChatCompletionChunk:
+            streamed.append(step.delta)
             delta = Delta(role="assistant", content=step.delta) if first else Delta(content=step.delta)
+            finish = step.finish
+            if calling and step.finish is not None:  # the calls arrive whole in the last chunk
+                content, calls, calls_finish = split_calls("".join(streamed))
+                sent = "".join(streamed[:-1])
+                delta.content = (content or "")[len(sent):] if (content or "").startswith(sent) else ""
+                if calls:
+                    delta.tool_calls = [ToolCallDelta(index=i, **c.model_dump()) for i, c in enumerate(calls)]
+                    finish = calls_finish
             return ChatCompletionChunk(id=cid, created=created, model=slot.name, usage=step.usage,
-                                       choices=[ChunkChoice(delta=delta, finish_reason=step.finish,
+                                       choices=[ChunkChoice(delta=delta, finish_reason=finish,
                                                             logprobs=Logprobs(content=step.logprobs)
                                                             if logprobs_on and step.logprobs else None)],
                                        lantern_route="cloud")
 
         def make_final(steps: list[Step]) -> ChatCompletion:
             lps = [lp for s in steps for lp in (s.logprobs or [])]
+            content, calls, finish = split_calls("".join(s.delta for s in steps))
             return ChatCompletion(
                 id=cid, created=created, model=slot.name, usage=steps[-1].usage, lantern_route="cloud",
-                choices=[Choice(message=AssistantMessage(content="".join(s.delta for s in steps)),
-                                finish_reason=steps[-1].finish,
+                choices=[Choice(message=AssistantMessage(content=content, tool_calls=calls),
+                                finish_reason=finish or steps[-1].finish,
                                 logprobs=Logprobs(content=lps) if logprobs_on else None)])
 
-        return await respond(req, slot, prompt, make_chunk, make_final)
+        return await respond(req, slot, prompt, make_chunk, make_final, grammar=grammar,
+                             hold_from=TOOL_OPEN if calling else None)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest):

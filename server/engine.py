@@ -20,6 +20,7 @@ from ..chat_template import render
 from ..errors import LanternError
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .sampler import Sampled, Sampler, SamplingParams
+from .structured import GrammarCompiler, GrammarSpec, StructuredOutputError, TokenMask, tool_messages
 
 
 class InvalidRequest(LanternError):
@@ -62,14 +63,37 @@ class ModelEngine:
         self.stop_ids |= set((chat.get("conv_template") or {}).get("stop_token_ids") or [])
         self.vocab_size = self.art.manifest["model"]["vocab_size"]
         self.context_window = self.art.manifest["model"]["context_window"]
+        self.token_postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")
         self.lock = threading.Lock()  # one generation at a time per model
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
 
-    def render_chat(self, messages: list[dict]) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text; tools go through the template when it knows them, else Lantern's format."""
         if not self.template:
             raise InvalidRequest(f"model {self.name} has no chat template; use /v1/completions")
+        native = tools and "tools" in self.template
         try:
-            return render(self.template, messages, bos_token=self.bos, eos_token=self.eos)
+            return render(self.template, messages if native else tool_messages(messages, tools),
+                          bos_token=self.bos, eos_token=self.eos, tools=tools if native else None)
         except LanternError as err:
+            raise InvalidRequest(str(err)) from None
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(json.loads((self.art.path / "tokenizer.json").read_text()),
+                                                 self.token_postproc, self.vocab_size, sorted(self.stop_ids))
+            return self._grammars
+
+    def compile_grammar(self, spec: GrammarSpec | None):
+        """The compiled grammar for a request (cached per spec), or InvalidRequest naming the problem."""
+        if spec is None:
+            return None
+        try:
+            return self.grammars.compile(spec)
+        except StructuredOutputError as err:
             raise InvalidRequest(str(err)) from None
 
     def encode(self, text: str) -> list[int]:
@@ -95,9 +119,15 @@ class ModelEngine:
         return TokenLogprob(**entry(s.token, s.logprob), top_logprobs=[TopLogprob(**entry(i, lp)) for i, lp in s.top])
 
     def generate(self, prompt: list[int], req: SamplingFields, cancelled: threading.Event,
-                 on_step: Callable[[Step], None]) -> None:
-        """Run one request to a terminal state, reporting text deltas through ``on_step``."""
+                 on_step: Callable[[Step], None], grammar=None, hold_from: str | None = None) -> None:
+        """Run one request to a terminal state, reporting text deltas through ``on_step``.
+
+        ``grammar`` (compiled) masks every step's tokens; text from ``hold_from`` on (a tool call's
+        opening tag) is not streamed but left for the terminal step.
+        """
         params = self.sampling(req)
+        if not prompt:
+            raise InvalidRequest("the prompt is empty: give at least one token of text")
         room = self.context_window - len(prompt)
         if room < 1:
             raise InvalidRequest(f"the prompt is {len(prompt)} tokens; the context window is {self.context_window}")
@@ -105,6 +135,8 @@ class ModelEngine:
         stops = req.stop_list()
         stop_ids = self.stop_ids | set(req.stop_token_ids or [])
         sampler = Sampler(params)
+        mask: TokenMask | None = self.grammars.matcher(grammar) if grammar is not None else None
+        holds = stops + ([hold_from] if hold_from else [])
         with self.lock:
             started = time.perf_counter()
             self.model.reset()
@@ -117,13 +149,15 @@ class ModelEngine:
                 if cancelled.is_set():
                     finish = "abort"
                     break
-                s = sampler.sample(logits)
+                s = sampler.sample(logits, mask.allowed() if mask else None)
                 first_at = first_at or time.perf_counter()
                 if s.token in stop_ids:
                     finish = "stop"
                     break
                 ids.append(s.token)
                 sampler.accept(s.token)
+                if mask:
+                    mask.accept(s.token)
                 if params.top_logprobs >= 0:
                     pending.append(self._logprob(s))
                 decoded = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -136,7 +170,9 @@ class ModelEngine:
                 if len(ids) >= max_tokens:
                     finish = "length"
                     break
-                safe = len(text) - _held_back(text, stops)
+                safe = len(text) - _held_back(text, holds)
+                if hold_from and hold_from in text:
+                    safe = min(safe, text.index(hold_from))
                 if safe > sent:
                     on_step(Step(text[sent:safe], pending or None))
                     sent, pending = safe, []

@@ -6,9 +6,24 @@ responses against these models, so the two cannot drift apart silently.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ToolCallDelta(ToolCall):
+    index: int
 
 
 class ChatMessage(BaseModel):
@@ -18,6 +33,42 @@ class ChatMessage(BaseModel):
     content: str | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's text/json_object/json_schema, WebLLM's json_object + schema, Lantern's grammar and regex.
+
+    Checked in depth (schema keywords, EBNF syntax) by lantern.server.structured.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "json_object", "json_schema", "grammar", "regex"]
+    json_schema: dict[str, Any] | None = None  # {name, schema, strict}
+    grammar: str | None = None
+    pattern: str | None = None
 
 
 class StreamOptions(BaseModel):
@@ -75,6 +126,10 @@ class SamplingFields(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class CompletionRequest(SamplingFields):
@@ -82,7 +137,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
 
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class TopLogprob(BaseModel):
@@ -113,7 +168,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
@@ -137,6 +193,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(BaseModel):

@@ -1,7 +1,7 @@
 """Token selection for the server, step for step the browser's (webruntime/src/sampler.ts):
 
     logit_bias -> repetition/frequency/presence penalties (over generated tokens) ->
-    greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw
+    grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw
 
 with the same seeded xorshift128+ generator, so a seed means the same thing in both engines.
 """
@@ -76,7 +76,8 @@ class Sampler:
     def accept(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
 
-    def sample(self, raw: np.ndarray) -> Sampled:
+    def sample(self, raw: np.ndarray, allowed: np.ndarray | None = None) -> Sampled:
+        """Choose the next token; ``allowed`` (a grammar's mask) rules out the others before choosing."""
         p = self.p
         logits = raw.astype(np.float32).copy()
         for i, b in p.logit_bias.items():
@@ -86,6 +87,8 @@ class Sampler:
             if p.repetition_penalty != 1:
                 v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
             logits[i] = np.float32(v - p.frequency_penalty * n - p.presence_penalty)
+        if allowed is not None:
+            logits[~allowed[: len(logits)]] = -np.inf
         token = int(np.argmax(logits)) if p.temperature == 0 else self._draw(logits)
         logprob, top = 0.0, []
         if p.top_logprobs >= 0:

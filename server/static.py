@@ -18,7 +18,8 @@ mimetypes.add_type("application/wasm", ".wasm")
 mimetypes.add_type("text/javascript", ".js")
 
 REPO = Path(__file__).resolve().parent.parent
-RUNTIME_FILES = {"lantern.js", "worker.js"}
+# schema-check.js: ajv (JSON Schema 2020-12), for pages that show whether structured output validates
+RUNTIME_FILES = {"lantern.js", "worker.js", "schema-check.js"}
 
 
 def runtime_dir() -> Path:

@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   model: $("model"), load: $("load"), clear: $("clear"), route: $("route"), progress: $("progress"),
   progressText: $("progress-text"), log: $("log"), form: $("ask"), prompt: $("prompt"), send: $("send"),
-  stop: $("stop"), stats: $("stats"),
+  stop: $("stop"), stats: $("stats"), jsonOn: $("json-on"), schema: $("schema"),
 };
 let router = null;
 let messages = [];
@@ -73,10 +73,37 @@ async function load() {
   }
 }
 
+/** The JSON schema of JSON mode (null when off); throws with a readable message when it is not JSON. */
+function jsonSchema() {
+  if (!ui.jsonOn.checked) return null;
+  try {
+    return JSON.parse(ui.schema.value);
+  } catch (err) {
+    throw new Error(`the schema is not valid JSON: ${err.message}`);
+  }
+}
+
+/** Check a JSON-mode answer against its schema with ajv, and say so under the answer. */
+async function showValidity(answer, schema) {
+  const { checkJson } = await import("/runtime/schema-check.js");
+  const problem = checkJson(schema, answer.textContent);
+  const note = Object.assign(document.createElement("div"), { className: "json-check" });
+  note.dataset.valid = String(!problem);
+  note.textContent = problem ? `✗ does not match the schema: ${problem}` : "✓ valid JSON that matches the schema";
+  answer.after(note);
+}
+
 async function send(event) {
   event.preventDefault();
   const text = ui.prompt.value.trim();
   if (!text || !router) return;
+  let schema;
+  try {
+    schema = jsonSchema();
+  } catch (err) {
+    ui.stats.textContent = err.message;
+    return;
+  }
   ui.prompt.value = "";
   messages.push({ role: "user", content: text });
   ui.log.append(Object.assign(document.createElement("div"), { className: "msg-user", textContent: text }));
@@ -90,8 +117,10 @@ async function send(event) {
   let tokens = 0;
   let firstAt = 0;
   try {
+    const format = schema ? { response_format: { type: "json_schema", json_schema: { name: "answer", schema } } } : {};
     const stream = await router.chat.completions.create(
-      { messages, stream: true, max_tokens: 256, stream_options: { include_usage: true } }, { signal: abort.signal });
+      { messages, stream: true, max_tokens: 256, stream_options: { include_usage: true }, ...format },
+      { signal: abort.signal });
     for await (const chunk of stream) {
       const delta = chunk.choices[0]?.delta?.content ?? "";
       if (delta && !firstAt) firstAt = performance.now();
@@ -105,6 +134,7 @@ async function send(event) {
           `${firstAt ? (tokens / ((performance.now() - firstAt) / 1000 || 1)).toFixed(1) : "…"} tok/s`;
       if (chunk.choices[0]?.finish_reason === "abort") answer.append(" [stopped]");
     }
+    if (schema && !abort.signal.aborted) await showValidity(answer, schema);
   } catch (err) {
     answer.append(abort.signal.aborted ? " [stopped]" : ` [error: ${err.name}: ${err.message}]`);
   } finally {

@@ -69,6 +69,15 @@ def build_artifact(cache_dir, tmp_path_factory):
     return _build
 
 
+@pytest.fixture(scope="session")
+def smollm2_emulated(build_artifact):
+    """SmolLM2 q4f32_1 for WebGPU (cpu-emulated schedule, SwiftShader's pick) and CPU."""
+    from lantern.artifact import Artifact
+
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
+                                        webgpu_schedule="cpu-emulated"))
+
+
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("CI"):
         return  # CI installs everything: a missing tool must fail there, not skip

@@ -36,9 +36,8 @@ def user(text: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def smollm2(build_artifact) -> Artifact:
-    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
-                                        webgpu_schedule="cpu-emulated"))
+def smollm2(smollm2_emulated) -> Artifact:
+    return smollm2_emulated
 
 
 def open_page(browser, base: str):

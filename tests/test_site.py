@@ -66,6 +66,16 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright):
         answer = page.locator(".msg-assistant").nth(1).inner_text()
         assert answer.strip() and "[error" not in answer and "[stopped]" not in answer
         assert "tok/s" in page.locator("#stats").inner_text()
+        # JSON mode: the answer follows the page's schema, and the page checks it with ajv
+        page.locator("#json-on").check()
+        page.locator("#prompt").fill("Describe Paris.")
+        page.locator("#prompt").press("Enter")
+        page.wait_for_selector(".json-check", timeout=300_000)
+        assert page.locator(".json-check").get_attribute("data-valid") == "true"
+        data = json.loads(page.locator(".msg-assistant").nth(2).inner_text())
+        schema = json.loads(page.locator("#schema").input_value())
+        assert set(data) == set(schema["required"])
+        assert 0 <= data["population_millions"] <= 40
     finally:
         browser.close()
 

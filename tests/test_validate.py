@@ -71,6 +71,10 @@ def test_a_healthy_artifact_passes(healthy_report, report):
     assert m["cpu_token_match"] == 1.0 and m["logit_error"] < 1e-3
     assert m["peak_gpu_bytes"] >= m["weight_bytes"]
     assert all(p["ok"] for p in data["pipelines"] if p["checked"])
+    # structured output: every greedy answer under the bundled schemas validated in the page
+    assert m["structured_valid"] == 1.0 and len(data["structured"]) == 3
+    assert all(json.loads(r["text"]) is not None and r["problem"] is None for r in data["structured"])
+    assert any(c["name"] == "correctness.min_structured_valid" and c["status"] == "pass" for c in data["checks"])
     suite = ET.parse(out / "report.xml").getroot()
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(data["checks"])
     report(f"validate (SmolLM2 q4f32_1, SwiftShader): load cold {m['load_s_cold']:.1f} s, cached "

@@ -11,7 +11,11 @@ import type {
 import { samplingParams, Sampler, type Sampled } from "./sampler";
 import { openStore } from "./storage";
 import { PushStream } from "./stream";
+import {
+  callsTools, GrammarCompiler, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type TokenizerJson, type TokenMask,
+} from "./structured";
 import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
+import type { CompiledGrammar } from "@mlc-ai/web-xgrammar";
 
 export type RequestState = "queued" | "prefill" | "decode" | "completed" | "cancelled" | "failed";
 
@@ -28,7 +32,8 @@ class Job {
   readonly id = `chatcmpl-${crypto.randomUUID()}`;
   readonly created = Math.floor(Date.now() / 1000);
 
-  constructor(readonly request: ChatCompletionRequest, readonly onEvent: (e: StepEvent) => void) {}
+  constructor(readonly request: ChatCompletionRequest, readonly grammar: CompiledGrammar | null,
+              readonly onEvent: (e: StepEvent) => void) {}
 
   move(to: RequestState): void {
     if (!NEXT[this.state].includes(to)) throw new Error(`internal: request went ${this.state} -> ${to}`);
@@ -79,10 +84,13 @@ export class Engine {
   private running: Job | null = null;
   private kvTokens: number[] = [];
   private readonly counts: Record<string, number> = {};
+  private grammars: Promise<GrammarCompiler> | null = null;
+  private grammarsReady: GrammarCompiler | null = null;  // the same, once made (for stats)
 
   private constructor(model: TvmModel, private readonly codec: TextCodec, readonly manifest: Manifest,
                       private readonly stopTokenIds: Set<number>, private readonly library: string,
-                      private readonly adapter: EngineStats["adapter"]) {
+                      private readonly adapter: EngineStats["adapter"], private readonly tokenizerJson: ArrayBuffer,
+                      private readonly tokenPostproc: string) {
     this.model = model;
   }
 
@@ -125,7 +133,7 @@ export class Engine {
     return new Engine(model, codec, manifest, stops, lib.file, {
       vendor: gpu.adapterInfo.vendor, architecture: gpu.adapterInfo.architecture,
       features: [...gpu.features].sort(), fallback: gpu.emulated,
-    });
+    }, small.get("tokenizer.json")!, chatConfig.tokenizer_info?.token_postproc_method ?? "raw");
   }
 
   private loaded(): TvmModel {
@@ -133,46 +141,75 @@ export class Engine {
     return this.model;
   }
 
+  /** The grammar compiler for this model's vocabulary, made on the first structured request. */
+  private grammarCompiler(): Promise<GrammarCompiler> {
+    this.grammars ??= GrammarCompiler.create(JSON.parse(new TextDecoder().decode(this.tokenizerJson)) as TokenizerJson,
+      this.tokenPostproc, this.manifest.model.vocab_size, [...this.stopTokenIds])
+      .then((g) => (this.grammarsReady = g));
+    return this.grammars;
+  }
+
   private async create(req: ChatCompletionRequest, opts: CreateOptions = {}):
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     this.loaded();
     this.validate(req);
-    if (req.stream) return this.stream(req, opts);
+    // Bad schemas and grammars fail here, before the request is queued.
+    const spec = requestSpec(req);
+    const grammar = spec ? await (await this.grammarCompiler()).compile(spec) : null;
+    if (req.stream) return this.stream(req, grammar, opts);
     let text = "";
     const logprobs: TokenLogprob[] = [];
     let finish: FinishReason = "stop";
     let usage: Usage | undefined;
-    const job = await this.run(req, opts, (e) => {
+    const job = await this.run(req, grammar, opts, (e) => {
       text += e.delta;
       if (e.logprobs) logprobs.push(...e.logprobs);
       if (e.finish) finish = e.finish;
       if (e.usage) usage = e.usage;
     });
+    const message: ChatCompletion["choices"][0]["message"] = { role: "assistant", content: text };
+    if (callsTools(req)) {
+      const { content, calls } = parseToolCalls(text);
+      if (calls.length) {
+        Object.assign(message, { content, tool_calls: calls });
+        finish = "tool_calls";
+      }
+    }
     return {
       id: job.id, object: "chat.completion", created: job.created, model: this.manifest.model.name,
-      choices: [{ index: 0, message: { role: "assistant", content: text }, finish_reason: finish,
-        logprobs: req.logprobs ? { content: logprobs } : null }],
+      choices: [{ index: 0, message, finish_reason: finish, logprobs: req.logprobs ? { content: logprobs } : null }],
       usage: usage!,
     };
   }
 
-  private stream(req: ChatCompletionRequest, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
+  private stream(req: ChatCompletionRequest, grammar: CompiledGrammar | null, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
     const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
     const includeUsage = req.stream_options?.include_usage ?? true;
     let jobRef: Job | null = null;
+    let sent = "";  // content streamed so far (tool calls are held back for the last chunk)
     const chunk = (job: Job, e: StepEvent): ChatCompletionChunk => {
       const delta: ChatCompletionChunk["choices"][0]["delta"] = first ? { role: "assistant", content: e.delta } : { content: e.delta };
       first = false;
+      let finish = e.finish;
+      if (e.finish && callsTools(req)) {
+        const { content, calls } = parseToolCalls(sent + e.delta);
+        if (calls.length) {
+          delta.content = (content ?? "").startsWith(sent) ? (content ?? "").slice(sent.length) : "";
+          delta.tool_calls = calls.map((c, index) => ({ index, ...c }));
+          finish = "tool_calls";
+        }
+      }
+      sent += e.delta;
       const c: ChatCompletionChunk = {
         id: job.id, object: "chat.completion.chunk", created: job.created, model: this.manifest.model.name,
-        choices: [{ index: 0, delta, finish_reason: e.finish, logprobs: e.logprobs ? { content: e.logprobs } : null }],
+        choices: [{ index: 0, delta, finish_reason: finish, logprobs: e.logprobs ? { content: e.logprobs } : null }],
         lantern_completion_tokens: e.tokens,
       };
       if (e.usage && includeUsage) c.usage = e.usage;
       return c;
     };
-    this.run(req, opts, (e) => chunks.push(chunk(jobRef!, e)), (job) => { jobRef = job; })
+    this.run(req, grammar, opts, (e) => chunks.push(chunk(jobRef!, e)), (job) => { jobRef = job; })
       .then(() => chunks.end(), (err) => chunks.fail(err instanceof Error ? err : new Error(String(err))));
     return chunks;
   }
@@ -185,7 +222,7 @@ export class Engine {
       if (!["system", "user", "assistant", "tool"].includes(m?.role)) {
         throw new InvalidRequestError(`messages[${i}].role must be system, user, assistant or tool`);
       }
-      if (typeof m.content !== "string" && !(m.role === "assistant" && m.content === null)) {
+      if (typeof m.content !== "string" && !(m.role === "assistant" && (m.content === null || m.tool_calls?.length))) {
         throw new InvalidRequestError(`messages[${i}].content must be a string`);
       }
     }
@@ -201,9 +238,9 @@ export class Engine {
   }
 
   /** Queue a request and run it when its turn comes; resolves when it reached a terminal state. */
-  private run(req: ChatCompletionRequest, opts: CreateOptions, onEvent: (e: StepEvent) => void,
-              onJob: (job: Job) => void = () => {}): Promise<Job> {
-    const job = new Job(req, onEvent);
+  private run(req: ChatCompletionRequest, grammar: CompiledGrammar | null, opts: CreateOptions,
+              onEvent: (e: StepEvent) => void, onJob: (job: Job) => void = () => {}): Promise<Job> {
+    const job = new Job(req, grammar, onEvent);
     onJob(job);
     const abort = () => { job.cancelled = true; };
     opts.signal?.addEventListener("abort", abort);
@@ -229,6 +266,9 @@ export class Engine {
     const params = samplingParams(req, this.manifest.model.vocab_size);
     const sampler = new Sampler(params);
     const stops = typeof req.stop === "string" ? [req.stop] : req.stop ?? [];
+    // A tool call is not streamed as text: hold back from its opening tag (and a partial one).
+    const holds = callsTools(req) ? [...stops, TOOL_OPEN] : stops;
+    let mask: TokenMask | null = null;
     const stopIds = new Set([...this.stopTokenIds, ...(req.stop_token_ids ?? [])]);
     const started = performance.now();
     let promptTokens = 0;
@@ -255,7 +295,8 @@ export class Engine {
         return;
       }
       job.move("prefill");
-      const prompt = this.codec.encode(this.codec.renderChat(req.messages));
+      if (job.grammar) mask = await (await this.grammarCompiler()).matcher(job.grammar);
+      const prompt = this.codec.encode(this.promptText(req));
       promptTokens = prompt.length;
       const room = model.contextWindow - prompt.length;
       if (room < 1) {
@@ -286,12 +327,13 @@ export class Engine {
       let pendingLogprobs: TokenLogprob[] = [];
       for (;;) {
         if (job.cancelled) { finish = "abort"; break; }
-        const s: Sampled = sampler.sample(logits);
+        const s: Sampled = sampler.sample(logits, mask ? await mask.allowed() : undefined);
         if (!firstTokenAt) firstTokenAt = performance.now();
         if (job.state === "prefill") job.move("decode");
         if (stopIds.has(s.token)) { finish = "stop"; break; }
         completion++;
         sampler.accept(s.token);
+        mask?.accept(s.token);
         if (params.topLogprobs >= 0) pendingLogprobs.push(this.logprobEntry(s));
         text += detok.push(s.token);
         const hit = stops.map((st) => text.indexOf(st, Math.max(0, sent - st.length))).filter((i) => i >= 0);
@@ -301,7 +343,8 @@ export class Engine {
           break;
         }
         if (completion >= maxTokens) { finish = "length"; break; }
-        const safe = text.length - heldBack(text, stops);
+        let safe = text.length - heldBack(text, holds);
+        if (holds !== stops && text.includes(TOOL_OPEN)) safe = Math.min(safe, text.indexOf(TOOL_OPEN));
         if (safe > sent) {
           job.onEvent({ delta: text.slice(sent, safe), tokens: completion,
             logprobs: pendingLogprobs.length ? pendingLogprobs : null, finish: null });
@@ -325,7 +368,15 @@ export class Engine {
       throw err instanceof LanternError || err instanceof Error ? err : new Error(String(err));
     } finally {
       this.running = null;
+      mask?.dispose();
     }
+  }
+
+  /** The prompt text: tools go through the chat template when it knows them, else Lantern's format. */
+  private promptText(req: ChatCompletionRequest): string {
+    const tools = callsTools(req) ? req.tools! : null;
+    if (tools && this.codec.knowsTools) return this.codec.renderChat(req.messages, tools);
+    return this.codec.renderChat(toolMessages(req.messages, tools));
   }
 
   /** Free the conversation's KV pages (after a cancelled or failed request). */
@@ -399,6 +450,7 @@ export class Engine {
       kvSequences: model.sequenceCount, kvAvailablePages: model.availablePages(), kvTotalPages: model.totalPages,
       cachedTokens: this.kvTokens.length, queued: this.queued, library: this.library,
       peakGpuBytes: model.peakGpuBytes, adapter: this.adapter, requests: { ...this.counts },
+      grammarCache: { entries: this.grammarsReady?.entries ?? 0, hits: this.grammarsReady?.hits ?? 0 },
     };
   }
 

@@ -3,12 +3,34 @@
 
 export type Role = "system" | "user" | "assistant" | "tool";
 
+export interface ToolCall {
+  id: string;
+  type: "function";
+  function: { name: string; arguments: string };  // arguments: a JSON text, as OpenAI sends it
+}
+
 export interface ChatMessage {
   role: Role;
   content: string | null;
   name?: string;
   tool_call_id?: string;
+  tool_calls?: ToolCall[];
 }
+
+export interface Tool {
+  type: "function";
+  function: { name: string; description?: string; parameters?: Record<string, unknown>; strict?: boolean };
+}
+
+export type ToolChoice = "none" | "auto" | "required" | { type: "function"; function: { name: string } };
+
+/** OpenAI's text/json_object/json_schema, WebLLM's json_object + schema, Lantern's grammar and regex. */
+export type ResponseFormat =
+  | { type: "text" }
+  | { type: "json_object"; schema?: string | Record<string, unknown> }
+  | { type: "json_schema"; json_schema: { name: string; schema: Record<string, unknown> | boolean; strict?: boolean; description?: string } }
+  | { type: "grammar"; grammar: string }
+  | { type: "regex"; pattern: string };
 
 export interface ChatCompletionRequest {
   messages: ChatMessage[];
@@ -29,6 +51,10 @@ export interface ChatCompletionRequest {
   logprobs?: boolean;
   top_logprobs?: number;
   n?: number;
+  response_format?: ResponseFormat;
+  tools?: Tool[];
+  tool_choice?: ToolChoice;
+  parallel_tool_calls?: boolean;
 }
 
 /** `chat.completions.create` of the engine, the worker client and the router: a stream for `stream: true`. */
@@ -38,7 +64,7 @@ export interface CreateChatCompletion<Options> {
   (req: ChatCompletionRequest, opts?: Options): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
 }
 
-export type FinishReason = "stop" | "length" | "abort";
+export type FinishReason = "stop" | "length" | "abort" | "tool_calls";
 
 export interface TopLogprob {
   token: string;
@@ -74,7 +100,7 @@ export interface ChatCompletion {
   model: string;
   choices: {
     index: number;
-    message: { role: "assistant"; content: string };
+    message: { role: "assistant"; content: string | null; tool_calls?: ToolCall[] };
     finish_reason: FinishReason;
     logprobs: { content: TokenLogprob[] } | null;
   }[];
@@ -91,7 +117,7 @@ export interface ChatCompletionChunk {
   model: string;
   choices: {
     index: number;
-    delta: { role?: "assistant"; content?: string };
+    delta: { role?: "assistant"; content?: string; tool_calls?: (ToolCall & { index: number })[] };
     finish_reason: FinishReason | null;
     logprobs: { content: TokenLogprob[] } | null;
   }[];
@@ -131,6 +157,7 @@ export interface EngineStats {
   peakGpuBytes: number;
   adapter: { vendor: string; architecture: string; features: string[]; fallback: boolean };
   requests: Record<string, number>;  // terminal state -> count
+  grammarCache: { entries: number; hits: number };  // compiled grammars kept, and requests that reused one
 }
 
 export interface SerializedError {

@@ -63,6 +63,11 @@ async function* sse(resp: Response): AsyncGenerator<unknown> {
   }
 }
 
+/** Whether a request's output is grammar-constrained (a response_format or possible tool calls). */
+function constrained(req: ChatCompletionRequest): boolean {
+  return (req.response_format?.type ?? "text") !== "text" || (!!req.tools?.length && req.tool_choice !== "none");
+}
+
 class Cloud {
   constructor(private readonly opts: CloudOptions) {}
 
@@ -253,6 +258,10 @@ export class Router {
           prompt = (await self.promptFor(req, local)) + text;
           self.fallback(err, true);
         }
+        if (constrained(req)) {
+          yield* self.replayOnCloud(req, text, opts.signal);
+          return;
+        }
         const budget = req.max_tokens !== undefined ? Math.max(1, req.max_tokens - tokens) : undefined;
         const base = last ?? {
           id: `chatcmpl-${crypto.randomUUID()}`, object: "chat.completion.chunk" as const,
@@ -267,6 +276,31 @@ export class Router {
         }
       },
     };
+  }
+
+  /**
+   * A grammar cannot be resumed through /v1/completions, so a constrained stream that failed
+   * midway is answered whole by the cloud under the same constraint, and the text the caller
+   * already has is skipped. Same artifact and seed give the same tokens; if the cloud's answer
+   * starts differently, the stream fails rather than splice two answers.
+   */
+  private async *replayOnCloud(req: ChatCompletionRequest, streamed: string, signal?: AbortSignal): AsyncGenerator<ChatCompletionChunk> {
+    let skip = streamed;
+    for await (const chunk of this.cloud.chatStream(req, signal)) {
+      const choice = chunk.choices[0];
+      let content = choice?.delta.content ?? "";
+      if (skip && content) {
+        const n = Math.min(skip.length, content.length);
+        if (content.slice(0, n) !== skip.slice(0, n)) {
+          throw new LanternError("the local engine failed mid-answer and the cloud's answer to this constrained " +
+            "request starts differently; it cannot be continued without mixing two answers");
+        }
+        skip = skip.slice(n);
+        content = content.slice(n);
+        choice.delta = { ...choice.delta, content };
+      }
+      yield { ...chunk, lantern_route: "cloud" };
+    }
   }
 
   private async promptFor(req: ChatCompletionRequest, local: LanternEngine): Promise<string> {

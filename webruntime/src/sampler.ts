@@ -1,7 +1,7 @@
 // Token selection from one step's logits, on the CPU (the vocabulary is ~50k floats, well
 // under a millisecond). The order of operations is the contract the Python server follows:
 //   logit_bias -> repetition/frequency/presence penalties (over generated tokens) ->
-//   greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw.
+//   grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw.
 // Draws come from a seeded xorshift128+ generator, so one seed gives one token sequence.
 import { InvalidRequestError } from "./errors";
 import type { ChatCompletionRequest } from "./protocol";
@@ -110,7 +110,8 @@ export class Sampler {
     this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
   }
 
-  sample(raw: Float32Array): Sampled {
+  /** Choose the next token; `allowed` (a grammar's bitmask: bit i of word i>>5) rules out the others. */
+  sample(raw: Float32Array, allowed?: Int32Array): Sampled {
     const { p } = this;
     const logits = new Float32Array(raw);
     for (const [id, b] of p.logitBias) logits[id] += b;
@@ -118,6 +119,9 @@ export class Sampler {
       let v = logits[id];
       if (p.repetitionPenalty !== 1) v = v > 0 ? v / p.repetitionPenalty : v * p.repetitionPenalty;
       logits[id] = v - p.frequencyPenalty * n - p.presencePenalty;
+    }
+    if (allowed) {
+      for (let i = 0; i < logits.length; i++) if (!((allowed[i >> 5] >>> (i & 31)) & 1)) logits[i] = -Infinity;
     }
     let token: number;
     if (p.temperature === 0) {

@@ -4,7 +4,7 @@ import { Template } from "@huggingface/jinja";
 import "@mlc-ai/web-tokenizers";
 import type { Tokenizer as TokenizerType } from "@mlc-ai/web-tokenizers";
 import { ArtifactError, InvalidRequestError } from "./errors";
-import type { ChatMessage } from "./protocol";
+import type { ChatMessage, Tool } from "./protocol";
 
 // The package is a UMD script marked as an ES module: it has no ES exports and instead
 // installs itself as globalThis.tokenizers when evaluated.
@@ -25,11 +25,14 @@ export class TextCodec {
   private readonly template: Template | null;
   readonly bosToken: string;
   readonly eosToken: string;
+  /** Whether the chat template renders `tools` itself (else Lantern's default tool format is used). */
+  readonly knowsTools: boolean;
 
   private constructor(readonly tokenizer: Tokenizer, config: TokenizerConfig) {
     let source = config.chat_template;
     if (Array.isArray(source)) source = source.find((t) => t.name === "default")?.template ?? source[0]?.template;
     this.template = source ? new Template(source) : null;
+    this.knowsTools = !!source?.includes("tools");
     this.bosToken = tokenText(config.bos_token);
     this.eosToken = tokenText(config.eos_token);
   }
@@ -43,13 +46,14 @@ export class TextCodec {
   }
 
   /** The prompt text exactly as transformers' apply_chat_template(add_generation_prompt=True) renders it. */
-  renderChat(messages: ChatMessage[]): string {
+  renderChat(messages: ChatMessage[], tools?: Tool[]): string {
     if (!this.template) {
       throw new ArtifactError("this artifact has no chat template (tokenizer_config.json lacks chat_template)");
     }
     try {
       return this.template.render({
         messages, add_generation_prompt: true, bos_token: this.bosToken, eos_token: this.eosToken,
+        ...(tools ? { tools } : {}),
       });
     } catch (err) {
       throw new InvalidRequestError(`the chat template rejected these messages: ${err instanceof Error ? err.message : err}`);

@@ -1,0 +1,343 @@
+"""Structured output and tool calls for the server engine, with xgrammar.
+
+A request's `response_format` or `tools` becomes one grammar spec; xgrammar compiles it against
+the model's vocabulary and, at every step, masks the tokens the grammar forbids before the sampler
+chooses. The browser twin is webruntime/src/structured.ts: the same specs, the same schema
+checks (from schema_support.json), the same tool-call format, and xgrammar 0.1.27 on both sides.
+
+Tool calls, for a model whose chat template does not know tools, use this format (documented in
+the README): the tools are listed in the system message, and a call is written as
+    <tool_call>{"name": "<function>", "arguments": {...}}</tool_call>
+which the grammar enforces once the model opens the tag (or from the first token, for
+`tool_choice: "required"` or a named function).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import LanternError
+
+SUPPORT = json.loads((Path(__file__).with_name("schema_support.json")).read_text())
+_KEYWORDS = set(SUPPORT["keywords"])
+_FORMATS = set(SUPPORT["formats"])
+_FORMAT_PATTERNS = SUPPORT["format_patterns"]
+_MAX_RANGE = SUPPORT["max_integer_range"]
+
+# The JSON texts the grammar allows: one line, OpenAI's separators (no runs of whitespace to loop on).
+JSON_LAYOUT = {"any_whitespace": False, "indent": None, "separators": (", ", ": "), "strict_mode": True}
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+class StructuredOutputError(LanternError):
+    """A response_format, schema, grammar or tool definition Lantern cannot honour (HTTP 400)."""
+
+
+# ---- schemas ----------------------------------------------------------------------------------
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames")
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def check_schema(schema, where: str = "#") -> dict | bool:
+    """A copy of ``schema`` that xgrammar enforces exactly, or StructuredOutputError naming the keyword.
+
+    xgrammar ignores keywords it does not know and its numeric ranges and some formats are
+    inexact, so: unknown keywords and formats are rejected; `date` and `ipv4` become exact
+    patterns; an integer range of up to `max_integer_range` values becomes an enum; `minimum: 0`
+    stays (it is exact); any other bound is rejected.
+    """
+    if isinstance(schema, bool):
+        return schema
+    if not isinstance(schema, dict):
+        raise StructuredOutputError(f"schema at {where} must be an object or a boolean")
+    for key in schema:
+        if key not in _KEYWORDS:
+            raise StructuredOutputError(f"schema keyword '{key}' at {where} is not supported by the grammar engine "
+                                        f"({SUPPORT['engine']}); remove it or use a supported keyword")
+    out = dict(schema)
+    fmt = schema.get("format")
+    if fmt in _FORMAT_PATTERNS:
+        if "pattern" in schema:
+            raise StructuredOutputError(f"schema keyword 'pattern' at {where}: cannot be combined with format {fmt!r}")
+        del out["format"]
+        out["pattern"] = _FORMAT_PATTERNS[fmt]
+    elif fmt is not None and fmt not in _FORMATS:
+        raise StructuredOutputError(f"schema keyword 'format' at {where}: format {fmt!r} is not supported "
+                                    f"(supported: {', '.join(sorted(_FORMATS | set(_FORMAT_PATTERNS)))})")
+    ref = schema.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#/")):
+        raise StructuredOutputError(f"schema keyword '$ref' at {where}: only local references (#/...) are supported")
+    if len(schema.get("allOf") or []) > 1:
+        raise StructuredOutputError(f"schema keyword 'allOf' at {where}: only one subschema is supported")
+    if any(b in schema for b in _BOUNDS):
+        out = _bounds(out, where)
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {k: check_schema(v, f"{where}/{key}/{k}") for k, v in schema[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            out[key] = [check_schema(v, f"{where}/{key}/{i}") for i, v in enumerate(schema[key])]
+    for key in _SCHEMA_ONE:
+        if key in schema:
+            out[key] = check_schema(schema[key], f"{where}/{key}")
+    return out
+
+
+def _bounds(schema: dict, where: str) -> dict:
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    for key in _BOUNDS:
+        if key in schema and (isinstance(schema[key], bool) or not isinstance(schema[key], (int, float))):
+            raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a number")
+    if schema.get("type") == "integer":
+        if "exclusiveMinimum" in schema:
+            lo = max(lo if lo is not None else -math.inf, math.floor(schema["exclusiveMinimum"]) + 1)
+        if "exclusiveMaximum" in schema:
+            hi = min(hi if hi is not None else math.inf, math.ceil(schema["exclusiveMaximum"]) - 1)
+        if lo is not None and hi is not None:
+            lo, hi = math.ceil(lo), math.floor(hi)
+            if hi < lo:
+                raise StructuredOutputError(f"schema at {where}: no integer lies between the bounds")
+            if hi - lo + 1 <= _MAX_RANGE:
+                rest = {k: v for k, v in schema.items() if k not in _BOUNDS and k != "type"}
+                return {**rest, "enum": list(range(lo, hi + 1))}
+    if schema.get("type") in ("integer", "number") and set(schema) & set(_BOUNDS) == {"minimum"} and lo == 0:
+        return schema  # non-negative: xgrammar enforces this one exactly
+    key = next(k for k in _BOUNDS if k in schema)
+    raise StructuredOutputError(
+        f"schema keyword '{key}' at {where}: {SUPPORT['engine']} does not enforce this bound exactly; Lantern "
+        f"supports integer ranges of at most {_MAX_RANGE} values and `minimum: 0`")
+
+
+# ---- requests -> grammar specs ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What xgrammar compiles: kind is "json_schema" (a JSON text), "ebnf", or "structural_tag" (JSON)."""
+
+    kind: str
+    source: str
+
+
+def _schema_text(schema, where: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as err:
+            raise StructuredOutputError(f"{where} is not valid JSON: {err}") from None
+    return json.dumps(check_schema(schema), sort_keys=True)
+
+
+def response_format_spec(fmt: dict | None) -> GrammarSpec | None:
+    """The grammar for a `response_format` (OpenAI's, WebLLM's, and Lantern's grammar/regex forms)."""
+    if not fmt or fmt.get("type", "text") == "text":
+        return None
+    kind = fmt.get("type")
+    if kind == "json_object":
+        schema = fmt.get("schema")  # WebLLM passes a schema as a JSON string here
+        return GrammarSpec("json_schema", _schema_text(schema if schema is not None else {"type": "object"},
+                                                       "response_format.schema"))
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise StructuredOutputError("response_format.json_schema must be {name, schema, strict}")
+        return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema"))
+    if kind == "grammar":
+        if not isinstance(fmt.get("grammar"), str) or not fmt["grammar"].strip():
+            raise StructuredOutputError("response_format.grammar must be an EBNF string with a `root` rule")
+        return GrammarSpec("ebnf", fmt["grammar"])
+    if kind == "regex":
+        if not isinstance(fmt.get("pattern"), str) or not fmt["pattern"]:
+            raise StructuredOutputError("response_format.pattern must be a regular expression string")
+        return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag",
+                                                         "format": {"type": "regex", "pattern": fmt["pattern"]}}))
+    raise StructuredOutputError(f"response_format.type {kind!r} is not one of text, json_object, json_schema, "
+                                "grammar, regex")
+
+
+def _tool_tag(fn: dict) -> dict:
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    return {"type": "tag", "begin": f'{TOOL_OPEN}{{"name": {json.dumps(fn["name"])}, "arguments": ',
+            "content": {"type": "json_schema", "json_schema": check_schema(params, f"#/tools/{fn['name']}/parameters")},
+            "end": "}" + TOOL_CLOSE}
+
+
+def tool_spec(tools: list[dict], choice, parallel: bool) -> GrammarSpec | None:
+    """The grammar for tool calls: free text with calls (auto), calls only (required), or one function."""
+    if not tools or choice == "none":
+        return None
+    by_name = {t["function"]["name"]: t["function"] for t in tools}
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name not in by_name:
+            raise StructuredOutputError(f"tool_choice names the function {name!r}, which is not in tools "
+                                        f"({', '.join(by_name)})")
+        fmt = _tool_tag(by_name[name])
+    else:
+        tags = [_tool_tag(fn) for fn in by_name.values()]
+        if choice == "required":
+            fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+                   "stop_after_first": not parallel}
+        else:
+            fmt = {"type": "triggered_tags", "triggers": [TOOL_OPEN], "tags": tags, "at_least_one": False,
+                   "stop_after_first": not parallel}
+    return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}, sort_keys=True))
+
+
+def request_spec(response_format: dict | None, tools: list[dict], tool_choice, parallel: bool) -> GrammarSpec | None:
+    """The one grammar a chat request asks for: from its tools, or from its response_format."""
+    if tool_choice not in (None, "none", "auto") and not tools:
+        raise StructuredOutputError("tool_choice needs tools")
+    calls = tool_spec(tools, tool_choice, parallel)
+    fmt = response_format_spec(response_format)
+    if calls and fmt:
+        raise StructuredOutputError("response_format cannot be combined with tools in one request; "
+                                    'use tool_choice: "none" or drop response_format')
+    return calls or fmt
+
+
+def tool_system_prompt(tools: list[dict]) -> str:
+    """Lantern's default tool instructions, appended to the system message."""
+    lines = [json.dumps({"name": t["function"]["name"], "description": t["function"].get("description", ""),
+                         "parameters": t["function"].get("parameters") or {"type": "object", "properties": {}}})
+             for t in tools]
+    return ("You can call these tools:\n" + "\n".join(lines) + "\nTo call a tool, reply with "
+            f'{TOOL_OPEN}{{"name": <tool name>, "arguments": <JSON arguments>}}{TOOL_CLOSE}')
+
+
+def tool_messages(messages: list[dict], tools: list[dict] | None) -> list[dict]:
+    """Messages in Lantern's default tool format, for a chat template that does not know tools."""
+    out = [dict(m) for m in messages]
+    for m in out:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "".join(f'{TOOL_OPEN}{{"name": {json.dumps(c["function"]["name"])}, '
+                            f'"arguments": {c["function"]["arguments"]}}}{TOOL_CLOSE}' for c in m.pop("tool_calls"))
+            m["content"] = (m.get("content") or "") + calls
+        elif m["role"] == "tool":
+            m.pop("tool_call_id", None)
+            m.update(role="user", content=f"<tool_response>\n{m.get('content') or ''}\n</tool_response>")
+        if m.get("content") is None:
+            m["content"] = ""
+    if tools:
+        extra = tool_system_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{extra}"
+        else:
+            out.insert(0, {"role": "system", "content": extra})
+    return out
+
+
+_CALL = re.compile(re.escape(TOOL_OPEN) + r"(.*?)" + re.escape(TOOL_CLOSE), re.S)
+# The grammar writes `{"name": <string>, "arguments": <JSON>}`; the arguments are kept as written.
+_CALL_BODY = re.compile(r'^\{"name": ("(?:[^"\\]|\\.)*"), "arguments": (.*)\}$', re.S)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """Split generated text into content and OpenAI tool_calls (arguments as JSON text)."""
+    calls = []
+    for body in _CALL.findall(text):
+        m = _CALL_BODY.match(body)
+        try:
+            if not m:
+                continue
+            json.loads(m[2])
+            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                          "function": {"name": json.loads(m[1]), "arguments": m[2]}})
+        except json.JSONDecodeError:
+            continue  # only reachable when max_tokens cut a call short; the text stays content
+    if not calls:
+        return text, calls
+    return cut_open_call(_CALL.sub("", text)).strip() or None, calls
+
+
+def cut_open_call(text: str) -> str:
+    """Drop a tool call that max_tokens cut off before its closing tag."""
+    if TOOL_OPEN in text:
+        return text[: text.rindex(TOOL_OPEN)]
+    for k in range(len(TOOL_OPEN) - 1, 0, -1):
+        if text.endswith(TOOL_OPEN[:k]):
+            return text[:-k]
+    return text
+
+
+# ---- xgrammar -----------------------------------------------------------------------------------
+
+def _engine_message(err: Exception) -> str:
+    """xgrammar's error without its C++ source location."""
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(err).strip()).splitlines()[0]
+
+
+class GrammarCompiler:
+    """One per model: the vocabulary for xgrammar and a cache of compiled grammars by spec."""
+
+    def __init__(self, tokenizer_json: dict, token_postproc: str, vocab_size: int, stop_ids: list[int]):
+        import xgrammar  # imported here: it pulls in torch, which only structured requests need
+
+        self._xgr = xgrammar
+        vocab = [""] * vocab_size
+        for token, i in tokenizer_json["model"]["vocab"].items():
+            vocab[i] = token
+        for t in tokenizer_json.get("added_tokens", []):
+            vocab[t["id"]] = t["content"]
+        vocab_type = {"byte_level": xgrammar.VocabType.BYTE_LEVEL,
+                      "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(token_postproc, xgrammar.VocabType.RAW)
+        info = xgrammar.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids))
+        self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=True)
+        self._cache: dict[GrammarSpec, object] = {}
+        self._lock = threading.Lock()
+        self.vocab_size = vocab_size
+        self.hits = 0
+
+    def compile(self, spec: GrammarSpec):
+        with self._lock:
+            if spec in self._cache:
+                self.hits += 1
+                return self._cache[spec]
+        try:
+            if spec.kind == "json_schema":
+                compiled = self._compiler.compile_json_schema(spec.source, **JSON_LAYOUT)
+            elif spec.kind == "ebnf":
+                compiled = self._compiler.compile_grammar(spec.source)
+            else:
+                compiled = self._compiler.compile_structural_tag(spec.source)
+        except Exception as err:  # xgrammar raises RuntimeError/ValueError for bad schemas and grammars
+            what = {"json_schema": "JSON schema", "ebnf": "EBNF grammar"}.get(spec.kind, "grammar")
+            raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
+        with self._lock:
+            self._cache[spec] = compiled
+        return compiled
+
+    def matcher(self, compiled) -> "TokenMask":
+        return TokenMask(self._xgr, compiled, self.vocab_size)
+
+
+class TokenMask:
+    """The grammar state of one generation: which tokens may come next."""
+
+    def __init__(self, xgr, compiled, vocab_size: int):
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._shifts = np.arange(32, dtype=np.uint32)
+        self.vocab_size = vocab_size
+
+    def allowed(self) -> np.ndarray:
+        """A boolean array over the vocabulary: True where the grammar allows the token."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        words = self._bitmask.numpy()[0].view(np.uint32)
+        bits = (words[:, None] >> self._shifts) & 1
+        return bits.reshape(-1)[: self.vocab_size].astype(bool)
+
+    def accept(self, token: int) -> None:
+        if not self._matcher.accept_token(token):
+            raise LanternError(f"internal: the grammar rejected token {token} it allowed")

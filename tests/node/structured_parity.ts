@@ -1,0 +1,28 @@
+// Runs the browser's structured-output code (webruntime/src/structured.ts) under Node for
+// tests/test_structured.py, which compares every answer with the Python twin's.
+// Input (stdin): {requests: ChatCompletionRequest[], schemas: unknown[]}.
+// Output (stdout): {specs: ({spec} | {error})[], ebnf: string[]} -- ebnf from web-xgrammar for each schema.
+import { readFileSync } from "node:fs";
+import "@mlc-ai/web-xgrammar";
+import type * as XGrammar from "@mlc-ai/web-xgrammar";
+import { checkSchema, parseToolCalls, requestSpec } from "../../webruntime/src/structured";
+import type { ChatCompletionRequest } from "../../webruntime/src/protocol";
+
+const xgr = (globalThis as unknown as { xgrammar: typeof XGrammar }).xgrammar;
+const input = JSON.parse(readFileSync(0, "utf8")) as { requests: ChatCompletionRequest[]; schemas: unknown[]; texts: string[] };
+const specs = input.requests.map((req) => {
+  try {
+    return { spec: requestSpec(req) };
+  } catch (err) {
+    return { error: `${(err as Error).name}: ${(err as Error).message}` };
+  }
+});
+const ebnf: string[] = [];
+for (const schema of input.schemas) {
+  ebnf.push(await xgr.Testings._jsonSchemaToEBNF(JSON.stringify(checkSchema(schema)), false, -1, [", ", ": "], true));
+}
+const calls = input.texts.map((t) => {
+  const { content, calls } = parseToolCalls(t);
+  return { content, calls: calls.map((c) => c.function) };
+});
+process.stdout.write(JSON.stringify({ specs, ebnf, calls }));

@@ -1,0 +1,226 @@
+"""Structured output and tool calls on the Python side (lantern serve), and its parity with the browser's.
+
+The schema checks and request-to-grammar rules exist once per language (server/structured.py,
+webruntime/src/structured.ts); the parity test runs the TypeScript under Node on the same requests
+and compares every grammar spec, every error and xgrammar's own EBNF for each schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+
+import jsonschema
+import pytest
+import xgrammar
+from xgrammar.testing import _is_grammar_accept_string
+
+from browser import lantern_server, repo_root, wait_until_ready
+from structured_cases import ADD, BAD_REQUESTS, SCHEMAS, TOOLS, WEATHER, cpu_runs, request
+
+from lantern.server.structured import (JSON_LAYOUT, StructuredOutputError, check_schema, parse_tool_calls,
+                                       request_spec)
+
+WEBRUNTIME = repo_root() / "webruntime"
+
+
+def python_spec(req: dict):
+    spec = request_spec(req.get("response_format"), req.get("tools") or [], req.get("tool_choice"),
+                        req.get("parallel_tool_calls", True))
+    return spec and {"kind": spec.kind, "source": spec.source}
+
+
+# ---- schema checks (no model) --------------------------------------------------------------------
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+    ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}}, "multipleOf"),
+    ({"type": "integer", "not": {"const": 3}}, "not"),
+    ({"type": "string", "format": "iri"}, "format"),
+    ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf"),
+    ({"$ref": "https://example.com/s.json"}, "$ref"),
+    ({"type": "number", "maximum": 10}, "maximum"),
+    ({"type": "integer", "minimum": 0, "maximum": 10**6}, "minimum"),
+])
+def test_schema_features_xgrammar_would_ignore_are_rejected_by_name(schema, keyword):
+    with pytest.raises(StructuredOutputError, match=re.escape(f"'{keyword}'")):
+        check_schema(schema)
+
+
+def test_integer_ranges_are_enforced_exactly():
+    # xgrammar 0.1.27 turns 18..120 into digit classes that also accept 121..129
+    raw = xgrammar.Grammar.from_json_schema(json.dumps({"type": "integer", "minimum": 18, "maximum": 120}))
+    assert _is_grammar_accept_string(raw, "125")
+    checked = check_schema({"type": "integer", "exclusiveMinimum": 17, "maximum": 120})
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(checked))
+    for value in range(-5, 140):
+        assert _is_grammar_accept_string(grammar, str(value)) == (18 <= value <= 120), value
+
+
+def test_date_and_ipv4_only_allow_valid_strings():
+    # xgrammar 0.1.27's own date and ipv4 grammars accept 2023-02-31 and 01.2.3.4
+    checker = jsonschema.FormatChecker()
+    for fmt, samples in {"date": ["2023-02-31", "2023-04-31", "2023-04-30", "2023-12-31", "2023-13-01"],
+                         "ipv4": ["01.2.3.4", "1.2.3.4", "255.255.255.255", "256.1.1.1", "0.0.0.0"]}.items():
+        raw = xgrammar.Grammar.from_json_schema(json.dumps({"type": "string", "format": fmt}))
+        assert _is_grammar_accept_string(raw, json.dumps(samples[0]))
+        grammar = xgrammar.Grammar.from_json_schema(json.dumps(check_schema({"type": "string", "format": fmt})))
+        for text in samples:
+            assert _is_grammar_accept_string(grammar, json.dumps(text)) == checker.conforms(text, fmt), text
+
+
+def test_typescript_and_python_build_the_same_grammars():
+    requests = [request(name, 1) for name in SCHEMAS]
+    requests += [{"messages": [], **bad} for bad, _ in BAD_REQUESTS]
+    requests += [{"messages": [], "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}
+                 for choice in ("auto", "required", "none", {"type": "function", "function": {"name": "add"}})
+                 for parallel in (True, False)]
+    requests += [{"messages": [], "response_format": {"type": "regex", "pattern": "[a-z]+@[a-z]+\\.com"}},
+                 {"messages": [], "response_format": {"type": "grammar", "grammar": 'root ::= "yes" | "no"'}},
+                 {"messages": [], "response_format": {"type": "json_object"}},
+                 {"messages": [], "response_format": {"type": "json_object", "schema": json.dumps(SCHEMAS["enum"])}}]
+    texts = ['Sure.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+             '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n<tool_call>{"name": "ad',
+             "no calls here"]
+    bundle = subprocess.run(
+        ["node", "--input-type=module", "-e",
+         "import * as esbuild from 'esbuild'; import { readFileSync } from 'node:fs';"
+         "const r = await esbuild.build({ entryPoints: ['../tests/node/structured_parity.ts'], bundle: true,"
+         " format: 'esm', platform: 'node', write: false, logLevel: 'error', nodePaths: [process.cwd() + '/node_modules'],"
+         " banner: { js: 'globalThis.location = { href: \"file:///\" };' },"
+         " define: { __SCHEMA_SUPPORT__: readFileSync('../server/schema_support.json', 'utf8') } });"
+         "process.stdout.write(r.outputFiles[0].text);"],
+        cwd=WEBRUNTIME, capture_output=True, text=True, check=True).stdout
+    payload = {"requests": requests, "schemas": list(SCHEMAS.values()), "texts": texts}
+    out = _run_bundle(bundle, payload)
+
+    for req, ts in zip(requests, out["specs"]):
+        try:
+            py = {"spec": python_spec(req)}
+        except StructuredOutputError as err:
+            py = {"error": f"InvalidRequestError: {err}"}
+        if "error" in py or "error" in ts:
+            # the same message, but for the JSON parser's own wording of where it failed
+            strip = lambda r: {k: re.sub(r"not valid JSON: .*", "not valid JSON", v) for k, v in r.items()}  # noqa: E731
+            assert strip(py) == strip(ts), req
+        elif py["spec"] is None:
+            assert ts["spec"] is None, req
+        else:
+            assert ts["spec"]["kind"] == py["spec"]["kind"], req
+            parse = json.loads if py["spec"]["kind"] != "ebnf" else str
+            assert parse(ts["spec"]["source"]) == parse(py["spec"]["source"]), req
+    for (name, schema), web_ebnf in zip(SCHEMAS.items(), out["ebnf"]):
+        py_ebnf = xgrammar.testing._json_schema_to_ebnf(json.dumps(check_schema(schema)), **JSON_LAYOUT)
+        assert web_ebnf == py_ebnf, name
+    for text, ts in zip(texts, out["calls"]):
+        content, calls = parse_tool_calls(text)
+        assert ts == {"content": content, "calls": [c["function"] for c in calls]}, text
+
+
+def _run_bundle(bundle: str, payload: dict) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".mjs", dir=WEBRUNTIME, delete=True) as f:
+        f.write(bundle)
+        f.flush()
+        run = subprocess.run(["node", f.name], input=json.dumps(payload), cwd=WEBRUNTIME, capture_output=True,
+                             text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+# ---- the CPU engine (the server's) ----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_every_schema_validates_for_five_seeds_on_the_cpu(smollm2_emulated, report):
+    runs = cpu_runs(smollm2_emulated.path)
+    for (name, seed), run in runs.items():
+        assert run["finish"] == "stop", (name, seed, run["text"])
+        jsonschema.validate(json.loads(run["text"]), SCHEMAS[name], format_checker=jsonschema.FormatChecker())
+    tokens = sum(r["tokens"] for r in runs.values())
+    report(f"structured (CPU): {len(runs)} generations over {len(SCHEMAS)} schemas, 100% valid JSON; "
+           f"{tokens / len(runs):.1f} tokens per answer")
+
+
+@pytest.mark.slow
+def test_a_repeated_schema_is_compiled_once(smollm2_emulated):
+    from lantern.server.engine import ModelEngine
+
+    engine = ModelEngine(smollm2_emulated.path)
+    spec = request_spec(request("ref_defs", 1)["response_format"], [], None, True)
+    first = engine.compile_grammar(spec)
+    hits = engine.grammars.hits
+    assert engine.compile_grammar(spec) is first
+    assert engine.grammars.hits == hits + 1
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_emulated):
+    openai = pytest.importorskip("openai")
+    with lantern_server([smollm2_emulated.path]) as (base, _):
+        wait_until_ready(base)
+        yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+
+def chat(client, text: str, **kw):
+    return client.chat.completions.create(model=client.models.list().data[0].id,
+                                          messages=[{"role": "user", "content": text}], max_tokens=64, **kw)
+
+
+def assert_valid_call(call, tool: dict):
+    assert call.type == "function" and call.function.name == tool["function"]["name"]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+@pytest.mark.slow
+def test_openai_client_gets_json_schema_output(client):
+    schema = SCHEMAS["nested_object"]
+    reply = chat(client, "Describe a user.", temperature=0,
+                 response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": schema}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    stream = chat(client, "Describe a user.", temperature=0, stream=True,
+                  response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": schema}})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == reply.choices[0].message.content
+
+
+@pytest.mark.slow
+def test_openai_client_tool_calls_required_named_and_round_trip(client):
+    for seed in (1, 2, 3):
+        reply = chat(client, "What is the weather in Paris?", tools=TOOLS, tool_choice="required", seed=seed,
+                     parallel_tool_calls=False)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0]
+        assert_valid_call(call, {c["function"]["name"]: c for c in TOOLS}[call.function.name])
+
+    reply = chat(client, "What is 2 plus 3?", tools=TOOLS, temperature=0,
+                 tool_choice={"type": "function", "function": {"name": "add"}})
+    [call] = reply.choices[0].message.tool_calls
+    assert_valid_call(call, ADD)
+
+    # the tool's result goes back in a `tool` message; the model answers in text
+    a, b = (json.loads(call.function.arguments)[k] for k in "ab")
+    messages = [{"role": "user", "content": "What is 2 plus 3?"}, reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sum": a + b})}]
+    final = client.chat.completions.create(model=reply.model, messages=messages, tools=TOOLS, tool_choice="none",
+                                           max_tokens=32, temperature=0)
+    assert final.choices[0].finish_reason in ("stop", "length")
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+    # streamed: the call arrives whole in the last chunk, no tag text leaks into content
+    chunks = list(chat(client, "Weather in Oslo?", tools=[WEATHER], tool_choice="required", temperature=0, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "<tool_call>" not in "".join(d.content or "" for d in deltas)
+    calls = [t for d in deltas for t in d.tool_calls or []]
+    assert len(calls) >= 1 and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert_valid_call(calls[0], WEATHER)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad, word", BAD_REQUESTS, ids=[w for _, w in BAD_REQUESTS])
+def test_openai_client_gets_400_for_bad_structured_requests(client, bad, word):
+    import openai
+
+    kwargs = dict(bad)
+    with pytest.raises(openai.BadRequestError, match=word):
+        chat(client, "Hi", **kwargs)

@@ -1,0 +1,103 @@
+"""Structured output and tool calls in the browser engine (Web Worker, WebGPU on SwiftShader).
+
+The same suite as tests/test_structured.py's CPU run: every schema with five seeds, validated
+by ajv in the page (/runtime/schema-check.js); and the same seeds must give the same answers as the server's CPU engine.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from browser import launch, lantern_server
+from structured_cases import ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, cpu_runs, request
+
+from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
+
+pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def page(smollm2_emulated, playwright):
+    with lantern_server([smollm2_emulated.path]) as (base, _):
+        browser = launch(playwright)
+        page = browser.new_page()
+        page.goto(base + "/engine.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        page.evaluate("(m) => load(m)", f"/models/{smollm2_emulated.path.name}/")
+        yield page
+        browser.close()
+
+
+def chat(page, *requests: dict) -> list[dict]:
+    return page.evaluate("(reqs) => chat(reqs)", list(requests))
+
+
+def test_every_schema_validates_for_five_seeds_in_the_browser(page, smollm2_emulated, report):
+    cpu = cpu_runs(smollm2_emulated.path)
+    same, total, tokens, tok_s = 0, 0, 0, []
+    for name, schema in SCHEMAS.items():
+        replies = chat(page, *[request(name, seed) for seed in SEEDS])
+        for seed, reply in zip(SEEDS, replies):
+            ChatCompletion.model_validate(reply)
+            text = reply["choices"][0]["message"]["content"]
+            assert reply["choices"][0]["finish_reason"] == "stop", (name, seed, text)
+            assert page.evaluate("([s, t]) => ajvCheck(s, t)", [schema, text]) is None, (name, seed, text)
+            same += text == cpu[name, seed]["text"]
+            total += 1
+            tokens += reply["usage"]["completion_tokens"]
+            tok_s.append(reply["usage"]["decode_tokens_per_s"])
+    # Same seed, same sampler, logits within ~1e-4 of the CPU's: the answers agree but for rare near-ties.
+    assert same >= 0.8 * total, f"{same}/{total} answers equal the CPU engine's"
+    report(f"structured (browser): {total} generations over {len(SCHEMAS)} schemas, 100% valid (ajv); "
+           f"{same}/{total} identical to the CPU engine's for the same seed; {tokens / total:.1f} tokens per answer, "
+           f"decode {sorted(tok_s)[len(tok_s) // 2]:.2f} tok/s (median)")
+    stats = page.evaluate("engine.stats()")
+    assert stats["grammarCache"]["entries"] == len(SCHEMAS)
+    assert stats["grammarCache"]["hits"] >= len(SCHEMAS) * (len(SEEDS) - 1)  # a repeated schema is not recompiled
+
+
+def valid_call(page, call: dict, tool: dict) -> bool:
+    """The call names ``tool`` and its arguments validate against its parameters schema (ajv)."""
+    return (call["type"] == "function" and call["function"]["name"] == tool["function"]["name"]
+            and page.evaluate("([s, t]) => ajvCheck(s, t)",
+                              [tool["function"]["parameters"], call["function"]["arguments"]]) is None)
+
+
+def test_tool_calls_required_named_and_round_trip(page):
+    ask = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 plus 3?"}]
+    base = {"messages": ask, "tools": TOOLS, "max_tokens": 48}
+    required, named = chat(page, {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
+                           {**base, "tool_choice": {"type": "function", "function": {"name": "add"}}, "temperature": 0})
+    for reply in (required, named):
+        ChatCompletion.model_validate(reply)
+        assert reply["choices"][0]["finish_reason"] == "tool_calls"
+    [call] = required["choices"][0]["message"]["tool_calls"]
+    assert valid_call(page, call, {t["function"]["name"]: t for t in TOOLS}[call["function"]["name"]])
+    [call] = named["choices"][0]["message"]["tool_calls"]
+    assert valid_call(page, call, ADD)
+
+    # the result goes back as a `tool` message; the model then answers in text
+    turn = [*ask, named["choices"][0]["message"],
+            {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"sum": 5})}]
+    [final] = chat(page, {"messages": turn, "tools": TOOLS, "tool_choice": "none", "max_tokens": 16, "temperature": 0})
+    assert final["choices"][0]["message"]["content"] and not final["choices"][0]["message"].get("tool_calls")
+
+    # streamed: no tag text in the content deltas, the call whole in the last chunk
+    [streamed] = chat(page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
+                             "max_tokens": 48, "stream": True})
+    for c in streamed["chunks"]:
+        ChatCompletionChunk.model_validate(c)
+    assert "<tool_call>" not in streamed["text"] and streamed["finish"] == "tool_calls"
+    [delta_call] = streamed["chunks"][-1]["choices"][0]["delta"]["tool_calls"]
+    assert valid_call(page, delta_call, WEATHER)
+
+
+def test_bad_structured_requests_are_rejected_up_front(page):
+    for bad, word in BAD_REQUESTS:
+        err = page.evaluate("(req) => errorOf(() => engine.chat.completions.create(req))",
+                            {"messages": MESSAGES, "max_tokens": 4, **bad})
+        assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
+    stats = page.evaluate("engine.stats()")
+    assert stats["queued"] == 0 and stats["kvSequences"] <= 1

@@ -1,0 +1,340 @@
+// Structured output and tool calls in the browser, with xgrammar (web-xgrammar, in wasm).
+// The twin of the server's lantern/server/structured.py: the same grammar specs, the same schema
+// checks (both read server/schema_support.json; esbuild inlines it as __SCHEMA_SUPPORT__), the
+// same tool-call format, and xgrammar 0.1.27 on both sides, so one request is constrained alike.
+//
+// Tool calls, for a model whose chat template does not know tools, are written as
+//   <tool_call>{"name": "<function>", "arguments": {...}}</tool_call>
+// after the tools are listed in the system message (see toolSystemPrompt).
+import "@mlc-ai/web-xgrammar";
+import type * as XGrammar from "@mlc-ai/web-xgrammar";
+import { InvalidRequestError, LanternError } from "./errors";
+import type { ChatCompletionRequest, ChatMessage, Tool, ToolCall, ToolChoice } from "./protocol";
+
+declare const __SCHEMA_SUPPORT__: {
+  engine: string; keywords: string[]; formats: string[]; format_patterns: Record<string, string>; max_integer_range: number;
+};
+const SUPPORT = __SCHEMA_SUPPORT__;
+const KEYWORDS = new Set(SUPPORT.keywords);
+const FORMATS = new Set(SUPPORT.formats);
+const FORMAT_PATTERNS = SUPPORT.format_patterns;
+
+// Like web-tokenizers, the package is a UMD script marked as an ES module: it installs globalThis.xgrammar.
+const xgr = (): typeof XGrammar => (globalThis as unknown as { xgrammar: typeof XGrammar }).xgrammar;
+
+export const TOOL_OPEN = "<tool_call>";
+export const TOOL_CLOSE = "</tool_call>";
+
+// ---- schemas ----------------------------------------------------------------------------------
+
+type Schema = boolean | Record<string, unknown>;
+const SCHEMA_MAPS = ["properties", "patternProperties", "$defs", "definitions"];
+const SCHEMA_LISTS = ["anyOf", "oneOf", "allOf", "prefixItems"];
+const SCHEMA_ONE = ["items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames"];
+const BOUNDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+
+/** A copy of `schema` that xgrammar enforces exactly, or InvalidRequestError naming the keyword. */
+export function checkSchema(schema: unknown, where = "#"): Schema {
+  if (typeof schema === "boolean") return schema;
+  if (!isObject(schema)) throw new InvalidRequestError(`schema at ${where} must be an object or a boolean`);
+  for (const key of Object.keys(schema)) {
+    if (!KEYWORDS.has(key)) {
+      throw new InvalidRequestError(`schema keyword '${key}' at ${where} is not supported by the grammar engine ` +
+        `(${SUPPORT.engine}); remove it or use a supported keyword`);
+    }
+  }
+  let out: Record<string, unknown> = { ...schema };
+  const fmt = schema.format;
+  if (typeof fmt === "string" && Object.hasOwn(FORMAT_PATTERNS, fmt)) {
+    if ("pattern" in schema) throw new InvalidRequestError(`schema keyword 'pattern' at ${where}: cannot be combined with format '${fmt}'`);
+    delete out.format;
+    out.pattern = FORMAT_PATTERNS[fmt];
+  } else if (fmt !== undefined && !FORMATS.has(fmt as string)) {
+    throw new InvalidRequestError(`schema keyword 'format' at ${where}: format '${fmt}' is not supported ` +
+      `(supported: ${[...FORMATS, ...Object.keys(FORMAT_PATTERNS)].sort().join(", ")})`);
+  }
+  const ref = schema.$ref;
+  if (ref !== undefined && !(typeof ref === "string" && ref.startsWith("#/"))) {
+    throw new InvalidRequestError(`schema keyword '$ref' at ${where}: only local references (#/...) are supported`);
+  }
+  if (Array.isArray(schema.allOf) && schema.allOf.length > 1) {
+    throw new InvalidRequestError(`schema keyword 'allOf' at ${where}: only one subschema is supported`);
+  }
+  if (BOUNDS.some((b) => b in schema)) out = checkBounds(out, where);
+  for (const key of SCHEMA_MAPS) {
+    const v = schema[key];
+    if (isObject(v)) out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkSchema(s, `${where}/${key}/${k}`)]));
+  }
+  for (const key of SCHEMA_LISTS) {
+    const v = schema[key];
+    if (Array.isArray(v)) out[key] = v.map((s, i) => checkSchema(s, `${where}/${key}/${i}`));
+  }
+  for (const key of SCHEMA_ONE) if (key in schema) out[key] = checkSchema(schema[key], `${where}/${key}`);
+  return out;
+}
+
+function checkBounds(schema: Record<string, unknown>, where: string): Record<string, unknown> {
+  for (const key of BOUNDS) {
+    if (key in schema && typeof schema[key] !== "number") throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a number`);
+  }
+  let lo = schema.minimum as number | undefined;
+  let hi = schema.maximum as number | undefined;
+  if (schema.type === "integer") {
+    if ("exclusiveMinimum" in schema) lo = Math.max(lo ?? -Infinity, Math.floor(schema.exclusiveMinimum as number) + 1);
+    if ("exclusiveMaximum" in schema) hi = Math.min(hi ?? Infinity, Math.ceil(schema.exclusiveMaximum as number) - 1);
+    if (lo !== undefined && hi !== undefined) {
+      lo = Math.ceil(lo);
+      hi = Math.floor(hi);
+      if (hi < lo) throw new InvalidRequestError(`schema at ${where}: no integer lies between the bounds`);
+      if (hi - lo + 1 <= SUPPORT.max_integer_range) {
+        const rest = Object.fromEntries(Object.entries(schema).filter(([k]) => !BOUNDS.includes(k) && k !== "type"));
+        return { ...rest, enum: Array.from({ length: hi - lo + 1 }, (_, i) => lo! + i) };
+      }
+    }
+  }
+  const present = BOUNDS.filter((k) => k in schema);
+  if ((schema.type === "integer" || schema.type === "number") && present.length === 1 && present[0] === "minimum" && lo === 0) {
+    return schema;  // non-negative: xgrammar enforces this one exactly
+  }
+  throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where}: ${SUPPORT.engine} does not enforce this ` +
+    `bound exactly; Lantern supports integer ranges of at most ${SUPPORT.max_integer_range} values and \`minimum: 0\``);
+}
+
+// ---- requests -> grammar specs ------------------------------------------------------------------
+
+/** What xgrammar compiles; `source` is a JSON schema text, an EBNF grammar or a structural tag (JSON). */
+export interface GrammarSpec { kind: "json_schema" | "ebnf" | "structural_tag"; source: string }
+
+/** JSON.stringify with sorted keys: Python's json.dumps(sort_keys=True), so specs compare equal. */
+function stableJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(stableJson).join(", ")}]`;
+  if (isObject(v)) return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}: ${stableJson(v[k])}`).join(", ")}}`;
+  return JSON.stringify(v);
+}
+
+function schemaText(schema: unknown, where: string): string {
+  if (typeof schema === "string") {
+    try {
+      schema = JSON.parse(schema);
+    } catch (err) {
+      throw new InvalidRequestError(`${where} is not valid JSON: ${(err as Error).message}`);
+    }
+  }
+  return stableJson(checkSchema(schema));
+}
+
+export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"]): GrammarSpec | null {
+  if (!fmt || (fmt.type ?? "text") === "text") return null;
+  switch (fmt.type) {
+    case "json_object":  // WebLLM passes a schema as a JSON string here
+      return { kind: "json_schema", source: schemaText(fmt.schema ?? { type: "object" }, "response_format.schema") };
+    case "json_schema":
+      if (!isObject(fmt.json_schema) || !("schema" in fmt.json_schema)) {
+        throw new InvalidRequestError("response_format.json_schema must be {name, schema, strict}");
+      }
+      return { kind: "json_schema", source: schemaText(fmt.json_schema.schema, "response_format.json_schema.schema") };
+    case "grammar":
+      if (typeof fmt.grammar !== "string" || !fmt.grammar.trim()) {
+        throw new InvalidRequestError("response_format.grammar must be an EBNF string with a `root` rule");
+      }
+      return { kind: "ebnf", source: fmt.grammar };
+    case "regex":
+      if (typeof fmt.pattern !== "string" || !fmt.pattern) {
+        throw new InvalidRequestError("response_format.pattern must be a regular expression string");
+      }
+      return { kind: "structural_tag", source: stableJson({ type: "structural_tag", format: { type: "regex", pattern: fmt.pattern } }) };
+    default:
+      throw new InvalidRequestError(`response_format.type '${(fmt as { type: unknown }).type}' is not one of text, ` +
+        "json_object, json_schema, grammar, regex");
+  }
+}
+
+function toolTag(fn: Tool["function"]): Record<string, unknown> {
+  const params = fn.parameters ?? { type: "object", properties: {} };
+  return { type: "tag", begin: `${TOOL_OPEN}{"name": ${JSON.stringify(fn.name)}, "arguments": `,
+    content: { type: "json_schema", json_schema: checkSchema(params, `#/tools/${fn.name}/parameters`) }, end: `}${TOOL_CLOSE}` };
+}
+
+export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel: boolean): GrammarSpec | null {
+  if (!tools.length || choice === "none") return null;
+  const byName = new Map(tools.map((t) => [t.function.name, t.function]));
+  let fmt: Record<string, unknown>;
+  if (typeof choice === "object" && choice !== null) {
+    const name = choice.function?.name;
+    const fn = byName.get(name);
+    if (!fn) {
+      throw new InvalidRequestError(`tool_choice names the function '${name}', which is not in tools (${[...byName.keys()].join(", ")})`);
+    }
+    fmt = toolTag(fn);
+  } else {
+    const tags = [...byName.values()].map(toolTag);
+    fmt = choice === "required"
+      ? { type: "tags_with_separator", tags, separator: "\n", at_least_one: true, stop_after_first: !parallel }
+      : { type: "triggered_tags", triggers: [TOOL_OPEN], tags, at_least_one: false, stop_after_first: !parallel };
+  }
+  return { kind: "structural_tag", source: stableJson({ type: "structural_tag", format: fmt }) };
+}
+
+/** The one grammar a chat request asks for: from its tools, or from its response_format. */
+export function requestSpec(req: ChatCompletionRequest): GrammarSpec | null {
+  const tools = req.tools ?? [];
+  for (const [i, t] of tools.entries()) {
+    if (t?.type !== "function" || typeof t.function?.name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(t.function.name)) {
+      throw new InvalidRequestError(`tools[${i}] must be {type: "function", function: {name, description, parameters}} ` +
+        "with a name of letters, digits, _ and - (at most 64)");
+    }
+  }
+  const choice = req.tool_choice;
+  if (choice !== undefined && choice !== null && !["none", "auto", "required"].includes(choice as string) && typeof choice !== "object") {
+    throw new InvalidRequestError("tool_choice must be none, auto, required or {type: \"function\", function: {name}}");
+  }
+  if (choice !== undefined && choice !== null && choice !== "none" && choice !== "auto" && !tools.length) {
+    throw new InvalidRequestError("tool_choice needs tools");
+  }
+  const calls = toolSpec(tools, choice ?? undefined, req.parallel_tool_calls ?? true);
+  const fmt = responseFormatSpec(req.response_format);
+  if (calls && fmt) {
+    throw new InvalidRequestError("response_format cannot be combined with tools in one request; " +
+      "use tool_choice: \"none\" or drop response_format");
+  }
+  return calls ?? fmt;
+}
+
+/** Whether a request may produce tool calls. */
+export function callsTools(req: ChatCompletionRequest): boolean {
+  return !!req.tools?.length && req.tool_choice !== "none";
+}
+
+export function toolSystemPrompt(tools: Tool[]): string {
+  const lines = tools.map((t) => JSON.stringify({ name: t.function.name, description: t.function.description ?? "",
+    parameters: t.function.parameters ?? { type: "object", properties: {} } }));
+  return `You can call these tools:\n${lines.join("\n")}\nTo call a tool, reply with ` +
+    `${TOOL_OPEN}{"name": <tool name>, "arguments": <JSON arguments>}${TOOL_CLOSE}`;
+}
+
+/** Messages in Lantern's default tool format, for a chat template that does not know tools. */
+export function toolMessages(messages: ChatMessage[], tools: Tool[] | null): ChatMessage[] {
+  const out = messages.map((m): ChatMessage => {
+    if (m.role === "assistant" && m.tool_calls?.length) {
+      const calls = m.tool_calls.map((c) => `${TOOL_OPEN}{"name": ${JSON.stringify(c.function.name)}, ` +
+        `"arguments": ${c.function.arguments}}${TOOL_CLOSE}`).join("");
+      return { role: "assistant", content: (m.content ?? "") + calls };
+    }
+    if (m.role === "tool") return { role: "user", content: `<tool_response>\n${m.content ?? ""}\n</tool_response>` };
+    const { tool_calls: _, ...rest } = m;
+    return { ...rest, content: m.content ?? "" };
+  });
+  if (tools?.length) {
+    const extra = toolSystemPrompt(tools);
+    if (out[0]?.role === "system") out[0] = { ...out[0], content: `${out[0].content}\n\n${extra}` };
+    else out.unshift({ role: "system", content: extra });
+  }
+  return out;
+}
+
+const CALL = new RegExp(`${TOOL_OPEN}([\\s\\S]*?)${TOOL_CLOSE.replace("/", "\\/")}`, "g");
+
+/** Split generated text into content and OpenAI tool_calls (arguments as JSON text). */
+export function parseToolCalls(text: string): { content: string | null; calls: ToolCall[] } {
+  const calls: ToolCall[] = [];
+  for (const [, body] of text.matchAll(CALL)) {
+    // The grammar wrote `{"name": <string>, "arguments": <JSON>}`; the arguments are kept as written.
+    const m = /^\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ([\s\S]*)\}$/.exec(body);
+    try {
+      if (!m) continue;
+      JSON.parse(m[2]);
+      calls.push({ id: `call_${crypto.randomUUID().replace(/-/g, "").slice(0, 24)}`, type: "function",
+        function: { name: JSON.parse(m[1]), arguments: m[2] } });
+    } catch {
+      // only reachable when max_tokens cut a call short; the text stays content
+    }
+  }
+  if (!calls.length) return { content: text, calls };
+  const content = cutOpenCall(text.replace(CALL, "")).trim();
+  return { content: content || null, calls };
+}
+
+/** Drop a tool call that max_tokens cut off before its closing tag. */
+export function cutOpenCall(text: string): string {
+  const open = text.lastIndexOf(TOOL_OPEN);
+  if (open >= 0) return text.slice(0, open);
+  for (let k = TOOL_OPEN.length - 1; k > 0; k--) if (text.endsWith(TOOL_OPEN.slice(0, k))) return text.slice(0, -k);
+  return text;
+}
+
+// ---- xgrammar -----------------------------------------------------------------------------------
+
+/** xgrammar's error without its C++ source location. */
+function engineMessage(err: unknown): string {
+  return String(err instanceof Error ? err.message : err).trim().replace(/^\[[^\]]*\]\s*\S+:\d+:\s*/, "").split("\n")[0];
+}
+
+export interface TokenizerJson {
+  model: { vocab: Record<string, number> };
+  added_tokens?: { id: number; content: string }[];
+}
+
+/** One per engine: the vocabulary for xgrammar and a cache of compiled grammars by spec. */
+export class GrammarCompiler {
+  private readonly cache = new Map<string, XGrammar.CompiledGrammar>();
+  hits = 0;
+
+  private constructor(private readonly compiler: XGrammar.GrammarCompiler, readonly vocabSize: number) {}
+
+  static async create(tokenizer: TokenizerJson, tokenPostproc: string, vocabSize: number, stopIds: number[]): Promise<GrammarCompiler> {
+    const vocab: string[] = new Array(vocabSize).fill("");
+    for (const [token, id] of Object.entries(tokenizer.model.vocab)) vocab[id] = token;
+    for (const t of tokenizer.added_tokens ?? []) vocab[t.id] = t.content;
+    const type = tokenPostproc === "byte_level" ? "byte_level" : tokenPostproc === "byte_fallback" ? "byte_fallback" : "raw";
+    const info = await xgr().TokenizerInfo.createTokenizerInfo(vocab, type, false, vocabSize, [...stopIds].sort((a, b) => a - b));
+    return new GrammarCompiler(await xgr().GrammarCompiler.createGrammarCompiler(info, true), vocabSize);
+  }
+
+  get entries(): number {
+    return this.cache.size;
+  }
+
+  async compile(spec: GrammarSpec): Promise<XGrammar.CompiledGrammar> {
+    const key = `${spec.kind}\u0000${spec.source}`;
+    const hit = this.cache.get(key);
+    if (hit) {
+      this.hits++;
+      return hit;
+    }
+    let compiled: XGrammar.CompiledGrammar;
+    try {
+      // One line, OpenAI's separators (the same JSON layout as the server's JSON_LAYOUT).
+      if (spec.kind === "json_schema") compiled = await this.compiler.compileJSONSchema(spec.source, false, -1, [", ", ": "], true);
+      else if (spec.kind === "ebnf") compiled = await this.compiler.compileGrammar(spec.source);
+      else compiled = await this.compiler.compileStructuralTag(spec.source);
+    } catch (err) {
+      const what = spec.kind === "json_schema" ? "JSON schema" : spec.kind === "ebnf" ? "EBNF grammar" : "grammar";
+      throw new InvalidRequestError(`invalid ${what}: ${engineMessage(err)}`);
+    }
+    this.cache.set(key, compiled);
+    return compiled;
+  }
+
+  async matcher(compiled: XGrammar.CompiledGrammar): Promise<TokenMask> {
+    return new TokenMask(await xgr().GrammarMatcher.createGrammarMatcher(compiled));
+  }
+}
+
+/** The grammar state of one generation: which tokens may come next. */
+export class TokenMask {
+  constructor(private readonly matcher: XGrammar.GrammarMatcher) {}
+
+  /** A bitmask over the vocabulary (bit i of word i>>5 set: token i allowed). */
+  allowed(): Promise<Int32Array> {
+    return this.matcher.getNextTokenBitmask();
+  }
+
+  accept(token: number): void {
+    if (!this.matcher.acceptToken(token)) throw new LanternError(`internal: the grammar rejected token ${token} it allowed`);
+  }
+
+  dispose(): void {
+    this.matcher.dispose();
+  }
+}
