@@ -343,9 +343,13 @@ def _structured(call) -> list[dict]:
     spec = json.loads((DATA / "schemas.json").read_text())
     out = []
     for name, schema in spec["schemas"].items():
-        reply = call("(r) => lanternValidate.chat(r)", {
-            "messages": spec["messages"], "max_tokens": spec["max_tokens"], "temperature": 0,
-            "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}})
+        try:
+            reply = call("(r) => lanternValidate.chat(r)", {
+                "messages": spec["messages"], "max_tokens": spec["max_tokens"], "temperature": 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}})
+        except CannotRun as err:  # a generation that fails is this artifact's failure, not the run's
+            out.append({"schema": name, "text": None, "problem": str(err)})
+            continue
         text = reply["choices"][0]["message"]["content"]
         out.append({"schema": name, "text": text, "problem": call("([s, t]) => lanternValidate.checkJson(s, t)",
                                                                    [schema, text])})

@@ -88,8 +88,13 @@ class Sampler:
                 v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
             logits[i] = np.float32(v - p.frequency_penalty * n - p.presence_penalty)
         if allowed is not None:
-            logits[~allowed[: len(logits)]] = -np.inf
-        token = int(np.argmax(logits)) if p.temperature == 0 else self._draw(logits)
+            allowed = allowed[: len(logits)]
+            logits[~allowed | np.isnan(logits)] = -np.inf
+        with np.errstate(invalid="ignore"):
+            token = int(np.argmax(logits)) if p.temperature == 0 else self._draw(logits)
+        if allowed is not None and not allowed[token]:
+            # only logits that are all -inf or NaN (a broken model) can leave a forbidden token here
+            token = int(np.argmax(allowed))
         logprob, top = 0.0, []
         if p.top_logprobs >= 0:
             lp = _log_softmax(logits)

@@ -159,3 +159,5 @@ ui.clear.addEventListener("click", async () => {
   ui.progressText.textContent = `Removed ${n} cached files of ${ui.model.selectedOptions[0]?.text}.`;
 });
 listModels();
+// Offline after the first visit: the service worker keeps the page and the runtime.
+navigator.serviceWorker?.register("sw.js").catch((err) => console.warn("no offline support:", err));

@@ -167,16 +167,26 @@ def test_python_and_browser_samplers_agree(smollm2):
 
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal(512) * 3).astype(np.float32)
+    allowed = sorted(rng.choice(512, 40, replace=False).tolist())  # a grammar's mask
     cases = [dict(temperature=0.8, seed=7), dict(temperature=1.2, top_p=0.9, seed=11),
-             dict(temperature=0.7, top_k=20, seed=3, repetition_penalty=1.3, presence_penalty=0.5)]
+             dict(temperature=0.7, top_k=20, seed=3, repetition_penalty=1.3, presence_penalty=0.5),
+             dict(temperature=0.9, seed=5, mask=allowed), dict(temperature=0, mask=allowed),
+             dict(temperature=0, mask=allowed, nan=True), dict(temperature=0.9, seed=5, mask=allowed, nan=True)]
     py = []
     for c in cases:
-        s = Sampler(SamplingParams(**{k: v for k, v in c.items()}))
+        s = Sampler(SamplingParams(**{k: v for k, v in c.items() if k not in ("mask", "nan")}))
+        mask = None
+        if "mask" in c:
+            mask = np.zeros(512, bool)
+            mask[c["mask"]] = True
+        source = np.full(512, np.nan, np.float32) if c.get("nan") else logits
         toks = []
         for _ in range(20):
-            t = s.sample(logits).token
+            t = s.sample(source, mask).token
             s.accept(t)
             toks.append(t)
+        if "mask" in c:
+            assert set(toks) <= set(c["mask"])  # a broken model's NaNs included
         py.append(toks)
     with lantern_server([smollm2.path]) as (base, _), chromium() as browser:
         page = browser.new_page()
@@ -184,8 +194,14 @@ def test_python_and_browser_samplers_agree(smollm2):
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
         js = page.evaluate("""([logits, cases]) => cases.map((c) => {
             const s = new lantern.Sampler(lantern.samplingParams(c, logits.length));
+            let mask;
+            if (c.mask) {
+              mask = new Int32Array(logits.length / 32);
+              for (const id of c.mask) mask[id >> 5] |= 1 << (id & 31);
+            }
+            const source = c.nan ? new Float32Array(logits.length).fill(NaN) : Float32Array.from(logits);
             const out = [];
-            for (let i = 0; i < 20; i++) { const t = s.sample(Float32Array.from(logits)).token; s.accept(t); out.push(t); }
+            for (let i = 0; i < 20; i++) { const t = s.sample(source, mask).token; s.accept(t); out.push(t); }
             return out;
         })""", [logits.tolist(), cases])
         first = page.evaluate("() => { const r = new lantern.Rng(42); return [r.next(), r.next(), r.next()]; }")

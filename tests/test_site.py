@@ -34,8 +34,10 @@ def site(smollm2):
         yield base
 
 
-def load_chat(page, base: str) -> None:
-    page.goto(base + "/index.html")
+def load_chat(page, base: str | None) -> None:
+    """Open the chat page (``base`` None: the page already shown) and load the first model."""
+    if base is not None:
+        page.goto(base + "/index.html")
     page.wait_for_function("document.getElementById('model').options.length > 0")
     page.get_by_role("button", name="Load").click()
     page.wait_for_function("document.getElementById('send').disabled === false", timeout=300_000)
@@ -76,6 +78,30 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright):
         schema = json.loads(page.locator("#schema").input_value())
         assert set(data) == set(schema["required"])
         assert 0 <= data["population_millions"] <= 40
+    finally:
+        browser.close()
+
+
+def test_the_chat_page_opens_and_answers_with_no_network_after_one_visit(smollm2, playwright):
+    browser = launch(playwright)
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        with lantern_server([smollm2], site=repo_root() / "site") as (base, _):
+            load_chat(page, base)  # the first visit: the service worker and the weights' cache fill
+            assert page.evaluate("navigator.serviceWorker.ready.then((r) => !!r.active)")
+        # The server is gone: the page, the runtime and the model index come from the service
+        # worker, the manifest and weights from the runtime's cache, the answer from WebGPU.
+        page.reload()
+        load_chat(page, None)
+        assert page.locator("#route").get_attribute("data-route") == "local"
+        page.locator("#prompt").fill("What is the capital of France?")
+        page.locator("#prompt").press("Enter")
+        page.wait_for_function("document.querySelector('.msg-assistant')?.textContent.length > 3", timeout=300_000)
+        page.get_by_role("button", name="Stop").click()  # the answer is streaming locally: enough
+        page.wait_for_function("document.getElementById('send').disabled === false", timeout=120_000)
+        answer = page.locator(".msg-assistant").inner_text()
+        assert answer.strip() and "[error" not in answer
     finally:
         browser.close()
 

@@ -120,8 +120,14 @@ export class Sampler {
       if (p.repetitionPenalty !== 1) v = v > 0 ? v / p.repetitionPenalty : v * p.repetitionPenalty;
       logits[id] = v - p.frequencyPenalty * n - p.presencePenalty;
     }
+    const isAllowed = (i: number) => !allowed || ((allowed[i >> 5] >>> (i & 31)) & 1) === 1;
+    let firstAllowed = 0;
     if (allowed) {
-      for (let i = 0; i < logits.length; i++) if (!((allowed[i >> 5] >>> (i & 31)) & 1)) logits[i] = -Infinity;
+      firstAllowed = -1;
+      for (let i = 0; i < logits.length; i++) {
+        if (!isAllowed(i) || Number.isNaN(logits[i])) logits[i] = -Infinity;
+        if (firstAllowed < 0 && isAllowed(i)) firstAllowed = i;
+      }
     }
     let token: number;
     if (p.temperature === 0) {
@@ -130,6 +136,8 @@ export class Sampler {
     } else {
       token = this.draw(logits);
     }
+    // Only logits that are all -inf or NaN (a broken model) can leave a forbidden token here.
+    if (!isAllowed(token)) token = firstAllowed;
     let logprob = 0;
     let top: [number, number][] = [];
     if (p.topLogprobs >= 0) {

@@ -270,6 +270,22 @@ function engineMessage(err: unknown): string {
   return String(err instanceof Error ? err.message : err).trim().replace(/^\[[^\]]*\]\s*\S+:\d+:\s*/, "").split("\n")[0];
 }
 
+// On a bad schema or grammar, web-xgrammar aborts the wasm call ("RuntimeError: Aborted()") and
+// prints the reason with console.error, bound when its module starts. Listening from before that
+// start keeps the reason, so the error can name it. (The module keeps working after an abort.)
+let engineLine = "";
+let listening = false;
+function listenToEngine(): void {
+  if (listening) return;
+  listening = true;
+  const forward = console.error;
+  console.error = (...args: unknown[]) => {
+    const line = args.map(String).join(" ");
+    if (line.includes("[FATAL]")) engineLine = line.slice(line.indexOf("[FATAL]"));
+    forward.apply(console, args);
+  };
+}
+
 export interface TokenizerJson {
   model: { vocab: Record<string, number> };
   added_tokens?: { id: number; content: string }[];
@@ -283,6 +299,7 @@ export class GrammarCompiler {
   private constructor(private readonly compiler: XGrammar.GrammarCompiler, readonly vocabSize: number) {}
 
   static async create(tokenizer: TokenizerJson, tokenPostproc: string, vocabSize: number, stopIds: number[]): Promise<GrammarCompiler> {
+    listenToEngine();
     const vocab: string[] = new Array(vocabSize).fill("");
     for (const [token, id] of Object.entries(tokenizer.model.vocab)) vocab[id] = token;
     for (const t of tokenizer.added_tokens ?? []) vocab[t.id] = t.content;
@@ -303,6 +320,7 @@ export class GrammarCompiler {
       return hit;
     }
     let compiled: XGrammar.CompiledGrammar;
+    engineLine = "";
     try {
       // One line, OpenAI's separators (the same JSON layout as the server's JSON_LAYOUT).
       if (spec.kind === "json_schema") compiled = await this.compiler.compileJSONSchema(spec.source, false, -1, [", ", ": "], true);
@@ -310,7 +328,7 @@ export class GrammarCompiler {
       else compiled = await this.compiler.compileStructuralTag(spec.source);
     } catch (err) {
       const what = spec.kind === "json_schema" ? "JSON schema" : spec.kind === "ebnf" ? "EBNF grammar" : "grammar";
-      throw new InvalidRequestError(`invalid ${what}: ${engineMessage(err)}`);
+      throw new InvalidRequestError(`invalid ${what}: ${engineMessage(engineLine || err)}`);
     }
     this.cache.set(key, compiled);
     return compiled;
