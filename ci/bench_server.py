@@ -107,9 +107,9 @@ def main() -> int:
                      measure(base, args.artifact.name, args.max_tokens, args.reps)))
     with llama_cpp_server(gguf, args.threads) as base:
         rows.append((f"llama-cpp-python ({gguf.name})", measure(base, "model", args.max_tokens, args.reps)))
-    print(f"{'server':44} {'TTFT s':>7} {'decode tok/s':>13} {'tokens':>7}")
+    print(f"{'server':52} {'TTFT s':>7} {'decode tok/s':>13} {'tokens':>7}")
     for name, r in rows:
-        print(f"{name:44} {r['ttft_s']:7.2f} {r['decode']:13.1f} {r['tokens']:7d}")
+        print(f"{name:52} {r['ttft_s']:7.2f} {r['decode']:13.1f} {r['tokens']:7d}")
     print(f"lantern / llama.cpp decode: {rows[0][1]['decode'] / rows[1][1]['decode']:.2f}x")
     return 0
 
