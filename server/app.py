@@ -23,7 +23,7 @@ from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, Ch
                        ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
                        ErrorResponse, Logprobs, ModelCard, ModelList, SamplingFields, ToolCall, ToolCallDelta)
 from .static import REPO, model_folders, mount_static
-from .structured import TOOL_OPEN, StructuredOutputError, parse_tool_calls, request_spec
+from .structured import TOOL_OPEN, StructuredOutputError, calls_tools, parse_tool_calls, request_spec
 
 
 @dataclass
@@ -255,7 +255,7 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
         choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
         fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
         spec = request_spec(fmt, tools, choice, req.parallel_tool_calls)
-        calling = bool(tools) and choice != "none"
+        calling = calls_tools(tools, choice)
         prompt = prepare(slot, slot.engine.render_chat(messages, tools if calling else None), req)
         grammar = slot.engine.compile_grammar(spec)
         cid, created = new_id("chatcmpl"), int(time.time())
@@ -275,9 +275,9 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
             finish = step.finish
             if calling and step.finish is not None:  # the calls arrive whole in the last chunk
                 content, calls, calls_finish = split_calls("".join(streamed))
-                sent = "".join(streamed[:-1])
-                delta.content = (content or "")[len(sent):] if (content or "").startswith(sent) else ""
                 if calls:
+                    sent = "".join(streamed[:-1])
+                    delta.content = (content or "")[len(sent):] if (content or "").startswith(sent) else ""
                     delta.tool_calls = [ToolCallDelta(index=i, **c.model_dump()) for i, c in enumerate(calls)]
                     finish = calls_finish
             return ChatCompletionChunk(id=cid, created=created, model=slot.name, usage=step.usage,

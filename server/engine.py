@@ -20,7 +20,7 @@ from ..chat_template import render
 from ..errors import LanternError
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .sampler import Sampled, Sampler, SamplingParams
-from .structured import GrammarCompiler, GrammarSpec, StructuredOutputError, TokenMask, tool_messages
+from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
 
 
 class InvalidRequest(LanternError):
@@ -88,13 +88,8 @@ class ModelEngine:
             return self._grammars
 
     def compile_grammar(self, spec: GrammarSpec | None):
-        """The compiled grammar for a request (cached per spec), or InvalidRequest naming the problem."""
-        if spec is None:
-            return None
-        try:
-            return self.grammars.compile(spec)
-        except StructuredOutputError as err:
-            raise InvalidRequest(str(err)) from None
+        """The compiled grammar for a request (cached per spec), or StructuredOutputError naming the problem."""
+        return None if spec is None else self.grammars.compile(spec)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

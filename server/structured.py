@@ -173,9 +173,14 @@ def _tool_tag(fn: dict) -> dict:
             "end": "}" + TOOL_CLOSE}
 
 
+def calls_tools(tools: list[dict], choice) -> bool:
+    """Whether a request may produce tool calls."""
+    return bool(tools) and choice != "none"
+
+
 def tool_spec(tools: list[dict], choice, parallel: bool) -> GrammarSpec | None:
     """The grammar for tool calls: free text with calls (auto), calls only (required), or one function."""
-    if not tools or choice == "none":
+    if not calls_tools(tools, choice):
         return None
     by_name = {t["function"]["name"]: t["function"] for t in tools}
     if isinstance(choice, dict):

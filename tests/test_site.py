@@ -43,6 +43,12 @@ def load_chat(page, base: str | None) -> None:
     page.wait_for_function("document.getElementById('send').disabled === false", timeout=300_000)
 
 
+def ask(page, text: str) -> None:
+    """Type a message and send it with Enter, as a keyboard user does."""
+    page.locator("#prompt").fill(text)
+    page.locator("#prompt").press("Enter")
+
+
 def test_chat_page_loads_streams_stops_and_answers(site, playwright):
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser = launch(playwright)
@@ -52,17 +58,14 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright):
         assert page.locator("#progress").evaluate("p => p.value") == 1
         assert "100%" in page.locator("#progress-text").inner_text()
         assert page.locator("#route").get_attribute("data-route") == "local"
-        # keyboard only: type and press Enter
-        page.locator("#prompt").fill("Count from one to twenty.")
-        page.locator("#prompt").press("Enter")
+        ask(page, "Count from one to twenty.")
         page.wait_for_function("document.querySelector('.msg-assistant').textContent.length > 3", timeout=300_000)
         page.screenshot(path=str(SHOTS / "chat-mid-answer.png"), full_page=True)
         page.get_by_role("button", name="Stop").click()
         page.wait_for_function("document.getElementById('send').disabled === false", timeout=120_000)
         assert page.locator(".msg-assistant").inner_text().endswith("[stopped]")
         # a second question still streams a full answer, with live figures
-        page.locator("#prompt").fill("What is the capital of France?")
-        page.locator("#prompt").press("Enter")
+        ask(page, "What is the capital of France?")
         page.wait_for_function("document.querySelectorAll('.msg-assistant').length === 2 && "
                                "document.getElementById('send').disabled === false", timeout=300_000)
         answer = page.locator(".msg-assistant").nth(1).inner_text()
@@ -70,8 +73,7 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright):
         assert "tok/s" in page.locator("#stats").inner_text()
         # JSON mode: the answer follows the page's schema, and the page checks it with ajv
         page.locator("#json-on").check()
-        page.locator("#prompt").fill("Describe Paris.")
-        page.locator("#prompt").press("Enter")
+        ask(page, "Describe Paris.")
         page.wait_for_selector(".json-check", timeout=300_000)
         assert page.locator(".json-check").get_attribute("data-valid") == "true"
         data = json.loads(page.locator(".msg-assistant").nth(2).inner_text())
@@ -95,8 +97,7 @@ def test_the_chat_page_opens_and_answers_with_no_network_after_one_visit(smollm2
         page.reload()
         load_chat(page, None)
         assert page.locator("#route").get_attribute("data-route") == "local"
-        page.locator("#prompt").fill("What is the capital of France?")
-        page.locator("#prompt").press("Enter")
+        ask(page, "What is the capital of France?")
         page.wait_for_function("document.querySelector('.msg-assistant')?.textContent.length > 3", timeout=300_000)
         page.get_by_role("button", name="Stop").click()  # the answer is streaming locally: enough
         page.wait_for_function("document.getElementById('send').disabled === false", timeout=120_000)
@@ -128,8 +129,7 @@ def test_without_webgpu_the_chat_page_shows_the_cloud_and_still_answers(site, pl
         load_chat(page, site)
         assert page.locator("#route").get_attribute("data-route") == "cloud"
         assert "no-webgpu" in page.locator("#route").inner_text()
-        page.locator("#prompt").fill("What is the capital of France?")
-        page.locator("#prompt").press("Enter")
+        ask(page, "What is the capital of France?")
         page.wait_for_function("document.querySelector('.msg-assistant') && "
                                "document.getElementById('send').disabled === false", timeout=120_000)
         answer = page.locator(".msg-assistant").inner_text()

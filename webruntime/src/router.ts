@@ -4,6 +4,7 @@
 import type { CreateOptions } from "./engine";
 import { LanternError, NetworkError } from "./errors";
 import { createEngine, type LanternEngine } from "./create";
+import { callsTools } from "./structured";
 import type {
   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, EngineOptions, FinishReason, Route,
 } from "./protocol";
@@ -65,7 +66,7 @@ async function* sse(resp: Response): AsyncGenerator<unknown> {
 
 /** Whether a request's output is grammar-constrained (a response_format or possible tool calls). */
 function constrained(req: ChatCompletionRequest): boolean {
-  return (req.response_format?.type ?? "text") !== "text" || (!!req.tools?.length && req.tool_choice !== "none");
+  return (req.response_format?.type ?? "text") !== "text" || callsTools(req);
 }
 
 class Cloud {
