@@ -108,12 +108,16 @@ def write_readme(out: Path, manifest: dict) -> None:
     libs = "\n".join(f"- `{lib['file']}`: {lib['target']}, {lib['dtype']}"
                      + (f", needs {', '.join(lib['required_features'])}" if lib["required_features"] else "")
                      for lib in manifest["libraries"])
+    cal = manifest.get("calibration")
+    encoder = (f"GPTQ, calibrated on {cal['tokens']} tokens of `{cal['text']}`" if cal
+               else "round to nearest" if manifest["quantization"].startswith("q4") else "none (unquantized)")
     text = f"""# {manifest['model']['name']} ({manifest['quantization']})
 
 Built by Lantern {manifest['versions']['lantern']} from source `{manifest['source']['sha256'][:16]}`.
 
 - parameters: {manifest['model']['parameters']:,}; weights: {manifest['weights']['bytes']:,} bytes
 - context window: {manifest['model']['context_window']} tokens
+- 4-bit encoder: {encoder}
 - estimated GPU memory: {manifest['memory']['estimated_gpu_bytes']:,} bytes
 
 Libraries:

@@ -22,11 +22,11 @@ from typing import Iterator
 
 import numpy as np
 
-from . import __version__, chat_template, link, lower, package
+from . import __version__, chat_template, gptq, link, lower, package
 from .errors import LanternError
 from .importer import SourceModel, import_source
 from .lora import adapter_hash, merge_lora
-from .quantize import QuantSpec, get_quantization, quantize_params
+from .quantize import QuantSpec, check_all_quantizable, get_quantization, quantize_params
 
 STAGES = ("import", "quantize", "compile", "link", "write")
 
@@ -51,6 +51,8 @@ class BuildOptions:
     out: Path
     quant: str = "q4f32_1"
     lora: Path | None = None
+    # Text for GPTQ on 4-bit builds; None rounds every weight to the nearest level instead.
+    calibration: Path | None = gptq.DEFAULT_CALIBRATION
     targets: tuple[str, ...] = ("webgpu", "cpu")
     webgpu_schedule: str = "gpu"  # see lower.WEBGPU_SCHEDULES
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
@@ -91,12 +93,43 @@ def _code_hash() -> str:
     return h.hexdigest()
 
 
-def _cache_key(src: SourceModel, opts: BuildOptions, versions: dict) -> str:
+def _cache_key(src: SourceModel, opts: BuildOptions, versions: dict, calibration_hash: str | None) -> str:
     facts = {"source": src.source_hash, "code": _code_hash(), "lora": adapter_hash(opts.lora) if opts.lora else None,
-             "quant": opts.quant, "targets": sorted(opts.targets),
+             "quant": opts.quant, "targets": sorted(opts.targets), "calibration": calibration_hash,
              "schedule": opts.webgpu_schedule, "name": opts.name or src.name,
              "versions": versions}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _weights_key(src: SourceModel, opts: BuildOptions, calibration_hash: str) -> str:
+    """The quantized weights depend on less than the whole build: builds for other targets or
+    schedules share them (GPTQ takes minutes)."""
+    facts = {"source": src.source_hash, "code": _code_hash(), "quant": opts.quant, "calibration": calibration_hash,
+             "lora": adapter_hash(opts.lora) if opts.lora else None}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def _load_cached_weights(opts: BuildOptions, key: str) -> dict[str, np.ndarray] | None:
+    path = opts.cache_dir / "weights" / f"{key}.npz"
+    if not (opts.use_cache and path.exists()):
+        return None
+    with np.load(path) as stored:
+        return {name: stored[name] for name in stored.files}
+
+
+def _store_cached_weights(opts: BuildOptions, key: str, stored: dict[str, np.ndarray]) -> None:
+    if not opts.use_cache:
+        return
+    folder = opts.cache_dir / "weights"
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **stored)
+        os.replace(tmp, folder / f"{key}.npz")
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _fallback_spec(spec: QuantSpec) -> QuantSpec:
@@ -127,6 +160,9 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
                            f"(choose from: {', '.join(lower.WEBGPU_SCHEDULES)})")
     if opts.lora is not None and not opts.lora.is_dir():
         raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
+    calibration_hash = None
+    if spec.quantized and opts.calibration is not None:
+        calibration_hash = gptq.text_hash(opts.calibration)
     times: dict[str, float] = {}
     out = opts.out.resolve()
     if out.exists() and not (out / package.MANIFEST).exists():
@@ -140,7 +176,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
         versions = toolchain_versions()
         if "webgpu" not in opts.targets:
             versions["emscripten"] = None  # not part of this build
-        key = _cache_key(src, opts, versions)
+        key = _cache_key(src, opts, versions, calibration_hash)
         cached = opts.cache_dir / "artifacts" / key
         if opts.use_cache and (cached / package.MANIFEST).exists():
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -154,11 +190,18 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
         weights = src.load_weights()
         if opts.lora is not None:
             weights = merge_lora(weights, opts.lora)
+        calibration = None
+        if calibration_hash is not None:
+            if hasattr(src.family, "calibration_forward"):
+                calibration = gptq.load_calibration(opts.calibration, src.tokenizer.tokenizer_json,
+                                                     config.context_window_size)
+            else:
+                reporter.log(f"the {src.family.__name__} family has no calibration pass; rounding to nearest")
     times["import"] = time.perf_counter() - t0
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        manifest = _build_into(tmp, src, name, config, weights, spec, opts, versions, reporter, times)
+        manifest = _build_into(tmp, src, name, config, weights, calibration, spec, opts, versions, reporter, times)
         _store_in_cache(tmp, cached)
         _install(tmp, out)
     except BaseException:
@@ -176,15 +219,30 @@ def _store_in_cache(folder: Path, cached: Path) -> None:
 
 
 def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[str, np.ndarray],
-                spec: QuantSpec, opts: BuildOptions, versions: dict, reporter: Reporter,
-                times: dict[str, float]) -> dict:
+                calibration: gptq.Calibration | None, spec: QuantSpec, opts: BuildOptions, versions: dict,
+                reporter: Reporter, times: dict[str, float]) -> dict:
     t0 = time.perf_counter()
-    with reporter.stage("quantize", total=2):
-        float_params = src.family.to_lantern(weights, config)
-        reporter.advance(1, "mapped names")
-        stored = quantize_params(float_params, config.quantized_weights(), spec)
-        del weights, float_params
-        reporter.advance(1, f"{len(stored)} tensors")
+    float_params = src.family.to_lantern(weights, config)
+    del weights
+    quantized = config.quantized_weights() if spec.quantized else set()
+    check_all_quantizable(float_params, quantized, spec)  # before minutes of calibration
+    calibrated = bool(quantized) and calibration is not None
+    # Only GPTQ is worth caching; plain rounding is faster than reading the result back.
+    key = _weights_key(src, opts, calibration.sha256) if calibrated else None
+    with reporter.stage("quantize", total=len(quantized) or None):
+        stored = _load_cached_weights(opts, key) if key else None
+        if stored is not None:
+            reporter.advance(len(quantized), "cached")
+        else:
+            encoded = {}
+            if calibrated:
+                encoded = gptq.quantize_calibrated(src.family.calibration_forward, float_params, config, spec,
+                                                   calibration, on_weight=lambda n: reporter.advance(1, f"GPTQ {n}"))
+            stored = quantize_params(float_params, quantized, spec, encoded,
+                                     on_weight=lambda n: reporter.advance(1, n))
+            if key:
+                _store_cached_weights(opts, key, stored)
+        del float_params
     times["quantize"] = time.perf_counter() - t0
 
     metadata = {
@@ -261,6 +319,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                       "parameters": n_params, "context_window": config.context_window_size,
                       "prefill_chunk_size": config.prefill_chunk_size, "vocab_size": config.vocab_size},
             "quantization": spec.name,
+            "calibration": calibration.manifest() if calibrated else None,
             "source": {"input": Path(opts.source).name, "sha256": src.source_hash,
                        "lora_sha256": adapter_hash(opts.lora) if opts.lora else None},
             "targets": sorted(set(opts.targets)),

@@ -4,10 +4,11 @@ Layouts follow MLC LLM so artifacts load in WebLLM too:
 
 * ``q0f32`` / ``q0f16``: plain weights in float32 / float16.
 * ``q4f32_1`` / ``q4f16_1``: symmetric group quantization along the input axis.
-  Each group of 32 consecutive input elements shares one scale
-  (see ``quantize_weight``); every element is stored as ``round(w / scale) + 7``
-  in 0..15, eight 4-bit values packed into one uint32 (element ``j`` of the
-  eight in bits ``4j..4j+3``). A weight ``[out, in]`` becomes
+  Each group of 32 consecutive input elements shares one scale; every element
+  is stored as a code q in 0..15 that dequantizes to ``(q - 7) * scale``, eight
+  4-bit codes packed into one uint32 (element ``j`` of the eight in bits
+  ``4j..4j+3``). Two encoders choose scales and codes: rounding to nearest
+  (``quantize_weight``) and GPTQ on calibration text (``gptq.py``). A weight ``[out, in]`` becomes
   ``q_weight: uint32[out, in / 8]`` and ``q_scale: dtype[out, in / 32]``.
 
 The numpy packer and the TVM layers below are the two halves of the same
@@ -17,6 +18,7 @@ layout; tests check one against the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from tvm import te, tirx
@@ -78,9 +80,42 @@ def check_quantizable(name: str, shape: tuple[int, ...], spec: QuantSpec) -> Non
         )
 
 
+def round_to_grid(w: np.ndarray, scale: np.ndarray, spec: QuantSpec) -> np.ndarray:
+    """Nearest codes 0..15 of ``w`` on the grid ``(q - 7) * scale`` (``scale`` broadcasts over ``w``)."""
+    safe = np.where(scale == 0, 1.0, scale)
+    return np.clip(np.round(w / safe) + spec.max_int, 0, 2 * spec.max_int + 1)
+
+
+def stored_scale(scale: np.ndarray, spec: QuantSpec) -> np.ndarray:
+    """``scale`` as the model dtype will hold it (float32 values). Codes are chosen against this
+    rounded scale, so dequantization reproduces exactly what the encoder measured."""
+    return np.maximum(scale, 0).astype(spec.model_dtype).astype(np.float32)
+
+
+def pack_codes(codes: np.ndarray, scale: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Codes ``[out, in]`` (0..15) and scales ``[out, in/32]`` -> (q_weight uint32[out, in/8], q_scale)."""
+    out_dim, in_dim = codes.shape
+    q = codes.astype(np.uint32).reshape(out_dim, in_dim // spec.per_uint32, spec.per_uint32)
+    shifts = (np.arange(spec.per_uint32, dtype=np.uint32) * spec.bits)[None, None, :]
+    packed = np.bitwise_or.reduce(q << shifts, axis=-1).astype(np.uint32)
+    return packed, scale.reshape(out_dim, -1).astype(spec.model_dtype)
+
+
+def check_all_quantizable(float_params: dict[str, np.ndarray], quantized_names: set[str], spec: QuantSpec) -> None:
+    for name in sorted(quantized_names & float_params.keys()):
+        check_quantizable(name, float_params[name].shape, spec)
+
+
+def no_clip_scale(groups: np.ndarray, spec: QuantSpec) -> np.ndarray:
+    """Per group (last axis): the smallest scale whose grid covers the group's extremes."""
+    return np.maximum(groups.max(axis=-1, keepdims=True) / (spec.max_int + 1),
+                      -groups.min(axis=-1, keepdims=True) / spec.max_int)
+
+
 def quantize_weight(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
     """Pack a float ``[out, in]`` matrix into (q_weight uint32[out, in/8], q_scale[out, in/32]).
 
+    The encoder without calibration data (see ``gptq.py`` for the one with).
     Dequantization is MLC's ``(q - 7) * scale`` with q in 0..15, so levels run
     from -7 to +8 steps. MLC picks ``scale = max|w| / 7`` and never uses +8; here
     the scale is the smallest that fits the group without clipping either end
@@ -89,18 +124,8 @@ def quantize_weight(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndar
     """
     out_dim, in_dim = w.shape
     groups = w.astype(np.float32).reshape(out_dim, in_dim // spec.group_size, spec.group_size)
-    top = spec.max_int + 1
-    scale = np.maximum(groups.max(axis=-1, keepdims=True) / top,
-                       -groups.min(axis=-1, keepdims=True) / spec.max_int)
-    # Scales are stored in the model dtype: quantize against the rounded scale so
-    # dequantization reproduces exactly what is measured here.
-    scale = np.maximum(scale, 0).astype(spec.model_dtype).astype(np.float32)
-    safe = np.where(scale == 0, 1.0, scale)
-    q = np.clip(np.round(groups / safe) + spec.max_int, 0, spec.max_int + top).astype(np.uint32)
-    q = q.reshape(out_dim, in_dim // spec.per_uint32, spec.per_uint32)
-    shifts = (np.arange(spec.per_uint32, dtype=np.uint32) * spec.bits)[None, None, :]
-    packed = np.bitwise_or.reduce(q << shifts, axis=-1).astype(np.uint32)
-    return packed, scale.reshape(out_dim, -1).astype(spec.model_dtype)
+    scale = stored_scale(no_clip_scale(groups, spec), spec)
+    return pack_codes(round_to_grid(groups, scale, spec).reshape(out_dim, in_dim), scale, spec)
 
 
 def dequantize_weight(q_weight: np.ndarray, q_scale: np.ndarray, spec: QuantSpec) -> np.ndarray:
@@ -220,19 +245,28 @@ def make_embedding(vocab_size: int, hidden_size: int, spec: QuantSpec) -> nn.Mod
 
 
 def quantize_params(
-    float_params: dict[str, np.ndarray], quantized_names: set[str], spec: QuantSpec
+    float_params: dict[str, np.ndarray], quantized_names: set[str], spec: QuantSpec,
+    encoded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    on_weight: Callable[[str], None] = lambda name: None,
 ) -> dict[str, np.ndarray]:
     """Turn ``{name.weight: float array}`` into the stored parameters of the model.
 
     ``quantized_names`` are the ``*.weight`` matrices that the model declares as
     quantized layers; everything else (norms) is cast to the model dtype.
+    ``encoded`` holds matrices already quantized (by GPTQ); the rest are rounded
+    to the nearest level here.
     """
+    encoded = encoded or {}
+    check_all_quantizable(float_params, quantized_names, spec)
     out: dict[str, np.ndarray] = {}
     for name, w in float_params.items():
         if spec.quantized and name in quantized_names:
-            check_quantizable(name, w.shape, spec)
             stem = name[: -len(".weight")]
-            out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = quantize_weight(w, spec)
+            if name in encoded:
+                out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = encoded[name]
+            else:
+                out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = quantize_weight(w, spec)
+                on_weight(name)
         else:
             out[name] = w.astype(spec.model_dtype)
     return out

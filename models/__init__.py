@@ -1,7 +1,8 @@
 """Model families. Each family is one folder exposing the same names:
 ``ARCHITECTURES`` (HF ``architectures`` values), ``GGUF_ARCHITECTURE``, ``Config``
 (``from_hf``, ``quantized_weights``), ``Model`` (relax nn module), ``to_lantern``
-(HF state dict -> parameters), ``hf_names_from_gguf`` and ``hf_config_from_gguf``.
+(HF state dict -> parameters), ``hf_names_from_gguf``, ``hf_config_from_gguf`` and
+``calibration_forward`` (a numpy forward that shows GPTQ each quantized matrix's inputs).
 Adding a family means adding a folder and one line in ``FAMILIES``.
 """
 

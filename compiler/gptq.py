@@ -1,0 +1,163 @@
+"""Stage 2 with calibration text: GPTQ onto MLC's 4-bit grid.
+
+Rounding each weight to its nearest level (``quantize.quantize_weight``) treats
+every input channel alike. GPTQ (Frantar et al., 2022) quantizes a matrix one
+input column at a time and moves each column's rounding error onto the columns
+not yet quantized, weighted by ``H = X^T X`` of the inputs the layer really
+sees, so that the layer's *outputs* stay close rather than its weights. The
+stored layout does not change (only which code and scale each group gets), so
+the artifact still loads in WebLLM.
+
+Choices, measured on SmolLM2-135M (perplexity on held-out text):
+
+* every group's scale is fixed before the sweep, picked among candidates to
+  minimise the group's error weighted by ``diag(H)``;
+* columns go in decreasing ``diag(H)`` order ("act order"), which fixed scales
+  make safe;
+* ``H`` is damped by 10% of its mean diagonal: less over-fits the calibration
+  text, more throws away what it says.
+
+``quantize_calibrated`` runs the model family's numpy calibration forward to
+get ``H`` for every quantized matrix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .errors import LanternError
+from .quantize import QuantSpec, no_clip_scale, pack_codes, round_to_grid, stored_scale
+
+DEFAULT_CALIBRATION = Path(__file__).parent / "calibration_data" / "mixed_english.txt"
+SEQUENCE_TOKENS = 512  # one calibration forward pass
+MAX_TOKENS = 4096  # more barely changes H, and the pass costs time per token
+MIN_TOKENS = 64
+DAMPING = 0.1
+SCALE_CANDIDATES = np.linspace(0.6, 1.15, 48)  # times the no-clip scale
+
+
+def text_hash(text_file: Path) -> str:
+    """sha256 of a calibration text (part of the build cache key)."""
+    if not text_file.is_file():
+        raise LanternError(f"calibration text not found: {text_file}")
+    return hashlib.sha256(text_file.read_bytes()).hexdigest()
+
+
+@dataclass
+class Calibration:
+    """A calibration text cut into the token sequences the calibration pass runs."""
+
+    text: str  # file name, for the manifest
+    sha256: str
+    sequences: list[list[int]]
+
+    def manifest(self) -> dict:
+        return {"method": "gptq", "text": self.text, "sha256": self.sha256,
+                "tokens": sum(len(s) for s in self.sequences)}
+
+
+def load_calibration(text_file: Path, tokenizer_json: str, context_window: int) -> Calibration:
+    """Tokenize the text: sequences of ``SEQUENCE_TOKENS`` (or the context window, if shorter),
+    the first ``MAX_TOKENS`` tokens in all."""
+    from tokenizers import Tokenizer
+
+    digest = text_hash(text_file)
+    try:
+        text = text_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LanternError(f"calibration text {text_file.name} is not UTF-8 text") from None
+    ids = Tokenizer.from_str(tokenizer_json).encode(text, add_special_tokens=False).ids[:MAX_TOKENS]
+    if len(ids) < MIN_TOKENS:
+        raise LanternError(f"calibration text {text_file.name} has {len(ids)} tokens; "
+                           f"GPTQ needs at least {MIN_TOKENS}")
+    length = min(SEQUENCE_TOKENS, context_window)
+    sequences = [ids[i:i + length] for i in range(0, len(ids), length)]
+    return Calibration(text_file.name, digest, sequences)
+
+
+def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], config, spec: QuantSpec,
+                        calibration: Calibration, on_weight: Callable[[str], None] = lambda name: None
+                        ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """GPTQ every matrix the family's calibration pass observes: ``{name: (q_weight, q_scale)}``.
+
+    ``forward(params, config, sequences, observe)`` calls ``observe(name, inputs)``
+    once per matrix; the matrix is quantized right there, so only one ``H`` lives at a time.
+    """
+    done: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def observe(name: str, inputs: list[np.ndarray]) -> None:
+        x = np.concatenate(inputs).astype(np.float64)
+        done[name] = gptq_weight(float_params[name], x.T @ x / len(x), spec)
+        on_weight(name)
+
+    forward(float_params, config, calibration.sequences, observe)
+    return done
+
+
+def search_scale(groups: np.ndarray, importance: np.ndarray, spec: QuantSpec) -> np.ndarray:
+    """Per group of ``groups[out, g, 32]``: the scale (as stored) with the least importance-weighted
+    rounding error. Each candidate is also refitted by least squares to its own codes."""
+    base = no_clip_scale(groups, spec)
+    base = np.where(base > 0, base, np.float32(1e-12))
+    imp = importance[None].astype(np.float32)
+
+    def error(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        levels = round_to_grid(groups, scale, spec) - spec.max_int
+        return (imp * (groups - scale * levels) ** 2).sum(-1, keepdims=True), levels
+
+    best = stored_scale(base, spec)
+    best_err, _ = error(best)
+    for factor in SCALE_CANDIDATES:
+        scale = stored_scale(base * factor, spec)
+        err, levels = error(scale)
+        den = (imp * levels * levels).sum(-1, keepdims=True)
+        refit = stored_scale((imp * groups * levels).sum(-1, keepdims=True) / np.maximum(den, 1e-30), spec)
+        refit = np.where(refit > 0, refit, scale)
+        for candidate, cand_err in ((scale, err), (refit, error(refit)[0])):
+            better = cand_err < best_err
+            best, best_err = np.where(better, candidate, best), np.where(better, cand_err, best_err)
+    return best
+
+
+def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
+                block: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize ``w[out, in]`` against input statistics ``hessian[in, in]``; same result type as
+    ``quantize.quantize_weight``."""
+    out_dim, in_dim = w.shape
+    g = spec.group_size
+    h = hessian.astype(np.float64).copy()
+    diag = np.diag(h).copy()
+    w = w.astype(np.float32)
+    scale = search_scale(w.reshape(out_dim, in_dim // g, g), diag.reshape(in_dim // g, g), spec)[..., 0]
+
+    dead = diag <= 0  # an input that never fires: any code does, keep the plain rounding
+    h[dead, dead] = 1.0
+    h += DAMPING * np.mean(np.diag(h)) * np.eye(in_dim)
+    order = np.argsort(-np.diag(h), kind="stable")
+    h = h[order][:, order]
+    try:
+        # Upper Cholesky factor of H^-1: row j holds how column j's error spreads to later columns.
+        u = np.linalg.cholesky(np.linalg.inv(h)).T.astype(np.float32)
+    except np.linalg.LinAlgError:
+        raise LanternError("GPTQ: calibration statistics are not positive definite") from None
+
+    work = w[:, order].copy()
+    col_scale = scale[:, order // g]  # [out, in] in sweep order
+    codes = np.zeros((out_dim, in_dim), np.float32)
+    for b0 in range(0, in_dim, block):
+        b1 = min(b0 + block, in_dim)
+        errors = np.zeros((out_dim, b1 - b0), np.float32)
+        for j in range(b0, b1):
+            col, s = work[:, j], col_scale[:, j]
+            codes[:, j] = round_to_grid(col, s, spec)
+            err = (col - (codes[:, j] - spec.max_int) * s) / u[j, j]
+            work[:, j:b1] -= np.outer(err, u[j, j:b1])
+            errors[:, j - b0] = err
+        work[:, b1:] -= errors @ u[b0:b1, b1:]
+    inverse = np.argsort(order)
+    return pack_codes(codes[:, inverse], scale, spec)

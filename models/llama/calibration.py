@@ -1,0 +1,80 @@
+"""The Llama family's calibration pass: a plain numpy forward over Lantern's float parameters.
+
+GPTQ (``lantern.gptq``) needs the inputs every quantized matrix sees on real
+text. The compiled model cannot report them, so this pass recomputes the
+network in numpy without a KV cache, one layer at a time over all calibration
+sequences, and hands each matrix's inputs to ``observe`` as soon as they are
+known: the caller can quantize that matrix and drop its statistics before the
+next layer, so memory stays at one layer's worth. It only gathers statistics:
+RoPE scaling variants are left out (plain RoPE), which shifts what is observed
+slightly but never what the artifact computes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .model import LlamaConfig
+
+Observe = Callable[[str, list[np.ndarray]], None]
+
+
+def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def _rope(x: np.ndarray, theta: float) -> np.ndarray:
+    """x[seq, heads, head_dim] at positions 0..seq-1, rotate-half convention."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2 / x.shape[-1])
+    angles = np.arange(x.shape[0], dtype=np.float64)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
+
+
+def _attention(h: np.ndarray, qkv_weight: np.ndarray, cfg: LlamaConfig) -> np.ndarray:
+    """Causal grouped-query self-attention of one sequence; returns the o_proj input [seq, heads * dim]."""
+    seq, heads, kv, dim = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q, k, v = np.split(h @ qkv_weight.T, [heads * dim, (heads + kv) * dim], axis=1)
+    q = _rope(q.reshape(seq, heads, dim), cfg.rope_theta)
+    k = np.repeat(_rope(k.reshape(seq, kv, dim), cfg.rope_theta), heads // kv, axis=1)
+    v = np.repeat(v.reshape(seq, kv, dim), heads // kv, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(dim)
+    scores += np.triu(np.full((seq, seq), -np.inf, dtype=np.float32), k=1)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", probs, v).reshape(seq, heads * dim)
+
+
+def calibration_forward(params: dict[str, np.ndarray], cfg: LlamaConfig, sequences: list[list[int]],
+                        observe: Observe) -> list[np.ndarray]:
+    """Run every sequence through the float model; returns the final normed hidden states.
+
+    ``observe(name, inputs)`` is called once for every matrix in
+    ``cfg.quantized_weights()`` that multiplies activations, in network order,
+    with its input ``[seq, in]`` for each sequence; the output head comes last
+    (a tied embedding table is observed as the head).
+    """
+    eps = cfg.rms_norm_eps
+    xs = [params["model.embed_tokens.weight"][s].astype(np.float32) for s in sequences]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]
+        observe(f"{p}.self_attn.qkv_proj.weight", hs)
+        attn = [_attention(h, params[f"{p}.self_attn.qkv_proj.weight"], cfg) for h in hs]
+        observe(f"{p}.self_attn.o_proj.weight", attn)
+        xs = [x + a @ params[f"{p}.self_attn.o_proj.weight"].T for x, a in zip(xs, attn)]
+        hs = [_rms_norm(x, params[f"{p}.post_attention_layernorm.weight"], eps) for x in xs]
+        observe(f"{p}.mlp.gate_up_proj.weight", hs)
+        acts = []
+        for h in hs:
+            gate, up = np.split(h @ params[f"{p}.mlp.gate_up_proj.weight"].T, 2, axis=1)
+            acts.append(gate / (1 + np.exp(-gate)) * up)
+        observe(f"{p}.mlp.down_proj.weight", acts)
+        xs = [x + a @ params[f"{p}.mlp.down_proj.weight"].T for x, a in zip(xs, acts)]
+    hs = [_rms_norm(x, params["model.norm.weight"], eps) for x in xs]
+    observe("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight", hs)
+    return hs
