@@ -55,6 +55,8 @@ class RichReporter:
 def _summary_table(result) -> "object":
     from rich.table import Table
 
+    from . import package
+
     m = result.manifest
     table = Table(title=f"{m['model']['name']} ({m['quantization']}) -> {result.out}")
     table.add_column("what")
@@ -62,9 +64,7 @@ def _summary_table(result) -> "object":
     table.add_row("weights", f"{m['weights']['bytes'] / 2**20:.1f} MiB in {m['weights']['shards']} shards")
     table.add_row("bytes/param", f"{m['weights']['bytes_per_param']:.3f}")
     table.add_row("parameters", f"{m['model']['parameters']:,}")
-    cal = m.get("calibration")
-    table.add_row("4-bit encoder", f"GPTQ on {cal['tokens']} tokens of {cal['text']}" if cal
-                  else "round to nearest" if m["quantization"].startswith("q4") else "-")
+    table.add_row("4-bit encoder", package.encoder_summary(m))
     table.add_row("est. GPU memory", f"{m['memory']['estimated_gpu_bytes'] / 2**20:.0f} MiB")
     for lib in m["libraries"]:
         size = m["files"][lib["file"]]["size"]

@@ -104,20 +104,25 @@ def write_package_json(out: Path, name: str, quant: str, version: str, files: li
     (out / "package.json").write_text(json.dumps(pkg, indent=2) + "\n")
 
 
+def encoder_summary(manifest: dict) -> str:
+    """How the artifact's weights were quantized, in a few words (README and the build summary)."""
+    cal = manifest.get("calibration")
+    if cal:
+        return f"GPTQ on {cal['tokens']} tokens of {cal['text']}"
+    return "round to nearest" if manifest["quantization"].startswith("q4") else "none (unquantized)"
+
+
 def write_readme(out: Path, manifest: dict) -> None:
     libs = "\n".join(f"- `{lib['file']}`: {lib['target']}, {lib['dtype']}"
                      + (f", needs {', '.join(lib['required_features'])}" if lib["required_features"] else "")
                      for lib in manifest["libraries"])
-    cal = manifest.get("calibration")
-    encoder = (f"GPTQ, calibrated on {cal['tokens']} tokens of `{cal['text']}`" if cal
-               else "round to nearest" if manifest["quantization"].startswith("q4") else "none (unquantized)")
     text = f"""# {manifest['model']['name']} ({manifest['quantization']})
 
 Built by Lantern {manifest['versions']['lantern']} from source `{manifest['source']['sha256'][:16]}`.
 
 - parameters: {manifest['model']['parameters']:,}; weights: {manifest['weights']['bytes']:,} bytes
 - context window: {manifest['model']['context_window']} tokens
-- 4-bit encoder: {encoder}
+- 4-bit encoder: {encoder_summary(manifest)}
 - estimated GPU memory: {manifest['memory']['estimated_gpu_bytes']:,} bytes
 
 Libraries:

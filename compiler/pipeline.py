@@ -26,7 +26,7 @@ from . import __version__, chat_template, gptq, link, lower, package
 from .errors import LanternError
 from .importer import SourceModel, import_source
 from .lora import adapter_hash, merge_lora
-from .quantize import QuantSpec, check_all_quantizable, get_quantization, quantize_params
+from .quantize import QuantSpec, get_quantization, quantize_params
 
 STAGES = ("import", "quantize", "compile", "link", "write")
 
@@ -93,20 +93,21 @@ def _code_hash() -> str:
     return h.hexdigest()
 
 
-def _cache_key(src: SourceModel, opts: BuildOptions, versions: dict, calibration_hash: str | None) -> str:
-    facts = {"source": src.source_hash, "code": _code_hash(), "lora": adapter_hash(opts.lora) if opts.lora else None,
-             "quant": opts.quant, "targets": sorted(opts.targets), "calibration": calibration_hash,
-             "schedule": opts.webgpu_schedule, "name": opts.name or src.name,
-             "versions": versions}
+def _hash(facts: dict) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _weights_key(src: SourceModel, opts: BuildOptions, calibration_hash: str) -> str:
-    """The quantized weights depend on less than the whole build: builds for other targets or
-    schedules share them (GPTQ takes minutes)."""
-    facts = {"source": src.source_hash, "code": _code_hash(), "quant": opts.quant, "calibration": calibration_hash,
-             "lora": adapter_hash(opts.lora) if opts.lora else None}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+def _weights_key(src: SourceModel, opts: BuildOptions, calibration_hash: str | None) -> str:
+    """What the stored weights depend on. Builds for other targets or schedules share them, so
+    GPTQ (minutes) runs once for all of them."""
+    return _hash({"source": src.source_hash, "code": _code_hash(), "quant": opts.quant,
+                  "calibration": calibration_hash, "lora": adapter_hash(opts.lora) if opts.lora else None})
+
+
+def _cache_key(weights_key: str, opts: BuildOptions, name: str, versions: dict) -> str:
+    """What the whole artifact depends on: its weights, plus what the compiled libraries do."""
+    return _hash({"weights": weights_key, "targets": sorted(opts.targets), "schedule": opts.webgpu_schedule,
+                  "name": name, "versions": versions})
 
 
 def _load_cached_weights(opts: BuildOptions, key: str) -> dict[str, np.ndarray] | None:
@@ -176,7 +177,8 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
         versions = toolchain_versions()
         if "webgpu" not in opts.targets:
             versions["emscripten"] = None  # not part of this build
-        key = _cache_key(src, opts, versions, calibration_hash)
+        weights_key = _weights_key(src, opts, calibration_hash)
+        key = _cache_key(weights_key, opts, name, versions)
         cached = opts.cache_dir / "artifacts" / key
         if opts.use_cache and (cached / package.MANIFEST).exists():
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -201,7 +203,8 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        manifest = _build_into(tmp, src, name, config, weights, calibration, spec, opts, versions, reporter, times)
+        manifest = _build_into(tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions,
+                               reporter, times)
         _store_in_cache(tmp, cached)
         _install(tmp, out)
     except BaseException:
@@ -219,29 +222,26 @@ def _store_in_cache(folder: Path, cached: Path) -> None:
 
 
 def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[str, np.ndarray],
-                calibration: gptq.Calibration | None, spec: QuantSpec, opts: BuildOptions, versions: dict,
-                reporter: Reporter, times: dict[str, float]) -> dict:
+                calibration: gptq.Calibration | None, weights_key: str, spec: QuantSpec, opts: BuildOptions,
+                versions: dict, reporter: Reporter, times: dict[str, float]) -> dict:
     t0 = time.perf_counter()
     float_params = src.family.to_lantern(weights, config)
     del weights
     quantized = config.quantized_weights() if spec.quantized else set()
-    check_all_quantizable(float_params, quantized, spec)  # before minutes of calibration
     calibrated = bool(quantized) and calibration is not None
-    # Only GPTQ is worth caching; plain rounding is faster than reading the result back.
-    key = _weights_key(src, opts, calibration.sha256) if calibrated else None
     with reporter.stage("quantize", total=len(quantized) or None):
-        stored = _load_cached_weights(opts, key) if key else None
+        # Only GPTQ is worth caching; plain rounding is faster than reading the result back.
+        stored = _load_cached_weights(opts, weights_key) if calibrated else None
         if stored is not None:
             reporter.advance(len(quantized), "cached")
         else:
-            encoded = {}
-            if calibrated:
-                encoded = gptq.quantize_calibrated(src.family.calibration_forward, float_params, config, spec,
-                                                   calibration, on_weight=lambda n: reporter.advance(1, f"GPTQ {n}"))
-            stored = quantize_params(float_params, quantized, spec, encoded,
+            def gptq_all():
+                return gptq.quantize_calibrated(src.family.calibration_forward, float_params, config, spec,
+                                                calibration, on_weight=lambda n: reporter.advance(1, f"GPTQ {n}"))
+            stored = quantize_params(float_params, quantized, spec, gptq_all if calibrated else None,
                                      on_weight=lambda n: reporter.advance(1, n))
-            if key:
-                _store_cached_weights(opts, key, stored)
+            if calibrated:
+                _store_cached_weights(opts, weights_key, stored)
         del float_params
     times["quantize"] = time.perf_counter() - t0
 

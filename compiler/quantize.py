@@ -101,11 +101,6 @@ def pack_codes(codes: np.ndarray, scale: np.ndarray, spec: QuantSpec) -> tuple[n
     return packed, scale.reshape(out_dim, -1).astype(spec.model_dtype)
 
 
-def check_all_quantizable(float_params: dict[str, np.ndarray], quantized_names: set[str], spec: QuantSpec) -> None:
-    for name in sorted(quantized_names & float_params.keys()):
-        check_quantizable(name, float_params[name].shape, spec)
-
-
 def no_clip_scale(groups: np.ndarray, spec: QuantSpec) -> np.ndarray:
     """Per group (last axis): the smallest scale whose grid covers the group's extremes."""
     return np.maximum(groups.max(axis=-1, keepdims=True) / (spec.max_int + 1),
@@ -246,18 +241,20 @@ def make_embedding(vocab_size: int, hidden_size: int, spec: QuantSpec) -> nn.Mod
 
 def quantize_params(
     float_params: dict[str, np.ndarray], quantized_names: set[str], spec: QuantSpec,
-    encoded: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    encode_calibrated: Callable[[], dict[str, tuple[np.ndarray, np.ndarray]]] | None = None,
     on_weight: Callable[[str], None] = lambda name: None,
 ) -> dict[str, np.ndarray]:
     """Turn ``{name.weight: float array}`` into the stored parameters of the model.
 
     ``quantized_names`` are the ``*.weight`` matrices that the model declares as
     quantized layers; everything else (norms) is cast to the model dtype.
-    ``encoded`` holds matrices already quantized (by GPTQ); the rest are rounded
-    to the nearest level here.
+    ``encode_calibrated`` (GPTQ) returns the matrices it quantized itself; it runs
+    only once every shape has been checked. The rest are rounded to the nearest level.
     """
-    encoded = encoded or {}
-    check_all_quantizable(float_params, quantized_names, spec)
+    if spec.quantized:
+        for name in sorted(quantized_names & float_params.keys()):
+            check_quantizable(name, float_params[name].shape, spec)
+    encoded = encode_calibrated() if spec.quantized and encode_calibrated else {}
     out: dict[str, np.ndarray] = {}
     for name, w in float_params.items():
         if spec.quantized and name in quantized_names:
