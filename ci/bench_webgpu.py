@@ -1,28 +1,53 @@
-"""Benchmark (not a test): an artifact on WebGPU in headless Chromium, Lantern's runtime beside WebLLM.
+"""Benchmark (not a test): an artifact on WebGPU in headless Chromium, beside its peers and a roofline.
 
-Both engines load the same artifact folder and answer the same prompt greedily. Printed per
-engine: load time (cold: empty cache), TTFT, prefill and decode tokens/s, and the weight
-bandwidth decode achieves (decode tokens/s x weight bytes), to compare against the adapter's
-matvec bandwidth; on SwiftShader that is 2-3.3 GB/s on one core (see shared/PLATFORM.md).
+All in one run, on the same machine, the same prompt and greedy decoding:
 
-    .venv/bin/python ci/bench_webgpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64] [--engines lantern,webllm]
+- lantern  Lantern's runtime in its Web Worker, on the library it picks for this adapter;
+- webllm   the unmodified WebLLM engine on the same artifact and library;
+- wllama   llama.cpp in wasm (npm @wllama/wllama) on the CPU, on the bundled SmolLM2 GGUF (or --gguf),
+           1 thread, and 2 threads in a cross-origin-isolated page;
+- roofline plain WGSL kernels written independently of Lantern (tests/web/roofline.html): a q4 GEMV of
+           each of the model's matrices (one dispatch each; their sum over one token is the "ideal
+           decode" rate) and an f32 register-tiled matmul (GFLOP/s).
+
+It prints decode as a share of the ideal decode rate, prefill GFLOP/s (2 x non-embedding parameters per
+prompt token, plus the head once) as a share of the matmul's, and both as ratios to wllama.
+``--profile`` adds where the GPU time goes per kernel (timestamp queries), for prefill and decode.
+
+    .venv/bin/python ci/bench_webgpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64]
+        [--engines lantern,webllm,wllama] [--profile] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.server
 import json
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser import chromium, lantern_server, webllm_chat  # noqa: E402
+from browser import CHROMIUM, CHROMIUM_ARGS, chromium, lantern_server, serve, webllm_chat  # noqa: E402
 
 from lantern.artifact import Artifact  # noqa: E402
 
+WEB = ROOT / "tests" / "web"
+WLLAMA = ROOT / "webruntime" / "node_modules" / "@wllama" / "wllama" / "esm"
+PROFILE_ARGS = ["--disable-dawn-features=timestamp_quantization"]
+
+
+def prompt_messages(words: int) -> list[dict]:
+    text = "Summarise this text: " + " ".join(["the quick brown fox jumps over the lazy dog"] * 40)
+    return [{"role": "user", "content": " ".join(text.split()[:words])}]
+
+
+# ---- engines ---------------------------------------------------------------------------------------
 
 def lantern_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
     with lantern_server([art.path]) as (base, _), chromium() as browser:
@@ -45,12 +70,135 @@ def webllm_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
     reply = webllm_chat(art, messages, max_tokens)
     total = time.perf_counter() - start
     u, extra = reply["usage"], reply["usage"].get("extra", {})
-    return {"library": art.library("webgpu").name,
-            "load_s": None,  # WebLLM's load is inside its single call; see load_and_answer_s
+    return {"library": art.library("webgpu", emulated=True).name,
             "load_and_answer_s": total, "prompt_tokens": u["prompt_tokens"],
             "completion_tokens": u["completion_tokens"], "ttft_s": extra.get("time_to_first_token_s", 0.0),
             "prefill_tokens_per_s": extra.get("prefill_tokens_per_s", 0.0),
             "decode_tokens_per_s": extra.get("decode_tokens_per_s", 0.0)}
+
+
+class _IsolatedHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with COOP/COEP, so the page is cross-origin isolated (wllama's threads need it)."""
+    routes: dict[str, Path] = {}
+
+    def translate_path(self, path: str) -> str:
+        path = path.split("?", 1)[0]
+        for prefix, root in sorted(self.routes.items(), key=lambda kv: -len(kv[0])):
+            if path.startswith(prefix):
+                return str(root / path[len(prefix):].lstrip("/"))
+        return "/nonexistent"
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        super().end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+_IsolatedHandler.extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
+                                   ".wasm": "application/wasm", ".js": "text/javascript"}
+
+
+@contextlib.contextmanager
+def isolated_server(routes: dict[str, Path]):
+    handler = type("Handler", (_IsolatedHandler,), {"routes": routes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def wllama_run(gguf: Path, messages: list[dict], max_tokens: int, threads: int) -> dict:
+    routes = {"/wllama/": WLLAMA, "/page/": WEB, "/gguf/": gguf.parent}
+    with isolated_server(routes) as base, chromium() as browser:
+        page = browser.new_page()
+        page.goto(base + "/page/wllama_chat.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        out = page.evaluate("([u, m, n, t]) => wllamaChat(u, m, n, t)",
+                            [f"{base}/gguf/{gguf.name}", messages, max_tokens, threads])
+    t = out["reply"]["timings"]
+    if threads > 1 and not out["cross_origin_isolated"]:
+        raise RuntimeError("the wllama page is not cross-origin isolated: it would run one thread")
+    return {"library": f"{gguf.name} ({threads} thread{'s' if threads > 1 else ''})", "load_s": out["load_s"],
+            "prompt_tokens": t["prompt_n"], "completion_tokens": t["predicted_n"],
+            "ttft_s": t["prompt_ms"] / 1000, "prefill_tokens_per_s": t["prompt_per_second"],
+            "decode_tokens_per_s": t["predicted_per_second"]}
+
+
+# ---- roofline and profile ----------------------------------------------------------------------------
+
+def token_matrices(art: Artifact) -> list[list[int]]:
+    """[n, k, count] of every q4 matrix one decoded token reads (the head through a tied embedding)."""
+    index = json.loads((art.path / "tensor-cache.json").read_text())
+    shapes: dict[tuple[int, int], int] = {}
+    config = json.loads((art.path / "mlc-chat-config.json").read_text())["model_config"]
+    for shard in index["records"]:
+        for rec in shard["records"]:
+            if not rec["name"].endswith("q_weight"):
+                continue
+            if "embed_tokens" in rec["name"] and not config["tie_word_embeddings"]:
+                continue  # an untied embedding is only looked up, never multiplied
+            n, k = rec["shape"][0], rec["shape"][1] * 8
+            shapes[(n, k)] = shapes.get((n, k), 0) + 1
+    return [[n, k, count] for (n, k), count in shapes.items()]
+
+
+def roofline(art: Artifact, prompt_tokens: int) -> dict:
+    matrices = token_matrices(art)
+    widest = max(matrices, key=lambda m: m[0] * m[1] if m[0] < 20000 else 0)  # the largest layer matrix
+    m = max(4, prompt_tokens // 4 * 4)
+    with serve({"/page/": WEB}) as base, chromium() as browser:
+        page = browser.new_page()
+        page.goto(base + "/page/roofline.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        return page.evaluate("([mats, mm]) => roofline(mats, mm)", [matrices, [m, widest[0], widest[1]]])
+
+
+def profile(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
+    """Per-kernel GPU milliseconds of one prefill and of the decode steps after it."""
+    from playwright.sync_api import sync_playwright
+
+    script = (WEB / "gpu_profile.js").read_text()
+    with lantern_server([art.path]) as (base, _), sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS + PROFILE_ARGS)
+        page = browser.new_page()
+        page.add_init_script(script)
+        page.goto(base + "/engine.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        page.evaluate("(m) => load(m, {worker: false})", f"/models/{art.path.name}/")  # profiled in the page
+        page.evaluate("() => window.__lanternProfile.take()")
+        page.evaluate("(r) => chat([r])", {"messages": messages, "max_tokens": 1, "temperature": 0})
+        prefill = page.evaluate("() => window.__lanternProfile.take()")
+        [reply] = page.evaluate("(r) => chat([r])", {"messages": messages + [{"role": "assistant", "content": "Sure."},
+                                                                               {"role": "user", "content": "Go on."}],
+                                                     "max_tokens": max_tokens, "temperature": 0})
+        decode = page.evaluate("() => window.__lanternProfile.take()")
+        browser.close()
+    return {"prefill": prefill, "decode": decode, "decode_tokens": reply["usage"]["completion_tokens"]}
+
+
+def print_profile(prof: dict) -> None:
+    for phase in ("prefill", "decode"):
+        kernels = prof[phase]
+        total = sum(k["ms"] for k in kernels.values())
+        print(f"\nGPU time, {phase} ({total:.0f} ms in {sum(k['count'] for k in kernels.values())} dispatches):")
+        for name, k in sorted(kernels.items(), key=lambda kv: -kv[1]["ms"])[:14]:
+            print(f"  {k['ms']:9.1f} ms {100 * k['ms'] / total:5.1f}%  {k['count']:6d}x  {name}")
+
+
+# ---- report ------------------------------------------------------------------------------------------
+
+def flops(art: Artifact) -> tuple[float, float]:
+    """(FLOPs per prompt token, FLOPs of the head once): 2 x multiply-adds."""
+    cfg = json.loads((art.path / "mlc-chat-config.json").read_text())["model_config"]
+    head = cfg["vocab_size"] * cfg["hidden_size"]
+    body = art.manifest["model"]["parameters"] - head * (1 if cfg["tie_word_embeddings"] else 2)
+    return 2.0 * body, 2.0 * head
 
 
 def main() -> int:
@@ -58,24 +206,64 @@ def main() -> int:
     parser.add_argument("artifact", help="artifact folder built by `lantern build`")
     parser.add_argument("--prompt-words", type=int, default=100, help="length of the prompt in words")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
-    parser.add_argument("--engines", default="lantern,webllm", help="comma-separated: lantern, webllm")
+    parser.add_argument("--engines", default="lantern,webllm,wllama", help="comma-separated: lantern, webllm, wllama")
+    parser.add_argument("--gguf", help="GGUF for wllama (default: the bundled SmolLM2 Q4_1)")
+    parser.add_argument("--profile", action="store_true", help="also print GPU time per kernel")
+    parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()
 
     art = Artifact.open(args.artifact)
-    prompt = "Summarise this text: " + " ".join(["the quick brown fox jumps over the lazy dog"] * 20)
-    messages = [{"role": "user", "content": " ".join(prompt.split()[: args.prompt_words])}]
-    runners = {"lantern": lantern_run, "webllm": webllm_run}
-    weight_bytes = art.manifest["weights"]["bytes"]
-    results = {}
-    for name in args.engines.split(","):
-        r = runners[name.strip()](art, messages, args.max_tokens)
-        r["decode_weight_bandwidth_GB_s"] = r["decode_tokens_per_s"] * weight_bytes / 1e9
-        results[name] = {k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
-    print(json.dumps({"model": f"{art.manifest['model']['name']} {art.manifest['quantization']}",
-                      "results": results}, indent=2))
-    if "lantern" in results and "webllm" in results and results["webllm"]["decode_tokens_per_s"]:
-        ratio = results["lantern"]["decode_tokens_per_s"] / results["webllm"]["decode_tokens_per_s"]
-        print(f"decode tokens/s, lantern / webllm: {ratio:.2f}x")
+    messages = prompt_messages(args.prompt_words)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    results: dict[str, dict] = {}
+    for name in engines:
+        print(f"running {name}...", file=sys.stderr, flush=True)
+        if name == "wllama":
+            from lantern.importer import bundled_path
+            from lantern.pipeline import default_cache_dir
+
+            gguf = Path(args.gguf) if args.gguf else bundled_path("smollm2", default_cache_dir())
+            results["wllama-1t"] = wllama_run(gguf, messages, args.max_tokens, 1)
+            results["wllama-2t"] = wllama_run(gguf, messages, args.max_tokens, 2)
+        else:
+            results[name] = {"lantern": lantern_run, "webllm": webllm_run}[name](art, messages, args.max_tokens)
+    prompt_tokens = next((r["prompt_tokens"] for r in results.values()), 128)
+    print("running the roofline kernels...", file=sys.stderr, flush=True)
+    roof = roofline(art, prompt_tokens)
+    per_token, head = flops(art)
+    for r in results.values():
+        if r["prefill_tokens_per_s"]:
+            n = r["prompt_tokens"]
+            r["prefill_GFLOP_s"] = (per_token * n + head) / (n / r["prefill_tokens_per_s"]) / 1e9
+    report = {"model": f"{art.manifest['model']['name']} {art.manifest['quantization']}",
+              "adapter_roofline": roof, "results": results}
+
+    print(f"\n{report['model']}, {prompt_tokens}-token prompt, {args.max_tokens} greedy tokens, "
+          f"{os.cpu_count()} CPU cores")
+    print(f"{'engine':<12}{'library':<44}{'load s':>8}{'TTFT s':>8}{'prefill t/s':>12}{'decode t/s':>11}")
+    for name, r in results.items():
+        load = r.get("load_s") or r.get("load_and_answer_s") or 0
+        print(f"{name:<12}{r['library']:<44}{load:>8.1f}{r['ttft_s']:>8.1f}{r['prefill_tokens_per_s']:>12.2f}"
+              f"{r['decode_tokens_per_s']:>11.2f}")
+    print(f"\nroofline (plain WGSL on this adapter): q4 GEMV {roof['gemv_GB_s']:.2f} GB/s -> ideal decode "
+          f"{roof['ideal_decode_tokens_per_s']:.2f} tokens/s; f32 matmul {roof['matmul']['GFLOP_s']:.2f} GFLOP/s")
+    if "lantern" in results:
+        lan = results["lantern"]
+        ratios = {"decode / ideal decode": lan["decode_tokens_per_s"] / roof["ideal_decode_tokens_per_s"],
+                  "prefill GFLOP/s / matmul GFLOP/s": lan.get("prefill_GFLOP_s", 0) / roof["matmul"]["GFLOP_s"]}
+        for peer in ("wllama-1t", "wllama-2t", "webllm"):
+            if peer in results and results[peer]["decode_tokens_per_s"]:
+                ratios[f"decode / {peer}"] = lan["decode_tokens_per_s"] / results[peer]["decode_tokens_per_s"]
+                ratios[f"prefill / {peer}"] = lan["prefill_tokens_per_s"] / results[peer]["prefill_tokens_per_s"]
+        report["ratios"] = ratios
+        print("\nlantern:")
+        for key, value in ratios.items():
+            print(f"  {key:<36}{value:6.2f}x")
+    if args.profile:
+        report["profile"] = profile(art, messages, min(args.max_tokens, 16))
+        print_profile(report["profile"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

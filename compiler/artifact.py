@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import LanternError
-from .package import MANIFEST, sha256_file
+from .package import MANIFEST, choose_library, sha256_file
 
 
 @dataclass
@@ -43,18 +43,13 @@ class Artifact:
             if sha256_file(p) != info["sha256"]:
                 raise LanternError(f"integrity error: {name} does not match its sha256 in {MANIFEST}")
 
-    def library(self, target: str, features: frozenset[str] = frozenset()) -> Path:
-        """The library for ``target`` that a device with ``features`` runs best.
-
-        Libraries that need a missing feature are skipped; of the rest, one that uses the
-        weights as stored wins over an f32 fallback that upcasts them.
-        """
-        usable = [lib for lib in self.manifest["libraries"]
-                  if lib["target"] == target and set(lib["required_features"]) <= features]
-        if not usable:
-            raise LanternError(f"artifact {self.path.name} has no {target} library for features "
-                               f"{sorted(features) or 'none'}")
-        return self.path / min(usable, key=lambda lib: bool(lib.get("param_upcast")))["file"]
+    def library(self, target: str, features: frozenset[str] = frozenset(), emulated: bool = False) -> Path:
+        """The library for ``target`` that a device with ``features`` runs best (``emulated``: a
+        software WebGPU adapter), chosen as the browser runtime chooses (package.choose_library)."""
+        try:
+            return self.path / choose_library(self.manifest["libraries"], target, features, emulated)["file"]
+        except ValueError as err:
+            raise LanternError(f"artifact {self.path.name}: {err}") from None
 
     def params(self) -> dict[str, np.ndarray]:
         index = json.loads((self.path / "tensor-cache.json").read_text())

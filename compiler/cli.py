@@ -11,7 +11,7 @@ from typing import Iterator
 
 from . import __version__
 from .errors import LanternError
-from .lower import WEBGPU_SCHEDULES
+from .lower import SCHEDULE_CHOICES
 from .quantize import QUANTIZATIONS
 
 BUILD_EXAMPLES = """examples:
@@ -221,10 +221,10 @@ def make_parser() -> argparse.ArgumentParser:
                             "less accurate model)")
     b.add_argument("--targets", default="webgpu,cpu",
                    help="comma-separated libraries to build: webgpu, cpu (default: both)")
-    b.add_argument("--webgpu-schedule", default="gpu", choices=WEBGPU_SCHEDULES,
-                   help="kernel schedule of the webgpu library: gpu (default, for real GPUs) or "
-                        "cpu-emulated (for software adapters such as SwiftShader: ~5x faster decode there; "
-                        "not tuned for real GPUs)")
+    b.add_argument("--webgpu-schedule", default="both", choices=SCHEDULE_CHOICES,
+                   help="kernel schedule of the webgpu libraries: gpu (for real GPUs), cpu-emulated (for "
+                        "software adapters such as SwiftShader, WARP, lavapipe: no GPU in the machine) or both "
+                        "(default): one library each, sharing the weights; the runtime picks by adapter")
     b.add_argument("--name", help="model name used in file names and package.json (default: from source)")
     b.add_argument("--dump-dir", help="write the IR after every compiler phase to this folder")
     b.add_argument("--cache-dir", help="build cache folder (default: $LANTERN_CACHE or ~/.cache/lantern)")

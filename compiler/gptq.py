@@ -26,6 +26,9 @@ get ``H`` for every quantized matrix.
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -88,22 +91,40 @@ def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], 
                         ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """GPTQ every matrix the family's calibration pass observes: ``{name: (q_weight, q_scale)}``.
 
-    ``forward(params, config, sequences, observe)`` calls ``observe(name, inputs)``
-    once per matrix; the matrix is quantized right there, so only one ``H`` lives at a time.
+    ``forward(params, config, sequences, observe)`` calls ``observe(name, inputs)`` once per
+    matrix. The pass runs on the float weights, so no matrix's quantization feeds the next: each
+    is quantized on a worker thread while the pass goes on (numpy drops the GIL in its array
+    work), with at most a few Hessians waiting at a time. The result does not depend on the
+    number of threads.
     """
-    done: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    workers = max(1, min(4, os.cpu_count() or 1))
+    waiting = threading.BoundedSemaphore(2 * workers)
+    futures: dict[str, Future] = {}
 
-    def observe(name: str, inputs: list[np.ndarray]) -> None:
-        x = np.concatenate(inputs).astype(np.float64)
-        hessian = x.T @ x / len(x)
-        if not np.all(np.isfinite(hessian)):
-            raise LanternError(f"calibration: the inputs of '{name}' overflow on the calibration text "
-                               "(the float model itself is broken there)")
-        done[name] = gptq_weight(float_params[name], hessian, spec)
-        on_weight(name)
+    def quantize(name: str, hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return gptq_weight(float_params[name], hessian, spec)
+        finally:
+            waiting.release()
 
-    forward(float_params, config, calibration.sequences, observe)
-    return done
+    with ThreadPoolExecutor(workers, thread_name_prefix="gptq") as pool:
+        def observe(name: str, inputs: list[np.ndarray]) -> None:
+            x = np.concatenate(inputs).astype(np.float64)
+            hessian = x.T @ x / len(x)
+            if not np.all(np.isfinite(hessian)):
+                raise LanternError(f"calibration: the inputs of '{name}' overflow on the calibration text "
+                                   "(the float model itself is broken there)")
+            waiting.acquire()
+            futures[name] = pool.submit(quantize, name, hessian)
+            futures[name].add_done_callback(lambda _, name=name: on_weight(name))
+
+        try:
+            forward(float_params, config, calibration.sequences, observe)
+        except BaseException:
+            for future in futures.values():
+                future.cancel()
+            raise
+        return {name: future.result() for name, future in futures.items()}
 
 
 def search_scale(groups: np.ndarray, importance: np.ndarray, spec: QuantSpec) -> np.ndarray:

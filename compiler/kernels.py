@@ -16,6 +16,15 @@ from tvm.script import tirx as T
 THREADS = 64
 
 
+def loops(gpu: bool):
+    """(block loop, thread loop) for hand-written kernels: GPU thread bindings, or serial loops
+    for a CPU build of the same TIR (the server samples with it; tests compare the two)."""
+    if gpu:
+        return (lambda n: T.thread_binding(n, thread="blockIdx.x"),
+                lambda n: T.thread_binding(n, thread="threadIdx.x"))
+    return (lambda n: T.serial(n)), (lambda n: T.serial(n))
+
+
 def merge_state_inplace(v_dtype: str):
     @T.prim_func(s_tir=True)
     def merge_state(v: T.handle, s: T.handle, v_other: T.handle, s_other: T.handle):

@@ -27,7 +27,10 @@ from .errors import LanternError
 
 RUNTIME_UNITS = ("wasm_runtime.cc", "tvmjs_support.cc", "webgpu_runtime.cc")
 CFLAGS = ["-O3", "-std=c++17", "-Wno-ignored-attributes"]
-LDFLAGS = ["-O3", "--no-entry", "-s", "WASM_BIGINT=1", "-s", "ERROR_ON_UNDEFINED_SYMBOLS=0",
+# -O1 at link time: the objects are already optimized (-O3), and binaryen's whole-module -O3 pass
+# took ~75 s of a ~78 s link for a 5 MB library, for a 13% smaller gzipped file. --strip-all drops
+# the name section (1.4 MB) that -O1 would otherwise keep.
+LDFLAGS = ["-O1", "-Wl,--strip-all", "--no-entry", "-s", "WASM_BIGINT=1", "-s", "ERROR_ON_UNDEFINED_SYMBOLS=0",
            "-s", "STANDALONE_WASM=1", "-s", "ALLOW_MEMORY_GROWTH=1", "-s", "INITIAL_MEMORY=64MB"]
 # Headers missing from the apache-tvm wheel, taken from tilelang's copy of the TVM tree.
 HEADER_WHEEL = "tilelang==0.1.15"

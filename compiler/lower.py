@@ -16,6 +16,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from . import emulated, package
 from .cpu_schedule import ParallelSpatial
 from .kernels import replace_racy_kernels
 from .quantize import QuantSpec
@@ -61,11 +62,17 @@ def _attach_metadata(mod: tvm.IRModule, metadata: dict) -> tvm.IRModule:
 
 # How WebGPU kernels are scheduled. "gpu" is dlight's default for real GPUs: GEMVs and
 # reductions split the reduction across a workgroup and combine partial sums in shared
-# memory. Software adapters (SwiftShader, WARP) run workgroups on CPU threads where every
-# barrier is a context switch; "cpu-emulated" gives each thread whole rows instead, which
-# measured 5.6x faster decode on SwiftShader (0.21 -> 1.17 tok/s, SmolLM2 q4f32_1).
-# Matmul (prefill) keeps dlight's tiled rule in both: the row-per-thread form was slower.
-WEBGPU_SCHEDULES = ("gpu", "cpu-emulated")
+# memory. Software adapters (SwiftShader, WARP, lavapipe) run workgroups on CPU threads,
+# where shared memory, barriers and any load at a non-constant index are slow: "cpu-emulated"
+# swaps in the kernels of emulated.py (and falls back to dlight for the rest).
+# "both" builds one library of each; the runtimes pick by adapter (package.choose_library).
+WEBGPU_SCHEDULES = package.SCHEDULES
+SCHEDULE_CHOICES = (*WEBGPU_SCHEDULES, "both")
+
+
+def schedules(choice: str) -> tuple[str, ...]:
+    """The library schedules a ``--webgpu-schedule`` choice builds."""
+    return WEBGPU_SCHEDULES if choice == "both" else (choice,)
 
 
 def _phases(target: tvm.target.Target, quantized: bool,
@@ -86,9 +93,9 @@ def _phases(target: tvm.target.Target, quantized: bool,
         # dlight's CPU GEMV rule doubles q4 decode speed (it dequantizes inside the dot
         # product) but spends minutes compiling plain f32/f16 GEMVs: only for quantized models.
         gemv = [dl.cpu.GEMV()] if quantized else []
-        schedule = [dl.ApplyDefaultSchedule(*gemv, dl.cpu.Reduction(), ParallelSpatial())]
+        schedule = [emulated.rewrite_cpu_pass, dl.ApplyDefaultSchedule(*gemv, dl.cpu.Reduction(), ParallelSpatial())]
     elif schedule_profile == "cpu-emulated":
-        schedule = [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.Fallback())]
+        schedule = [emulated.rewrite_pass, dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.Fallback())]
     else:
         schedule = [dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())]

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 SHARD_BYTES = 32_000_000  # "<= 32 MB"; a larger single tensor gets a shard of its own
+# Kernel schedules a webgpu library can have (see lower.py): for real GPUs, and for software adapters.
+SCHEDULES = ("gpu", "cpu-emulated")
 MANIFEST = "lantern.json"
 MANIFEST_VERSION = 1
 
@@ -37,8 +39,29 @@ class Library:
     largest_kernel_bytes: int
     # f32 fallback for f16 weights: the runtime upcasts float16 params before upload.
     param_upcast: str | None = None
-    # webgpu only: "gpu" or "cpu-emulated" (lower.WEBGPU_SCHEDULES)
+    # webgpu only: one of SCHEDULES; a library without it counts as "gpu"
     schedule: str | None = None
+
+
+def choose_library(libraries: list[dict], target: str, features: frozenset[str] = frozenset(),
+                   emulated: bool = False) -> dict:
+    """The library of ``target`` that a device runs best, as the browser runtime picks it
+    (``chooseLibrary`` in webruntime/src/library.ts is the twin; a test holds them equal).
+
+    Usable: every required feature present and a known schedule. Best: weights as stored over an
+    f32 upcast, then the schedule made for this kind of adapter (``emulated``: a software one).
+    Raises ValueError naming each library and what it needs when none is usable.
+    """
+    want = "cpu-emulated" if emulated else "gpu"
+    candidates = [lib for lib in libraries if lib["target"] == target]
+    usable = [lib for lib in candidates if set(lib["required_features"]) <= features
+              and (target != "webgpu" or (lib.get("schedule") or "gpu") in SCHEDULES)]
+    if not usable:
+        needs = [f"{lib['file']} needs {' + '.join(lib['required_features'])}" if lib["required_features"]
+                 else f"{lib['file']} has the unknown schedule '{lib.get('schedule')}'" for lib in candidates]
+        raise ValueError(f"no {target} library runs here ({'; '.join(needs) or 'none was built'})")
+    rank = lambda lib: (2 if lib.get("param_upcast") else 0) + ((lib.get("schedule") or "gpu") != want)  # noqa: E731
+    return min(usable, key=rank)
 
 
 def write_shards(out: Path, names: list[str], arrays: list[np.ndarray]) -> dict:

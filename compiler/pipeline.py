@@ -54,7 +54,7 @@ class BuildOptions:
     # Text for GPTQ on 4-bit builds; None rounds every weight to the nearest level instead.
     calibration: Path | None = gptq.DEFAULT_CALIBRATION
     targets: tuple[str, ...] = ("webgpu", "cpu")
-    webgpu_schedule: str = "gpu"  # see lower.WEBGPU_SCHEDULES
+    webgpu_schedule: str = "both"  # see lower.SCHEDULE_CHOICES
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     dump_dir: Path | None = None
     name: str | None = None
@@ -81,15 +81,23 @@ def toolchain_versions() -> dict[str, str]:
             "emscripten": link.emscripten_version()}
 
 
-def _code_hash() -> str:
-    """Hash of Lantern's own compiler code, so a changed compiler never reuses a stale build."""
+# The modules the stored weights depend on; the rest of the compiler only shapes the libraries.
+WEIGHT_MODULES = ("importer.py", "quantize.py", "gptq.py", "lora.py")
+
+
+def _code_hash(weights_only: bool = False) -> str:
+    """Hash of Lantern's own compiler code, so a changed compiler never reuses a stale build.
+    ``weights_only`` hashes just what decides the weights (so a kernel change keeps GPTQ's result)."""
     from . import models
 
+    here = Path(__file__).parent
+    files = [p for root in (here, Path(models.__file__).parent) for p in sorted(root.rglob("*"))
+             if p.suffix in (".py", ".h")]
+    if weights_only:
+        files = [p for p in files if p.parent != here or p.name in WEIGHT_MODULES]
     h = hashlib.sha256()
-    for root in (Path(__file__).parent, Path(models.__file__).parent):
-        for p in sorted(root.rglob("*")):
-            if p.suffix in (".py", ".h"):
-                h.update(p.read_bytes())
+    for p in files:
+        h.update(p.read_bytes())
     return h.hexdigest()
 
 
@@ -100,14 +108,14 @@ def _hash(facts: dict) -> str:
 def _weights_key(src: SourceModel, opts: BuildOptions, calibration_hash: str | None) -> str:
     """What the stored weights depend on. Builds for other targets or schedules share them, so
     GPTQ (minutes) runs once for all of them."""
-    return _hash({"source": src.source_hash, "code": _code_hash(), "quant": opts.quant,
+    return _hash({"source": src.source_hash, "code": _code_hash(weights_only=True), "quant": opts.quant,
                   "calibration": calibration_hash, "lora": adapter_hash(opts.lora) if opts.lora else None})
 
 
 def _cache_key(weights_key: str, opts: BuildOptions, name: str, versions: dict) -> str:
     """What the whole artifact depends on: its weights, plus what the compiled libraries do."""
-    return _hash({"weights": weights_key, "targets": sorted(opts.targets), "schedule": opts.webgpu_schedule,
-                  "name": name, "versions": versions})
+    return _hash({"weights": weights_key, "code": _code_hash(), "targets": sorted(opts.targets),
+                  "schedule": opts.webgpu_schedule, "name": name, "versions": versions})
 
 
 def _load_cached_weights(opts: BuildOptions, key: str) -> dict[str, np.ndarray] | None:
@@ -156,9 +164,9 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
     for t in opts.targets:
         if t not in lower.TARGETS:
             raise LanternError(f"unknown target '{t}' (choose from: {', '.join(lower.TARGETS)})")
-    if opts.webgpu_schedule not in lower.WEBGPU_SCHEDULES:
+    if opts.webgpu_schedule not in lower.SCHEDULE_CHOICES:
         raise LanternError(f"unknown WebGPU schedule '{opts.webgpu_schedule}' "
-                           f"(choose from: {', '.join(lower.WEBGPU_SCHEDULES)})")
+                           f"(choose from: {', '.join(lower.SCHEDULE_CHOICES)})")
     if opts.lora is not None and not opts.lora.is_dir():
         raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
     calibration_hash = None
@@ -257,26 +265,21 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
         "kv_state_kind": "kv_cache",
         "max_batch_size": 1,
     }
-    # (file stem, target, spec) for every library to build
-    builds = []
-    for target in opts.targets:
-        builds.append((f"{name}-{spec.name}-{target}", target, spec))
-        if target == "webgpu" and spec.needs_shader_f16:
-            builds.append((f"{name}-{spec.name}-webgpu-f32", target, _fallback_spec(spec)))
+    builds = _library_builds(name, spec, opts)
 
     t0 = time.perf_counter()
     executables = []
     param_names: list[str] = []
     with reporter.stage("compile", total=len(builds)):
-        for stem, target_name, lib_spec in builds:
+        for stem, target_name, lib_spec, schedule in builds:
             target = lower.TARGETS[target_name]()
             exported = lower.export(src.family, config, lib_spec, target, metadata)
             param_names = exported.param_names
             ex, kernels, largest = lower.compile_module(
-                exported.mod, target, quantized=lib_spec.quantized, schedule_profile=opts.webgpu_schedule,
+                exported.mod, target, quantized=lib_spec.quantized, schedule_profile=schedule or "gpu",
                 dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
                 on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))
-            executables.append((stem, target_name, lib_spec, ex, kernels, largest))
+            executables.append((stem, target_name, lib_spec, schedule, ex, kernels, largest))
             reporter.advance(1, stem)
     times["compile"] = time.perf_counter() - t0
     missing = [n for n in param_names if n not in stored]
@@ -286,7 +289,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     t0 = time.perf_counter()
     libraries = []
     with reporter.stage("link", total=len(executables)):
-        for stem, target_name, lib_spec, ex, kernels, largest in executables:
+        for stem, target_name, lib_spec, schedule, ex, kernels, largest in executables:
             if target_name == "webgpu":
                 file = f"{stem}.wasm"
                 link.link_wasm(ex, tmp / file, opts.cache_dir, on_step=lambda d: reporter.advance(0, d))
@@ -295,7 +298,6 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                 ex.export_library(str(tmp / file))
             features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
             upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
-            schedule = opts.webgpu_schedule if target_name == "webgpu" else None
             libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, kernels,
                                              largest, upcast, schedule))
             reporter.advance(1, file)
@@ -340,6 +342,25 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
         reporter.advance(1, "manifest")
     times["write"] = time.perf_counter() - t0
     return manifest
+
+
+def _library_builds(name: str, spec: QuantSpec, opts: BuildOptions) -> list[tuple[str, str, QuantSpec, str | None]]:
+    """(file stem, target, spec, webgpu schedule) of every library to build. The "gpu" schedule
+    computes in the weights' dtype, plus an f32 twin for adapters without shader-f16; the
+    "cpu-emulated" one computes in f32 only (software adapters have no shader-f16)."""
+    builds = []
+    for target in opts.targets:
+        if target != "webgpu":
+            builds.append((f"{name}-{spec.name}-{target}", target, spec, None))
+            continue
+        for schedule in lower.schedules(opts.webgpu_schedule):
+            if schedule == "cpu-emulated":
+                builds.append((f"{name}-{spec.name}-webgpu-emulated", target, _fallback_spec(spec), schedule))
+                continue
+            builds.append((f"{name}-{spec.name}-webgpu", target, spec, schedule))
+            if spec.needs_shader_f16:
+                builds.append((f"{name}-{spec.name}-webgpu-f32", target, _fallback_spec(spec), schedule))
+    return builds
 
 
 def _count_parameters(cfg) -> int:
@@ -398,7 +419,8 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         # Not read by WebLLM (its ModelRecord names the library); recorded for tools.
-        "model_lib": webgpu[0].file if webgpu else None,
+        "model_lib": next((lib.file for lib in webgpu if lib.schedule == "gpu" and not lib.param_upcast),
+                          webgpu[0].file if webgpu else None),
     }
     (tmp / "mlc-chat-config.json").write_text(json.dumps(chat_config, indent=2) + "\n")
 

@@ -27,16 +27,11 @@ import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
+from .kernels import loops
+
 CHUNK = 256  # elements per thread in the row reductions
 THREADS = 256
 GREEDY_TEMPERATURE = 1e-5
-
-
-def _loops(gpu: bool):
-    if gpu:
-        return (lambda n: T.thread_binding(n, thread="blockIdx.x"),
-                lambda n: T.thread_binding(n, thread="threadIdx.x"))
-    return (lambda n: T.serial(n)), (lambda n: T.serial(n))
 
 
 def _attrs(gpu: bool) -> dict:
@@ -44,7 +39,7 @@ def _attrs(gpu: bool) -> dict:
 
 
 def logit_bias_kernel(gpu: bool, vocab: int):
-    block, thread = _loops(gpu)
+    block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
     def apply_logit_bias(var_logits: T.handle, var_pos2seq: T.handle, var_ids: T.handle, var_bias: T.handle):
@@ -67,7 +62,7 @@ def logit_bias_kernel(gpu: bool, vocab: int):
 
 
 def penalty_kernel(gpu: bool, vocab: int):
-    block, thread = _loops(gpu)
+    block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
     def apply_penalty(var_logits: T.handle, var_seq_ids: T.handle, var_pos2seq: T.handle, var_ids: T.handle,
@@ -101,7 +96,7 @@ def penalty_kernel(gpu: bool, vocab: int):
 
 
 def bitmask_kernel(gpu: bool, vocab: int):
-    block, thread = _loops(gpu)
+    block, thread = loops(gpu)
     words = (vocab + 31) // 32
 
     @T.prim_func(s_tir=True)
@@ -129,7 +124,7 @@ def bitmask_kernel(gpu: bool, vocab: int):
 
 def softmax_kernels(gpu: bool, vocab: int):
     """(chunk statistics, merge + normalise) kernels of softmax_with_temperature."""
-    block, thread = _loops(gpu)
+    block, thread = loops(gpu)
     chunks = (vocab + CHUNK - 1) // CHUNK
 
     @T.prim_func(s_tir=True)
@@ -207,7 +202,7 @@ def softmax_kernels(gpu: bool, vocab: int):
 
 def sort_kernels(gpu: bool, vocab: int):
     """(pad, one bitonic pass, unpad) kernels of argsort_probs."""
-    block, thread = _loops(gpu)
+    block, thread = loops(gpu)
     padded = 1 << (vocab - 1).bit_length()
     half = padded // 2
 
@@ -286,7 +281,7 @@ def sort_kernels(gpu: bool, vocab: int):
 
 def top_p_kernels(gpu: bool, vocab: int):
     """(chunk sums, per-sample walk) kernels of sample_with_top_p."""
-    block, thread = _loops(gpu)
+    block, thread = loops(gpu)
     chunks = (vocab + CHUNK - 1) // CHUNK
 
     @T.prim_func(s_tir=True)

@@ -1,6 +1,6 @@
 // The capability page: what WebGPU offers here and which route the router would take for each
 // served model (the same library choice and memory check the runtime makes when it loads).
-import { chooseLibrary } from "/runtime/lantern.js";
+import { chooseLibrary, isSoftwareAdapter } from "/runtime/lantern.js";
 
 const facts = document.querySelector("#facts tbody");
 const limitsTable = document.querySelector("#limits tbody");
@@ -17,8 +17,8 @@ async function main() {
   row(facts, "WebGPU", gpu ? (adapter ? "available" : "present, but no adapter") : "not available");
   const features = new Set(adapter ? [...adapter.features] : []);
   const info = adapter?.info ?? {};
-  const emulated = Boolean(info.isFallbackAdapter) ||
-    /swiftshader|llvmpipe|lavapipe|warp/i.test(`${info.vendor} ${info.architecture} ${info.description}`);
+  const emulated = isSoftwareAdapter({ vendor: info.vendor, architecture: info.architecture,
+    description: info.description, isFallbackAdapter: info.isFallbackAdapter ?? adapter?.isFallbackAdapter });
   if (adapter) {
     row(facts, "adapter", `${info.vendor || "?"} ${info.architecture || ""} ${info.description || ""}`.trim());
     row(facts, "software adapter", emulated ? "yes (CPU-emulated WebGPU)" : "no");

@@ -89,9 +89,11 @@ def probe_page(model_dir: Path) -> Iterator[tuple[object, str]]:
         yield page, base + "/models/m/"
 
 
-def webllm_chat(artifact, messages: list[dict], max_tokens: int) -> dict:
-    """Load ``artifact`` in the unmodified WebLLM engine, answer greedily; returns the OpenAI reply."""
-    lib = artifact.library("webgpu").name
+def webllm_chat(artifact, messages: list[dict], max_tokens: int, library: str | None = None) -> dict:
+    """Load ``artifact`` in the unmodified WebLLM engine, answer greedily; returns the OpenAI reply.
+    ``library`` defaults to the one Lantern's runtime picks on SwiftShader (a WebLLM user names the
+    library in their ModelRecord)."""
+    lib = library or artifact.library("webgpu", emulated=True).name
     # WebLLM appends resolve/main/ to a model URL unless it already holds /resolve/<rev>/
     routes = {"/webllm/": WEBLLM, "/page/": repo_root() / "tests" / "web",
               "/models/m/resolve/main/": artifact.path}

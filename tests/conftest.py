@@ -57,9 +57,9 @@ _BUILDS: dict[tuple, Path] = {}
 
 @pytest.fixture(scope="session")
 def build_artifact(cache_dir, tmp_path_factory):
-    """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="gpu",
+    """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="both",
     calibration=<built-in text>) -> artifact folder, built once per session."""
-    def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="gpu",
+    def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="both",
                calibration=DEFAULT_CALIBRATION) -> Path:
         key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule, str(calibration))
         if key not in _BUILDS:
@@ -73,12 +73,22 @@ def build_artifact(cache_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smollm2_emulated(build_artifact):
-    """SmolLM2 q4f32_1 for WebGPU (cpu-emulated schedule, SwiftShader's pick) and CPU."""
+def smollm2_q4(build_artifact):
+    """SmolLM2 q4f32_1 as `lantern build` makes it by default: both WebGPU schedules (the runtime picks
+    cpu-emulated on SwiftShader) and the CPU library. Every test of the real model shares this build."""
     from lantern.artifact import Artifact
 
-    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
-                                        webgpu_schedule="cpu-emulated"))
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu")))
+
+
+@pytest.fixture(scope="session")
+def tiny_q4(tiny_hf, build_artifact):
+    """The tiny random Llama, built like smollm2_q4 (both WebGPU schedules and the CPU library) in
+    seconds and loaded in a few: for tests of behaviour that does not depend on the model's words
+    (caching, integrity, budgets)."""
+    from lantern.artifact import Artifact
+
+    return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=("webgpu", "cpu")))
 
 
 def pytest_collection_modifyitems(config, items):

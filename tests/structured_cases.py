@@ -1,7 +1,8 @@
 """The structured-output suite both engines run: 15 JSON schemas over the features users rely on.
 
 Values are kept small (short strings, integer ranges, few items) so a generation is a few dozen
-tokens: the browser runs each schema with five seeds on SwiftShader.
+tokens. Each schema runs with two seeds in both engines (the browser on SwiftShader), and the two
+engines' answers for a seed agree (but for rare near-ties).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ SCHEMAS: dict[str, dict] = {
                            "items": False},
 }
 
-SEEDS = (1, 2, 3, 4, 5)
+SEEDS = (1, 2)
 MESSAGES = [{"role": "system", "content": "Reply with JSON only."},
             {"role": "user", "content": "Fill in the JSON for a small example."}]
 SAMPLING = {"temperature": 0.8, "max_tokens": 48}

@@ -53,14 +53,20 @@ def test_json_build_then_cache_hit(tiny_hf, tmp_path, capsys, cache_dir):
     assert json.loads(out)["manifest"]["files"] == first["manifest"]["files"]
 
 
-def test_manifest_describes_the_artifact(tiny_hf, build_artifact):
-    art = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))  # verifies every sha256 and size
+@pytest.mark.webgpu_build
+def test_manifest_describes_the_artifact(tiny_q4):
+    art = Artifact.open(tiny_q4.path)  # verifies every sha256 and size
     m = art.manifest
     assert m["quantization"] == "q4f32_1" and m["model"]["context_window"] == 256
     assert m["calibration"]["method"] == "gptq" and m["calibration"]["text"] == "mixed_english.txt"
     assert set(m["versions"]) >= {"lantern", "tvm", "tvm_ffi", "emscripten"}
     assert m["weights"]["bytes_per_param"] < 1.0  # 4-bit weights plus scales
     assert m["memory"]["estimated_gpu_bytes"] > m["weights"]["bytes"]
+    # the default build: one webgpu library per kernel schedule, sharing one set of weights
+    libs = {lib["file"]: (lib["target"], lib["schedule"]) for lib in m["libraries"]}
+    assert libs == {"tiny-llama-q4f32_1-webgpu.wasm": ("webgpu", "gpu"),
+                    "tiny-llama-q4f32_1-webgpu-emulated.wasm": ("webgpu", "cpu-emulated"),
+                    "tiny-llama-q4f32_1-cpu.so": ("cpu", None)}
     on_disk = {p.name for p in art.path.iterdir()} - {"lantern.json"}
     assert set(m["files"]) == on_disk
     chat = json.loads((art.path / "mlc-chat-config.json").read_text())

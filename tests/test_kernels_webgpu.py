@@ -14,7 +14,6 @@ from browser import probe_page
 from sampling_reference import V, nucleus_logits
 
 from lantern import kernels, link, lower
-from lantern.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
 
@@ -29,11 +28,6 @@ def call_on_webgpu(folder, lib_file: str, calls: list[tuple[str, list[np.ndarray
                             [model_url, lib_file,
                              [{"name": n, "args": [arg(a) for a in args]} for n, args in calls]])
     return [[np.array(x) for x in outputs] for outputs in out]
-
-
-@pytest.fixture(scope="module")
-def tiny_q4(tiny_hf, build_artifact):
-    return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=("webgpu", "cpu")))
 
 
 def test_sampling_functions_on_webgpu_match_cpu(tiny_q4):

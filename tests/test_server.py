@@ -24,9 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smollm2(build_artifact) -> Artifact:
-    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
-                                        webgpu_schedule="cpu-emulated"))
+def smollm2(smollm2_q4) -> Artifact:
+    return smollm2_q4
 
 
 @contextlib.contextmanager

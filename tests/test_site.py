@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from browser import launch, lantern_server, repo_root, wait_until_ready
-
-from lantern.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 
@@ -19,9 +18,8 @@ SHOTS = repo_root() / "test-output" / "screenshots"
 
 
 @pytest.fixture(scope="module")
-def smollm2(build_artifact, tmp_path_factory) -> Path:
-    art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu"),
-                                       webgpu_schedule="cpu-emulated"))
+def smollm2(smollm2_q4, tmp_path_factory) -> Path:
+    art = smollm2_q4
     link = tmp_path_factory.mktemp("served") / "smollm2"  # served as /models/smollm2/, as the embed page says
     link.symlink_to(art.path)
     return link
@@ -49,7 +47,7 @@ def ask(page, text: str) -> None:
     page.locator("#prompt").press("Enter")
 
 
-def test_chat_page_loads_streams_stops_and_answers(site, playwright):
+def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser = launch(playwright)
     try:
@@ -58,8 +56,10 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright):
         assert page.locator("#progress").evaluate("p => p.value") == 1
         assert "100%" in page.locator("#progress-text").inner_text()
         assert page.locator("#route").get_attribute("data-route") == "local"
+        sent = time.perf_counter()
         ask(page, "Count from one to twenty.")
         page.wait_for_function("document.querySelector('.msg-assistant').textContent.length > 3", timeout=300_000)
+        report(f"chat page (SwiftShader): the first answer started {time.perf_counter() - sent:.1f} s after Send")
         page.screenshot(path=str(SHOTS / "chat-mid-answer.png"), full_page=True)
         page.get_by_role("button", name="Stop").click()
         page.wait_for_function("document.getElementById('send').disabled === false", timeout=120_000)

@@ -132,8 +132,8 @@ def _run_bundle(bundle: str, payload: dict) -> dict:
 # ---- the CPU engine (the server's) ----------------------------------------------------------------
 
 @pytest.mark.slow
-def test_every_schema_validates_for_five_seeds_on_the_cpu(smollm2_emulated, report):
-    runs = cpu_runs(smollm2_emulated.path)
+def test_every_schema_validates_for_two_seeds_on_the_cpu(smollm2_q4, report):
+    runs = cpu_runs(smollm2_q4.path)
     for (name, seed), run in runs.items():
         assert run["finish"] == "stop", (name, seed, run["text"])
         jsonschema.validate(json.loads(run["text"]), SCHEMAS[name], format_checker=jsonschema.FormatChecker())
@@ -143,10 +143,10 @@ def test_every_schema_validates_for_five_seeds_on_the_cpu(smollm2_emulated, repo
 
 
 @pytest.mark.slow
-def test_a_repeated_schema_is_compiled_once(smollm2_emulated):
+def test_a_repeated_schema_is_compiled_once(smollm2_q4):
     from lantern.server.engine import ModelEngine
 
-    engine = ModelEngine(smollm2_emulated.path)
+    engine = ModelEngine(smollm2_q4.path)
     spec = request_spec(request("ref_defs", 1)["response_format"], [], None, True)
     first = engine.compile_grammar(spec)
     hits = engine.grammars.hits
@@ -155,9 +155,9 @@ def test_a_repeated_schema_is_compiled_once(smollm2_emulated):
 
 
 @pytest.fixture(scope="module")
-def client(smollm2_emulated):
+def client(smollm2_q4):
     openai = pytest.importorskip("openai")
-    with lantern_server([smollm2_emulated.path]) as (base, _):
+    with lantern_server([smollm2_q4.path]) as (base, _):
         wait_until_ready(base)
         yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 

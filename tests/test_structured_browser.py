@@ -1,6 +1,6 @@
 """Structured output and tool calls in the browser engine (Web Worker, WebGPU on SwiftShader).
 
-The same suite as tests/test_structured.py's CPU run: every schema with five seeds, validated
+The same suite as tests/test_structured.py's CPU run: every schema with two seeds, validated
 by ajv in the page (/runtime/schema-check.js); and the same seeds must give the same answers as the server's CPU engine.
 """
 
@@ -19,13 +19,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def page(smollm2_emulated, playwright):
-    with lantern_server([smollm2_emulated.path]) as (base, _):
+def page(smollm2_q4, playwright):
+    with lantern_server([smollm2_q4.path]) as (base, _):
         browser = launch(playwright)
         page = browser.new_page()
         page.goto(base + "/engine.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-        page.evaluate("(m) => load(m)", f"/models/{smollm2_emulated.path.name}/")
+        page.evaluate("(m) => load(m)", f"/models/{smollm2_q4.path.name}/")
         yield page
         browser.close()
 
@@ -34,8 +34,8 @@ def chat(page, *requests: dict) -> list[dict]:
     return page.evaluate("(reqs) => chat(reqs)", list(requests))
 
 
-def test_every_schema_validates_for_five_seeds_in_the_browser(page, smollm2_emulated, report):
-    cpu = cpu_runs(smollm2_emulated.path)
+def test_every_schema_validates_for_two_seeds_in_the_browser(page, smollm2_q4, report):
+    cpu = cpu_runs(smollm2_q4.path)
     same, total, tokens, tok_s = 0, 0, 0, []
     for name, schema in SCHEMAS.items():
         replies = chat(page, *[request(name, seed) for seed in SEEDS])

@@ -30,51 +30,58 @@ def multi_turn_steps(seed: int) -> list[list[int]]:
     return [draw(21), draw(1), draw(1), draw(13)]
 
 
-def check_against_cpu(art: Artifact, steps, rtol: float, report) -> None:
+def check_against_cpu(art: Artifact, steps, rtol: float, report, lib: str) -> None:
     cpu = art.cpu_model()
     expected = [cpu.prefill(s) for s in steps]
-    got = probe(art, steps)
+    got = probe(art, steps, lib=lib)
     for i, (e, g) in enumerate(zip(expected, got)):
         err = np.abs(e - g).max() / np.abs(e).max()
-        report(f"{art.manifest['model']['name']} WebGPU vs CPU, step {i} ({len(steps[i])} tokens): "
-               f"logit error {err:.1e} (relative)")
+        report(f"{lib} WebGPU vs CPU, step {i} ({len(steps[i])} tokens): logit error {err:.1e} (relative)")
         assert err < rtol, f"step {i} ({len(steps[i])} tokens): relative logit error {err:.2e}"
 
 
-def test_tiny_model_webgpu_matches_cpu(tiny_hf, build_artifact, report):
-    art = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=("webgpu", "cpu")))
-    check_against_cpu(art, multi_turn_steps(0), rtol=1e-4, report=report)
+@pytest.mark.parametrize("emulated", [False, True], ids=["gpu", "cpu-emulated"])
+def test_tiny_model_webgpu_matches_cpu(emulated, tiny_q4, report):
+    """Both schedules of the default build: prefill, decodes, then a prefill on top of the history."""
+    art = tiny_q4
+    check_against_cpu(art, multi_turn_steps(0), rtol=1e-4, report=report,
+                      lib=art.library("webgpu", emulated=emulated).name)
 
 
 @pytest.mark.slow
-def test_smollm2_q4f32_webgpu_matches_cpu(build_artifact, report):
-    art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu")))
-    check_against_cpu(art, multi_turn_steps(1), rtol=1e-3, report=report)
+def test_smollm2_q4f32_webgpu_matches_cpu(smollm2_q4, report):
+    """Real weights on the library SwiftShader runs (the tiny model covers the other schedule)."""
+    check_against_cpu(smollm2_q4, multi_turn_steps(1), rtol=1e-3, report=report,
+                      lib=smollm2_q4.library("webgpu", emulated=True).name)
 
 
 def test_f16_artifact_has_a_fallback_that_runs_without_shader_f16(tiny_hf, build_artifact):
-    """q4f16_1: the f16 library needs shader-f16 (SwiftShader lacks it); the f32 fallback runs here
-    on the same f16 weights, upcast at load, and matches numpy on the dequantized weights."""
+    """q4f16_1: the f16 library needs shader-f16 (SwiftShader lacks it); the f32 libraries run here on
+    the same f16 weights, upcast at load, and match numpy on the dequantized weights. A real GPU without
+    shader-f16 gets the gpu schedule's f32 twin, a software adapter the cpu-emulated library."""
     import numpy_llama
     from reference_weights import hf_weights_from_artifact
 
     folder, _, cfg = tiny_hf
     art = Artifact.open(build_artifact(folder, "q4f16_1", targets=("webgpu", "cpu")))
     libs = {lib["file"]: lib for lib in art.manifest["libraries"] if lib["target"] == "webgpu"}
-    assert sorted(lib["required_features"] for lib in libs.values()) == [[], ["shader-f16"]]
+    assert sorted(lib["required_features"] for lib in libs.values()) == [[], [], ["shader-f16"]]
     assert art.manifest["required_features"] == []
-    fallback = art.library("webgpu").name  # what an adapter without shader-f16 gets
-    assert libs[fallback]["param_upcast"] == "float16->float32" and libs[fallback]["dtype"] == "float32"
+    fallbacks = [art.library("webgpu").name, art.library("webgpu", emulated=True).name]
+    assert [libs[f]["schedule"] for f in fallbacks] == ["gpu", "cpu-emulated"]
+    for f in fallbacks:
+        assert libs[f]["param_upcast"] == "float16->float32" and libs[f]["dtype"] == "float32"
     f16_lib = art.library("webgpu", frozenset({"shader-f16"})).name
     assert libs[f16_lib]["required_features"] == ["shader-f16"]
     assert "enable f16;" in (art.path / f16_lib).read_bytes().decode("latin-1")
 
     tokens = multi_turn_steps(2)
-    got_logits = probe(art, tokens, lib=fallback, upcast=True)
     weights = hf_weights_from_artifact(art.params(), cfg, "q4f16_1")
     flat = [t for step in tokens for t in step]
     ref = numpy_llama.forward(weights, cfg, flat)
     ends = np.cumsum([len(s) for s in tokens]) - 1
-    for i, (end, got) in enumerate(zip(ends, got_logits)):
-        err = np.abs(got - ref[end]).max() / np.abs(ref[end]).max()
-        assert err < 1e-4, f"step {i}: relative logit error {err:.2e}"
+    for lib in fallbacks:
+        got_logits = probe(art, tokens, lib=lib, upcast=True)
+        for i, (end, got) in enumerate(zip(ends, got_logits)):
+            err = np.abs(got - ref[end]).max() / np.abs(ref[end]).max()
+            assert err < 1e-4, f"{lib}, step {i}: relative logit error {err:.2e}"

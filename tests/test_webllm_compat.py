@@ -1,5 +1,7 @@
 """A Lantern artifact loads and chats in the unmodified WebLLM engine (@mlc-ai/web-llm 0.2.86)."""
 
+import json
+
 import pytest
 
 from browser import webllm_chat
@@ -10,8 +12,12 @@ from lantern.artifact import Artifact
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 
 
-def test_webllm_greedy_answer_equals_cpu_library(build_artifact):
-    art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu")))
+def test_webllm_greedy_answer_equals_cpu_library(smollm2_q4: Artifact):
+    """The default artifact (both schedules): WebLLM runs the library Lantern picks on SwiftShader; the
+    library mlc-chat-config.json names for WebLLM users is the one for real GPUs."""
+    art = smollm2_q4
+    chat_config = json.loads((art.path / "mlc-chat-config.json").read_text())
+    assert chat_config["model_lib"] == art.library("webgpu").name == "smollm2-q4f32_1-webgpu.wasm"
     reply = webllm_chat(art, [{"role": "user", "content": PROMPTS[0]}], MAX_TOKENS)
     text = reply["choices"][0]["message"]["content"]
     expected = art.cpu_model().greedy(prompt_ids(art, PROMPTS[0]), MAX_TOKENS, stop_ids=[eos_id(art)])

@@ -110,7 +110,7 @@ window.callFunctions = async function (modelUrl, libFile, calls) {
     tvm.beginScope();
     const args = call.args.map((a) => {
       const t = tvm.empty(a.shape, a.dtype, m.dev);
-      const Ctor = a.dtype === "int32" ? Int32Array : Float32Array;
+      const Ctor = { int32: Int32Array, uint32: Uint32Array }[a.dtype] ?? Float32Array;
       t.copyFrom(Ctor.from(a.data));
       return t;
     });

@@ -2,14 +2,12 @@
 // that the model fits before anything is allocated.
 import * as tvmjs from "@mlc-ai/web-runtime";
 import { OutOfMemoryError, WebGPUUnavailableError } from "./errors";
-import type { LibraryEntry, Manifest } from "./loader";
+import { type AdapterTraits, isSoftwareAdapter } from "./library";
+import type { Manifest } from "./loader";
 
-export interface Gpu {
+export interface Gpu extends AdapterTraits {
   device: GPUDevice;
   adapterInfo: { vendor: string; architecture: string; description: string };
-  features: Set<string>;
-  // a software adapter (SwiftShader, WARP, lavapipe): prefers the "cpu-emulated" schedule
-  emulated: boolean;
 }
 
 export async function detectGpu(): Promise<Gpu> {
@@ -24,30 +22,15 @@ export async function detectGpu(): Promise<Gpu> {
   }
   if (!found) throw new WebGPUUnavailableError("WebGPU is present but no adapter is available");
   const info = found.adapterInfo as GPUAdapterInfo & { isFallbackAdapter?: boolean };
-  const text = `${info.vendor} ${info.architecture} ${info.description}`.toLowerCase();
+  // GPUAdapterInfo's fields are getters: copy them, a spread would see none
+  const adapterInfo = { vendor: info.vendor, architecture: info.architecture, description: info.description };
+  const fallback = info.isFallbackAdapter ?? (found.adapter as { isFallbackAdapter?: boolean }).isFallbackAdapter;
   return {
     device: found.device,
-    adapterInfo: { vendor: info.vendor, architecture: info.architecture, description: info.description },
+    adapterInfo,
     features: new Set(found.device.features as unknown as Iterable<string>),
-    emulated: Boolean(info.isFallbackAdapter) || /swiftshader|llvmpipe|lavapipe|warp/.test(text),
+    emulated: isSoftwareAdapter({ ...adapterInfo, isFallbackAdapter: fallback }),
   };
-}
-
-/**
- * The webgpu library this adapter runs best: one whose required features it has, preferring
- * weights as stored over an f32 upcast, then the kernel schedule made for this kind of adapter.
- */
-export function chooseLibrary(manifest: Manifest, gpu: Pick<Gpu, "features" | "emulated">): LibraryEntry {
-  const usable = manifest.libraries.filter(
-    (lib) => lib.target === "webgpu" && lib.required_features.every((f) => gpu.features.has(f)));
-  if (!usable.length) {
-    const needs = manifest.libraries.filter((l) => l.target === "webgpu").map((l) => l.required_features.join("+"));
-    throw new WebGPUUnavailableError(
-      `no webgpu library of this artifact runs on this adapter (libraries need: ${needs.join(", ") || "nothing built"})`);
-  }
-  const wantSchedule = gpu.emulated ? "cpu-emulated" : "gpu";
-  const rank = (lib: LibraryEntry) => (lib.param_upcast ? 2 : 0) + ((lib.schedule ?? "gpu") === wantSchedule ? 0 : 1);
-  return usable.sort((a, b) => rank(a) - rank(b))[0];
 }
 
 /** Throw before allocating when a tensor exceeds the adapter's buffer limits or memory is short. */

@@ -1,6 +1,7 @@
 // The engine: loads an artifact, queues chat requests and runs each through an explicit
 // lifecycle (queued -> prefill -> decode -> completed | cancelled | failed) on the model.
-import { checkFits, chooseLibrary, detectGpu } from "./device";
+import { checkFits, detectGpu } from "./device";
+import { chooseLibrary } from "./library";
 import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError } from "./errors";
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
 import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";

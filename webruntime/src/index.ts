@@ -3,7 +3,7 @@
 export { WorkerEngine } from "./client";
 export { createEngine, type LanternEngine } from "./create";
 export { checkLibraryPipelines, type PipelineCheck } from "./checks";
-export { chooseLibrary } from "./device";
+export { chooseLibrary, isSoftwareAdapter, SCHEDULES } from "./library";
 export { Engine } from "./engine";
 export * from "./errors";
 export type * from "./protocol";

@@ -1,0 +1,169 @@
+"""The cpu-emulated schedule's kernels (compiler/emulated.py) on WebGPU (SwiftShader) against the CPU
+build of the same TIR and against numpy, at shapes with ragged edges: rows and tokens that do not fill
+a tile, a GEMV long enough to run in chunks, GQA, several sequences, causal and not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from test_kernels_webgpu import call_on_webgpu
+
+from lantern import emulated, link, lower
+from lantern.quantize import dequantize_weight, get_quantization, quantize_weight
+
+pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
+
+H_KV, H_Q, D, SM = 2, 6, 16, 0.3
+LOG2E = np.log2(np.e)
+RNG = np.random.default_rng(7)
+
+
+def normal(*shape) -> np.ndarray:
+    return RNG.normal(size=shape).astype(np.float32)
+
+
+def attention_ref(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, float]:
+    """Softmax attention of one query row; lse in log2 units, as the KV cache merges it."""
+    s = keys @ q * SM * LOG2E
+    m = s.max()
+    p = np.exp2(s - m)
+    return (p @ values) / p.sum(), m + np.log2(p.sum())
+
+
+# ---- the cases: (name, prim_func builder(gpu), inputs, indices of outputs, numpy reference)
+
+def linear_case(kind: str, n: int, k: int, tokens: int, residual: bool):
+    w = normal(n, k)
+    qw, qs = quantize_weight(w, get_quantization("q4f32_1"))
+    x = normal(1, tokens, k)
+    res = normal(1, tokens, n)
+    expected = x @ dequantize_weight(qw, qs, get_quantization("q4f32_1")).T + (res if residual else 0)
+    build = emulated.q4_gemv if kind == "gemv" else emulated.q4_matmul
+    args = [x, qw, qs] + ([res] if residual else []) + [np.zeros((1, tokens, n), np.float32)]
+    return (f"{kind}_{n}x{k}_t{tokens}{'_res' if residual else ''}", lambda gpu: build(k, residual, gpu),
+            args, [len(args) - 1], [expected])
+
+
+def rms_norm_case(rows: int):
+    x, w = normal(1, rows, 48), normal(48)
+    expected = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w
+    return (f"rms_norm_{rows}", lambda gpu: emulated.rms_norm(48, 1e-5, gpu),
+            [x, w, np.zeros_like(x)], [2], [expected])
+
+
+# A paged cache of 5 pages: sequence 0 holds pages [3, 0] (16 + 4 tokens), sequence 1 page [1] (5).
+PAGES = normal(5, 2, H_KV, emulated.PAGE, D)
+PAGE_INDPTR, PAGE_VALUES, LAST_LEN = (np.array(a, np.int32) for a in ([0, 2, 3], [3, 0, 1], [4, 5]))
+
+
+def cached_kv(seq: int, head: int) -> tuple[np.ndarray, np.ndarray]:
+    pages, last = ([3, 0], 4) if seq == 0 else ([1], 5)
+    slots = [(p, s) for i, p in enumerate(pages) for s in range(emulated.PAGE if i < len(pages) - 1 else last)]
+    kvh = head // (H_Q // H_KV)
+    return (np.array([PAGES[p, 0, kvh, s] for p, s in slots]), np.array([PAGES[p, 1, kvh, s] for p, s in slots]))
+
+
+def decode_case():
+    q = normal(2, H_Q, D)
+    expected = [attention_ref(q[b, h], *cached_kv(b, h)) for b in range(2) for h in range(H_Q)]
+    zeros = np.zeros(2, np.int32)
+    scalars = {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": SM}
+    return ("decode_attention", lambda gpu: _bind(emulated.decode_attention(H_KV, H_Q, D, gpu), scalars),
+            [q, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, zeros, zeros, np.zeros_like(q), np.zeros((2, H_Q), np.float32)],
+            [7, 8], [np.array([o for o, _ in expected]).reshape(2, H_Q, D), np.array([l for _, l in expected]).reshape(2, H_Q)])
+
+
+Q_INDPTR = np.array([0, 3, 5], np.int32)  # 3 new tokens of sequence 0, 2 of sequence 1
+
+
+def prefill_case(causal: int):
+    q = normal(5, H_Q, D)
+    out, lse = [], []
+    for t in range(5):
+        seq, row, qo = (0, t, 3) if t < 3 else (1, t - 3, 2)
+        for h in range(H_Q):
+            keys, values = cached_kv(seq, h)
+            visible = len(keys) - qo + row + 1 if causal else len(keys)
+            o, l = attention_ref(q[t, h], keys[:visible], values[:visible])
+            out.append(o)
+            lse.append(l)
+    scalars = {"causal": causal, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": SM}
+    return (f"prefill_attention_causal{causal}",
+            lambda gpu: _bind(emulated.prefill_attention(H_KV, H_Q, D, gpu), scalars),
+            [q, Q_INDPTR, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, np.zeros(2, np.int32), np.zeros(5, np.int32),
+             np.zeros_like(q), np.zeros((5, H_Q), np.float32)],
+            [8, 9], [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)])
+
+
+def ragged_case():
+    q, k, v = normal(5, H_Q, D), normal(5, H_KV, D), normal(5, H_KV, D)
+    out, lse = [], []
+    for t in range(5):
+        start, row = (0, t) if t < 3 else (3, t - 3)
+        for h in range(H_Q):
+            kvh = h // (H_Q // H_KV)
+            o, l = attention_ref(q[t, h], k[start:start + row + 1, kvh], v[start:start + row + 1, kvh])
+            out.append(o)
+            lse.append(l)
+    scalars = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": SM}
+    return ("ragged_attention", lambda gpu: _bind(emulated.ragged_attention(H_KV, H_Q, D, gpu), scalars),
+            [q, Q_INDPTR, k, v, Q_INDPTR, np.zeros(5, np.int32), np.zeros(2, np.int32), np.zeros_like(q),
+             np.zeros((5, H_Q), np.float32)],
+            [7, 8], [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)])
+
+
+def _bind(func, scalars: dict):
+    """The kernel with its scalar parameters fixed (relax passes only tensors here)."""
+    return func.specialize({p: tvm.tirx.const(scalars[p.name], str(p.ty.dtype)) for p in func.params
+                            if p.name in scalars})
+
+
+CASES = [linear_case("gemv", 37, 96, 1, False), linear_case("gemv", 24, 1600, 1, True),
+         linear_case("matmul", 37, 64, 5, False), linear_case("matmul", 130, 96, 9, True),
+         linear_case("matmul", 20, 32, 1, True), rms_norm_case(1), rms_norm_case(7),
+         decode_case(), prefill_case(0), prefill_case(1), ragged_case()]
+
+
+def module(gpu: bool) -> tvm.IRModule:
+    """One relax function per case, calling its kernel on its inputs."""
+    bb = relax.BlockBuilder()
+    for name, build, args, outs, _ in CASES:
+        params = [relax.Var(f"a{i}", relax.TensorType(a.shape, str(a.dtype))) for i, a in enumerate(args)]
+        with bb.function(name, params):
+            gv = bb.add_func(build(gpu).with_attr("global_symbol", f"{name}_kernel"), f"{name}_kernel")
+            result = bb.emit(relax.call_tir_inplace(gv, params, inplace_indices=outs,
+                                                    out_ty=[params[i].ty for i in outs]))
+            bb.emit_func_output(result)
+    return bb.finalize()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, cache_dir):
+    folder = tmp_path_factory.mktemp("emulated")
+    webgpu = lower.TARGETS["webgpu"]()
+    with webgpu:
+        ex = relax.build(module(gpu=True), target=webgpu, relax_pipeline=relax.get_default_pipeline(webgpu))
+    link.link_wasm(ex, folder / "kernels.wasm", cache_dir)
+    calls = [(name, args) for name, _, args, _, _ in CASES]
+    got = call_on_webgpu(folder, "kernels.wasm", calls)
+    cpu_target = lower.TARGETS["cpu"]()
+    with cpu_target:
+        vm = relax.VirtualMachine(relax.build(module(gpu=False), target=cpu_target), tvm.cpu())
+    cpu = []
+    for name, args in calls:
+        ret = vm[name](*[tvm.runtime.tensor(a) for a in args])
+        cpu.append([t.numpy() for t in (ret if isinstance(ret, (list, tuple, tvm.ir.Array)) else [ret])])
+    return dict(zip([c[0] for c in CASES], zip(got, cpu)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_kernel_on_webgpu_matches_cpu_and_numpy(case, results):
+    name, _, _, _, expected = case
+    got, cpu = results[name]
+    for g, c, e in zip(got, cpu, expected):
+        g = np.asarray(g, np.float32).reshape(e.shape)
+        np.testing.assert_allclose(c, e, rtol=2e-5, atol=2e-5, err_msg=f"{name}: CPU build vs numpy")
+        np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-5, err_msg=f"{name}: WebGPU vs CPU build")

@@ -1,0 +1,45 @@
+// Which of an artifact's libraries a device runs. The twin of choose_library in
+// compiler/package.py: tests/test_library_choice.py feeds both the same cases.
+import { WebGPUUnavailableError } from "./errors";
+import type { LibraryEntry, Manifest } from "./loader";
+
+/** Kernel schedules this runtime knows: for real GPUs, and for software adapters (SwiftShader...). */
+export const SCHEDULES = ["gpu", "cpu-emulated"] as const;
+
+export interface AdapterTraits {
+  features: Set<string>;
+  // a software adapter (SwiftShader, WARP, lavapipe, llvmpipe): prefers the "cpu-emulated" schedule
+  emulated: boolean;
+}
+
+/**
+ * The webgpu library this adapter runs best: one whose required features it has and whose schedule
+ * this runtime knows (none means "gpu"), preferring weights as stored over an f32 upcast, then the
+ * schedule made for this kind of adapter. A library of an unknown schedule is skipped with a warning.
+ */
+export function chooseLibrary(manifest: Pick<Manifest, "libraries">, adapter: AdapterTraits): LibraryEntry {
+  const candidates = manifest.libraries.filter((lib) => lib.target === "webgpu");
+  const known = candidates.filter((lib) => {
+    const ok = (SCHEDULES as readonly string[]).includes(lib.schedule ?? "gpu");
+    if (!ok) console.warn(`lantern: skipping ${lib.file}: unknown kernel schedule '${lib.schedule}'`);
+    return ok;
+  });
+  const usable = known.filter((lib) => lib.required_features.every((f) => adapter.features.has(f)));
+  if (!usable.length) {
+    const needs = candidates.map((lib) => (lib.required_features.length
+      ? `${lib.file} needs ${lib.required_features.join(" + ")}`
+      : `${lib.file} has the unknown schedule '${lib.schedule}'`));
+    throw new WebGPUUnavailableError(
+      `no webgpu library runs here (${needs.join("; ") || "none was built"})`);
+  }
+  const want = adapter.emulated ? "cpu-emulated" : "gpu";
+  const rank = (lib: LibraryEntry) => (lib.param_upcast ? 2 : 0) + ((lib.schedule ?? "gpu") === want ? 0 : 1);
+  return usable.reduce((best, lib) => (rank(lib) < rank(best) ? lib : best));
+}
+
+/** A software adapter by what it says of itself: Chrome's isFallbackAdapter, or its name. */
+export function isSoftwareAdapter(info: { vendor?: string; architecture?: string; description?: string;
+                                          isFallbackAdapter?: boolean }): boolean {
+  const text = `${info.vendor ?? ""} ${info.architecture ?? ""} ${info.description ?? ""}`.toLowerCase();
+  return Boolean(info.isFallbackAdapter) || /swiftshader|llvmpipe|lavapipe|warp|microsoft basic render/.test(text);
+}
