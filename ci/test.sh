@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Set up (if needed), run the whole test suite, then validate the bundled SmolLM2 build with
-# `lantern validate` (ci/validate.sh). The SmolLM2 build happens once per run; LANTERN_CACHE keeps
-# downloads and builds (default: .lantern-cache in the checkout). Extra arguments go to pytest
-# and skip the validation step. The time of each phase is printed at the end, pass or fail.
+# Set up (if needed), then run the whole test suite; tests/test_validate.py runs ci/validate.sh
+# (build and `lantern validate` the bundled SmolLM2) among them. The SmolLM2 build happens once per
+# run; LANTERN_CACHE keeps downloads and builds (default: .lantern-cache in the checkout). Extra
+# arguments go to pytest. The time of each phase is printed at the end, pass or fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +22,3 @@ trap report EXIT
 phase setup bash ci/setup.sh
 export LANTERN_CACHE="${LANTERN_CACHE:-$PWD/.lantern-cache}"
 phase tests .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=25 "$@"
-if [ "$#" -eq 0 ]; then
-  export VALIDATE_ARGS="${VALIDATE_ARGS:---max-tokens 16 --ppl-tokens 64}"
-  phase validate bash ci/validate.sh
-fi

@@ -15,7 +15,7 @@ from tvm import relax
 from tvm.runtime import ShapeTuple
 
 _KV = {name: tvm.get_global_func(f"vm.builtin.kv_state_{name}")
-       for name in ("add_sequence", "remove_sequence", "begin_forward", "end_forward", "clear")}
+       for name in ("add_sequence", "remove_sequence", "begin_forward", "end_forward", "clear", "popn")}
 
 
 class CpuModel:
@@ -32,7 +32,7 @@ class CpuModel:
             ShapeTuple([max_batch]), ShapeTuple([context_window]), ShapeTuple([prefill_chunk]),
             ShapeTuple([page_size]), ShapeTuple([0]))
         self.seq_id = 0
-        self.length = 0  # tokens already in the KV cache
+        self.tokens: list[int] = []  # the tokens in the KV cache, in order
         _KV["add_sequence"](self.kv, self.seq_id)
 
     def call(self, name: str, *args: np.ndarray) -> list[np.ndarray]:
@@ -46,10 +46,10 @@ class CpuModel:
     def reset(self) -> None:
         _KV["remove_sequence"](self.kv, self.seq_id)
         _KV["add_sequence"](self.kv, self.seq_id)
-        self.length = 0
+        self.tokens = []
 
     def _forward(self, func: str, tokens: Sequence[int], *extra) -> np.ndarray:
-        if self.length + len(tokens) > self.context_window:
+        if len(self.tokens) + len(tokens) > self.context_window:
             raise ValueError(f"context window of {self.context_window} tokens exceeded")
         ids = tvm.runtime.tensor(np.asarray(tokens, dtype="int32"), self.device)
         emb = self.vm["embed"](ids, self.params)
@@ -57,7 +57,7 @@ class CpuModel:
         _KV["begin_forward"](self.kv, ShapeTuple([self.seq_id]), ShapeTuple([len(tokens)]))
         logits, _ = self.vm[func](emb, *extra, self.kv, self.params)
         _KV["end_forward"](self.kv)
-        self.length += len(tokens)
+        self.tokens.extend(int(t) for t in tokens)
         return logits.numpy()
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
@@ -67,6 +67,23 @@ class CpuModel:
             chunk = tokens[start:start + self.prefill_chunk]
             logits = self._forward("prefill" if len(chunk) > 1 else "decode", chunk)
         return logits.reshape(-1)
+
+    def prefill_reusing(self, prompt: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Last-position logits of ``prompt`` from wherever the cache is: the longest prefix the
+        cache shares with it is kept (a repeated prompt, system prompt or chat history is not
+        prefilled again), the rest is dropped and the remainder prefilled. The last token is always
+        run, for its logits. Returns (logits, tokens reused)."""
+        keep = 0
+        for cached, token in zip(self.tokens, prompt[:-1]):
+            if cached != token:
+                break
+            keep += 1
+        if keep == 0:
+            self.reset()
+        elif keep < len(self.tokens):
+            _KV["popn"](self.kv, self.seq_id, len(self.tokens) - keep)
+            del self.tokens[keep:]
+        return self.prefill(prompt[keep:]), keep
 
     def all_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Append ``tokens`` and return logits ``[len(tokens), V]`` for every position."""

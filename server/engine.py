@@ -134,8 +134,7 @@ class ModelEngine:
         holds = stops + ([hold_from] if hold_from else [])
         with self.lock:
             started = time.perf_counter()
-            self.model.reset()
-            logits = self.model.prefill(prompt)
+            logits, cached = self.model.prefill_reusing(prompt)  # the browser engine reuses its cache alike
             prefill_s = time.perf_counter() - started
             ids: list[int] = []
             text, sent, finish, first_at = "", 0, None, 0.0
@@ -178,7 +177,7 @@ class ModelEngine:
                           ttft_ms=(first_at - started) * 1000,
                           prefill_tokens_per_s=len(prompt) / prefill_s if prefill_s else 0.0,
                           decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
-                          tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0)
+                          tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0, cached_prompt_tokens=cached)
             on_step(Step(text[sent:], pending or None, finish, usage))
 
 

@@ -42,6 +42,21 @@ def test_greedy_matches_numpy(tiny_hf, build_artifact, tokens):
     assert model.greedy(tokens[:12], 8) == numpy_llama.greedy(weights, cfg, tokens[:12], 8)
 
 
+def test_prefill_reusing_the_cache_keeps_only_the_shared_prefix(tiny_hf, build_artifact, tokens):
+    """What the server does between requests: a repeated prompt, one that diverges mid-way, one with
+    nothing in common; each must give the logits of the whole prompt from scratch (numpy)."""
+    folder, weights, cfg = tiny_hf
+    model = Artifact.open(build_artifact(folder, "q0f32")).cpu_model()
+    model.prefill(tokens[:30])
+    model.prefill(tokens[60:64])  # tokens generated after that prompt
+    cases = [(tokens[:30], 29), (tokens[:20] + tokens[40:50], 20), (tokens[50:60], 0)]
+    for prompt, reused in cases:
+        logits, got_reused = model.prefill_reusing(prompt)
+        ref = numpy_llama.forward(weights, cfg, prompt)[-1]
+        assert got_reused == reused and model.tokens == prompt
+        np.testing.assert_allclose(logits, ref, atol=1e-4 * np.abs(ref).max())
+
+
 def test_q0f16_runs_close_to_f32(tiny_hf, build_artifact, tokens):
     folder, weights, cfg = tiny_hf
     got = Artifact.open(build_artifact(folder, "q0f16")).cpu_model().prefill(tokens[:20])
