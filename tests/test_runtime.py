@@ -7,6 +7,7 @@ the runtime picks on a software adapter. References come from the same artifact'
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import pytest
@@ -303,6 +304,7 @@ def test_corrupted_cache_entry_is_fetched_again_and_a_cut_download_resumes(artif
 
                 async def half():
                     yield data[: len(data) // 2]
+                    await asyncio.sleep(1)  # the browser has the first half before the drop
                     raise ConnectionResetError("cut by the test")
                 return StreamingResponse(half(), headers={"content-length": str(len(data))})
             return await call_next(request)
