@@ -21,12 +21,9 @@ prompt token, plus the head once) as a share of the matmul's, and both as ratios
 from __future__ import annotations
 
 import argparse
-import contextlib
-import http.server
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -77,45 +74,9 @@ def webllm_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
             "decode_tokens_per_s": extra.get("decode_tokens_per_s", 0.0)}
 
 
-class _IsolatedHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with COOP/COEP, so the page is cross-origin isolated (wllama's threads need it)."""
-    routes: dict[str, Path] = {}
-
-    def translate_path(self, path: str) -> str:
-        path = path.split("?", 1)[0]
-        for prefix, root in sorted(self.routes.items(), key=lambda kv: -len(kv[0])):
-            if path.startswith(prefix):
-                return str(root / path[len(prefix):].lstrip("/"))
-        return "/nonexistent"
-
-    def end_headers(self) -> None:
-        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
-        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
-        super().end_headers()
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-_IsolatedHandler.extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                                   ".wasm": "application/wasm", ".js": "text/javascript"}
-
-
-@contextlib.contextmanager
-def isolated_server(routes: dict[str, Path]):
-    handler = type("Handler", (_IsolatedHandler,), {"routes": routes})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def wllama_run(gguf: Path, messages: list[dict], max_tokens: int, threads: int) -> dict:
     routes = {"/wllama/": WLLAMA, "/page/": WEB, "/gguf/": gguf.parent}
-    with isolated_server(routes) as base, chromium() as browser:
+    with serve(routes, isolated=True) as base, chromium() as browser:
         page = browser.new_page()
         page.goto(base + "/page/wllama_chat.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")

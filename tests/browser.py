@@ -33,14 +33,24 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class _IsolatedHandler(_Handler):
+    """With COOP/COEP, so the page is cross-origin isolated (threads in wasm, e.g. wllama's, need it)."""
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        super().end_headers()
+
+
 _Handler.extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
                            ".wasm": "application/wasm", ".js": "text/javascript"}
 
 
 @contextlib.contextmanager
-def serve(routes: dict[str, Path]) -> Iterator[str]:
-    """Serve ``{url prefix: folder}`` on 127.0.0.1; yields the base URL."""
-    handler = type("Handler", (_Handler,), {"routes": {k: Path(v) for k, v in routes.items()}})
+def serve(routes: dict[str, Path], isolated: bool = False) -> Iterator[str]:
+    """Serve ``{url prefix: folder}`` on 127.0.0.1 (``isolated``: cross-origin isolated); yields the base URL."""
+    base = _IsolatedHandler if isolated else _Handler
+    handler = type("Handler", (base,), {"routes": {k: Path(v) for k, v in routes.items()}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
