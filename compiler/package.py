@@ -28,6 +28,58 @@ SCHEDULES = ("gpu", "cpu-emulated")
 MANIFEST = "lantern.json"
 MANIFEST_VERSION = 1
 
+# Sampling fields an artifact may carry defaults for (lantern.json "generation"): OpenAI's default,
+# used when neither the request nor the artifact sets the field, and the closed range of values.
+# Both runtimes read this order: request, then artifact, then OpenAI. The ranges are the request
+# bounds of server/protocol.py and webruntime/src/sampler.ts (tests/test_generation_defaults.py holds
+# them equal). WebLLM reads temperature, top_p and repetition_penalty from mlc-chat-config.json.
+GENERATION_FIELDS: dict[str, tuple[float, float, float | None]] = {
+    "temperature": (1.0, 0.0, 2.0),
+    "top_p": (1.0, 0.0, 1.0),
+    "top_k": (0, 0, None),  # 0: off
+    "repetition_penalty": (1.0, 0.01, 10.0),
+}
+WEBLLM_GENERATION_FIELDS = ("temperature", "top_p", "repetition_penalty")
+
+
+def check_generation_defaults(values: dict, source: str) -> dict:
+    """``values`` (field -> number) checked against GENERATION_FIELDS; LanternError names ``source``
+    (a file or a flag) and the field when one is out of range or not a number."""
+    from .errors import LanternError
+
+    out = {}
+    for name, value in values.items():
+        if name not in GENERATION_FIELDS:
+            raise LanternError(f"{source}: unknown generation default '{name}' (known: {', '.join(GENERATION_FIELDS)})")
+        _, lo, hi = GENERATION_FIELDS[name]
+        integral = name == "top_k"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
+            raise LanternError(f"{source}: {name} must be {'an integer' if integral else 'a number'}, got {value!r}")
+        if value < lo or (hi is not None and value > hi):
+            span = f"[{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+            raise LanternError(f"{source}: {name} must be in {span}, got {value!r}")
+        out[name] = int(value) if integral else float(value)
+    return out
+
+
+def webllm_generation(defaults: dict) -> dict:
+    """The sampling fields of mlc-chat-config.json: the artifact's defaults, else OpenAI's."""
+    return {name: defaults.get(name, GENERATION_FIELDS[name][0]) for name in WEBLLM_GENERATION_FIELDS}
+
+
+def set_generation_defaults(out: Path, defaults: dict) -> dict:
+    """Rewrite an artifact folder's generation defaults (mlc-chat-config.json and lantern.json) and
+    re-hash it; returns the new manifest. Defaults change neither weights nor libraries, so a cached
+    build takes new ones without recompiling."""
+    chat_path = out / "mlc-chat-config.json"
+    chat = json.loads(chat_path.read_text())
+    chat.update(webllm_generation(defaults))
+    chat_path.write_text(json.dumps(chat, indent=2) + "\n")
+    manifest = json.loads((out / MANIFEST).read_text())
+    manifest["generation"] = defaults
+    write_readme(out, manifest)
+    return write_manifest(out, manifest)
+
 
 @dataclass
 class Library:
@@ -135,6 +187,12 @@ def encoder_summary(manifest: dict) -> str:
     return "round to nearest" if manifest["quantization"].startswith("q4") else "none (unquantized)"
 
 
+def generation_summary(manifest: dict) -> str:
+    """The artifact's sampling defaults in a few words (README and the build summary)."""
+    defaults = manifest.get("generation") or {}
+    return ", ".join(f"{k} {v:g}" for k, v in defaults.items()) or "OpenAI's (temperature 1, top_p 1)"
+
+
 def write_readme(out: Path, manifest: dict) -> None:
     libs = "\n".join(f"- `{lib['file']}`: {lib['target']}, {lib['dtype']}"
                      + (f", needs {', '.join(lib['required_features'])}" if lib["required_features"] else "")
@@ -147,6 +205,7 @@ Built by Lantern {manifest['versions']['lantern']} from source `{manifest['sourc
 - context window: {manifest['model']['context_window']} tokens
 - 4-bit encoder: {encoder_summary(manifest)}
 - estimated GPU memory: {manifest['memory']['estimated_gpu_bytes']:,} bytes
+- sampling defaults (a request's own values win): {generation_summary(manifest)}
 
 Libraries:
 {libs}

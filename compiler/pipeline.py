@@ -55,6 +55,8 @@ class BuildOptions:
     calibration: Path | None = gptq.DEFAULT_CALIBRATION
     targets: tuple[str, ...] = ("webgpu", "cpu")
     webgpu_schedule: str = "both"  # see lower.SCHEDULE_CHOICES
+    # sampling defaults that override the source's generation_config.json (package.GENERATION_FIELDS)
+    generation: dict = field(default_factory=dict)
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     dump_dir: Path | None = None
     name: str | None = None
@@ -169,6 +171,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
                            f"(choose from: {', '.join(lower.SCHEDULE_CHOICES)})")
     if opts.lora is not None and not opts.lora.is_dir():
         raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
+    overrides = package.check_generation_defaults(opts.generation, "generation option")
     calibration_hash = None
     if spec.quantized and opts.calibration is not None:
         calibration_hash = gptq.text_hash(opts.calibration)
@@ -185,12 +188,15 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
         versions = toolchain_versions()
         if "webgpu" not in opts.targets:
             versions["emscripten"] = None  # not part of this build
+        # Not part of any cache key: they change two small files, not weights or libraries.
+        generation = {**package.check_generation_defaults(src.generation, src.generation_source), **overrides}
         weights_key = _weights_key(src, opts, calibration_hash)
         key = _cache_key(weights_key, opts, name, versions)
         cached = opts.cache_dir / "artifacts" / key
         if opts.use_cache and (cached / package.MANIFEST).exists():
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
             shutil.copytree(cached, tmp, dirs_exist_ok=True)
+            package.set_generation_defaults(tmp, generation)
             _install(tmp, out)
             reporter.log(f"unchanged since the cached build {key[:12]}")
             manifest = json.loads((out / package.MANIFEST).read_text())
@@ -213,6 +219,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
     try:
         manifest = _build_into(tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions,
                                reporter, times)
+        manifest = package.set_generation_defaults(tmp, generation)
         _store_in_cache(tmp, cached)
         _install(tmp, out)
     except BaseException:
@@ -406,11 +413,10 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
         "prefill_chunk_size": config.prefill_chunk_size,
         "attention_sink_size": -1,
         "tensor_parallel_shards": 1,
-        "temperature": 1.0,
+        # sampling: OpenAI's defaults here; build() writes the artifact's own (set_generation_defaults)
+        **package.webllm_generation({}),
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
-        "repetition_penalty": 1.0,
-        "top_p": 1.0,
         "tokenizer_files": ["tokenizer.json"],
         "tokenizer_info": {"token_postproc_method": _token_postproc(vocab), "prepend_space_in_encode": False,
                            "strip_space_in_decode": False},

@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -41,6 +42,7 @@ class ServerConfig:
     cors_origins: list[str] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     api: bool = True  # False: static files only, no CPU models loaded
+    log: Callable[[str], None] | None = None  # progress lines (`lantern serve` prints them)
 
 
 class ApiError(Exception):
@@ -56,25 +58,29 @@ def _error(status: int, body: ErrorBody) -> JSONResponse:
 class ModelSlot:
     """One model: its engine (loaded in the background) and the queue in front of it."""
 
-    def __init__(self, name: str, path: Path):
-        self.name, self.path = name, path
+    def __init__(self, name: str, path: Path, log: Callable[[str], None] | None = None):
+        self.name, self.path, self.log = name, path, log or (lambda line: None)
         self.engine: ModelEngine | None = None
         self.load_error: str | None = None
         self.waiting = 0
         self.ready = threading.Event()
 
     def load(self) -> None:
+        started = time.monotonic()
+        self.log(f"loading {self.name} (checking hashes, CPU library, weights)")
         try:
             self.engine = ModelEngine(self.path)
+            self.log(f"{self.name} ready in {time.monotonic() - started:.1f} s")
         except Exception as err:  # reported on every request for this model
             self.load_error = f"{type(err).__name__}: {err}"
+            self.log(f"{self.name} failed to load: {self.load_error}")
         self.ready.set()
 
 
 def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) -> FastAPI:
     config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
     folders = model_folders(config.model_dirs)
-    slots = {name: ModelSlot(name, path) for name, path in folders.items()} if config.api else {}
+    slots = {name: ModelSlot(name, path, config.log) for name, path in folders.items()} if config.api else {}
     metrics = Metrics()
     limits = config.limits
 

@@ -18,6 +18,7 @@ from typing import Callable
 from ..artifact import Artifact
 from ..chat_template import render
 from ..errors import LanternError
+from ..package import GENERATION_FIELDS
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .sampler import Sampled, Sampler, SamplingParams
 from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
@@ -46,6 +47,26 @@ def _held_back(text: str, stops: list[str]) -> int:
     return hold
 
 
+def sampling_params(req: SamplingFields, vocab_size: int, defaults: dict) -> SamplingParams:
+    """A request's sampling: each field from the request, else the artifact's ``defaults`` (lantern.json
+    "generation"), else OpenAI's. The twin of samplingParams in webruntime/src/sampler.ts."""
+    bias = {}
+    for k, v in (req.logit_bias or {}).items():
+        if int(k) >= vocab_size:
+            raise InvalidRequest(f"logit_bias names token {k}, outside the vocabulary (0..{vocab_size - 1})")
+        bias[int(k)] = v
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequest("top_logprobs requires logprobs: true")
+
+    def pick(name: str):
+        value = getattr(req, name)
+        return value if value is not None else defaults.get(name, GENERATION_FIELDS[name][0])
+    return SamplingParams(temperature=pick("temperature"), top_p=pick("top_p"), top_k=min(pick("top_k"), vocab_size),
+                          repetition_penalty=pick("repetition_penalty"), frequency_penalty=req.frequency_penalty,
+                          presence_penalty=req.presence_penalty, logit_bias=bias, seed=req.seed,
+                          top_logprobs=(req.top_logprobs or 0) if req.logprobs else -1)
+
+
 class ModelEngine:
     def __init__(self, path: Path):
         self.art = Artifact.open(path)
@@ -63,6 +84,7 @@ class ModelEngine:
         self.stop_ids |= set((chat.get("conv_template") or {}).get("stop_token_ids") or [])
         self.vocab_size = self.art.manifest["model"]["vocab_size"]
         self.context_window = self.art.manifest["model"]["context_window"]
+        self.generation = self.art.manifest.get("generation") or {}  # sampling defaults of the artifact
         self.token_postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")
         self.lock = threading.Lock()  # one generation at a time per model
         self._grammars: GrammarCompiler | None = None
@@ -95,17 +117,7 @@ class ModelEngine:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def sampling(self, req: SamplingFields) -> SamplingParams:
-        bias = {}
-        for k, v in (req.logit_bias or {}).items():
-            if int(k) >= self.vocab_size:
-                raise InvalidRequest(f"logit_bias names token {k}, outside the vocabulary (0..{self.vocab_size - 1})")
-            bias[int(k)] = v
-        if req.top_logprobs is not None and not req.logprobs:
-            raise InvalidRequest("top_logprobs requires logprobs: true")
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=min(req.top_k, self.vocab_size),
-                              repetition_penalty=req.repetition_penalty, frequency_penalty=req.frequency_penalty,
-                              presence_penalty=req.presence_penalty, logit_bias=bias, seed=req.seed,
-                              top_logprobs=(req.top_logprobs or 0) if req.logprobs else -1)
+        return sampling_params(req, self.vocab_size, self.generation)
 
     def _logprob(self, s: Sampled) -> TokenLogprob:
         def entry(i: int, lp: float) -> dict:

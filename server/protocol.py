@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..package import GENERATION_FIELDS as _GEN
+
 
 class FunctionCall(BaseModel):
     name: str
@@ -85,10 +87,11 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, ge=0, le=1)
-    top_k: int = Field(0, ge=0)
-    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    # None: the artifact's default, else OpenAI's (ModelEngine.sampling); ranges: package.GENERATION_FIELDS
+    temperature: float | None = Field(None, ge=_GEN["temperature"][1], le=_GEN["temperature"][2])
+    top_p: float | None = Field(None, ge=_GEN["top_p"][1], le=_GEN["top_p"][2])
+    top_k: int | None = Field(None, ge=_GEN["top_k"][1])
+    repetition_penalty: float | None = Field(None, ge=_GEN["repetition_penalty"][1], le=_GEN["repetition_penalty"][2])
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None

@@ -1,6 +1,6 @@
 // The capability page: what WebGPU offers here and which route the router would take for each
 // served model (the same library choice and memory check the runtime makes when it loads).
-import { chooseLibrary, isSoftwareAdapter } from "/runtime/lantern.js";
+import { chooseLibrary, deviceLabel, isSoftwareAdapter } from "/runtime/lantern.js";
 
 const facts = document.querySelector("#facts tbody");
 const limitsTable = document.querySelector("#limits tbody");
@@ -21,7 +21,8 @@ async function main() {
     description: info.description, isFallbackAdapter: info.isFallbackAdapter ?? adapter?.isFallbackAdapter });
   if (adapter) {
     row(facts, "adapter", `${info.vendor || "?"} ${info.architecture || ""} ${info.description || ""}`.trim());
-    row(facts, "software adapter", emulated ? "yes (CPU-emulated WebGPU)" : "no");
+    row(facts, "device", deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated }));
+    row(facts, "software adapter", emulated ? "yes (CPU-emulated WebGPU: no GPU found, so models answer slowly)" : "no");
     row(facts, "shader-f16", features.has("shader-f16") ? "yes" : "no (f16 models use their f32 library)");
     for (const key of ["maxBufferSize", "maxStorageBufferBindingSize", "maxComputeWorkgroupStorageSize",
       "maxComputeInvocationsPerWorkgroup", "maxStorageBuffersPerShaderStage"]) {
@@ -55,10 +56,12 @@ async function main() {
       }
     }
     row(facts, `route for ${m.name}`, `${route}: ${reason}`);
-    verdicts.push(`${m.name} would run ${route === "local" ? "locally on WebGPU" : "on the cloud"}`);
+    const where = deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated });
+    verdicts.push(`${m.name} would run ${route === "local" ? `locally on ${where}` : "on the cloud"}`);
   }
-  document.getElementById("verdict").textContent = verdicts.length ? verdicts.join("; ") + "." :
-    adapter ? "WebGPU works here." : "No WebGPU here: models would run on the cloud fallback.";
+  const slow = adapter && emulated ? " This adapter emulates a GPU on the CPU; the server (cloud route) answers faster." : "";
+  document.getElementById("verdict").textContent = (verdicts.length ? verdicts.join("; ") + "." :
+    adapter ? "WebGPU works here." : "No WebGPU here: models would run on the cloud fallback.") + slow;
   document.body.dataset.ready = "true";
 }
 main();

@@ -1,14 +1,17 @@
 // The chat page: a model picker over the served artifacts, load progress, streaming answers
 // through the router (local WebGPU engine, `lantern serve` as the cloud fallback).
-import { createRouter, deleteModelFromCache } from "/runtime/lantern.js";
+import { createRouter, deleteModelFromCache, deviceLabel } from "/runtime/lantern.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   model: $("model"), load: $("load"), clear: $("clear"), route: $("route"), progress: $("progress"),
   progressText: $("progress-text"), log: $("log"), form: $("ask"), prompt: $("prompt"), send: $("send"),
-  stop: $("stop"), stats: $("stats"), jsonOn: $("json-on"), schema: $("schema"),
+  stop: $("stop"), stats: $("stats"), jsonOn: $("json-on"), schema: $("schema"), newChat: $("new-chat"),
+  seed: $("seed"), slowNote: $("slow-note"), slowWhy: $("slow-why"), preferCloud: $("prefer-cloud"),
 };
 let router = null;
+let device = "";  // deviceLabel of the local engine, once loaded
+let library = "";  // the model library it runs
 let messages = [];
 let abort = null;
 
@@ -16,7 +19,14 @@ function mib(bytes) { return (bytes / 2 ** 20).toFixed(1); }
 
 function showRoute(route, reason) {
   ui.route.dataset.route = route;
-  ui.route.textContent = route === "local" ? "running locally (WebGPU)" : `running on the cloud (${reason})`;
+  ui.route.textContent = route === "local" ? `local · ${device}` : `running on the cloud (${reason})`;
+}
+
+/** On a software adapter, say why answers are slow and offer the faster route this page has. */
+function explainDevice(adapter) {
+  ui.slowNote.hidden = !adapter.fallback;
+  ui.slowWhy.textContent = "This browser found no GPU, so WebGPU runs on the CPU through a software adapter " +
+    `(${adapter.vendor || "?"} ${adapter.architecture || ""}): answers come slowly.`.replace(" )", ")");
 }
 
 async function listModels() {
@@ -34,14 +44,15 @@ function progressReporter() {
   const started = performance.now();
   return (p) => {
     ui.progress.value = p.progress;
+    const what = p.library ? `${p.library} on ${p.device} · ` : "";
     if (p.phase === "download" && p.loadedBytes > 0) {
       const seconds = (performance.now() - started) / 1000;
       const speed = p.loadedBytes / seconds;
       const eta = (p.totalBytes - p.loadedBytes) / speed;
-      ui.progressText.textContent = `Downloading ${p.file}: ${mib(p.loadedBytes)} / ${mib(p.totalBytes)} MiB, ` +
+      ui.progressText.textContent = `${what}Downloading ${p.file}: ${mib(p.loadedBytes)} / ${mib(p.totalBytes)} MiB, ` +
         `${mib(speed)} MiB/s, ${Math.max(0, eta).toFixed(0)} s left`;
     } else {
-      ui.progressText.textContent = `${p.phase}${p.fromCache ? " (from cache)" : ""}: ${Math.round(p.progress * 100)}%`;
+      ui.progressText.textContent = `${what}${p.phase}${p.file ? ` ${p.file}` : ""}${p.fromCache ? " (from cache)" : ""}: ${Math.round(p.progress * 100)}%`;
     }
   };
 }
@@ -62,8 +73,16 @@ async function load() {
       },
     });
     ui.progress.value = 1;
+    ui.slowNote.hidden = true;
+    if (router.local) {
+      const stats = await router.local.stats();
+      ({ library } = stats);
+      device = deviceLabel(stats.adapter);
+      explainDevice(stats.adapter);
+    }
     showRoute(router.local ? "local" : "cloud", router.localUnavailable);
-    ui.progressText.textContent = router.local ? "Ready: 100%" : `Ready (cloud): ${router.localUnavailable}`;
+    ui.progressText.textContent = router.local ? `Ready: 100% · ${library} on ${device}`
+      : `Ready (cloud): ${router.localUnavailable}`;
     ui.send.disabled = false;
     ui.prompt.focus();
   } catch (err) {
@@ -105,7 +124,8 @@ async function send(event) {
     return;
   }
   ui.prompt.value = "";
-  messages.push({ role: "user", content: text });
+  const convo = messages;  // "New chat" may start another while this answer streams
+  convo.push({ role: "user", content: text });
   ui.log.append(Object.assign(document.createElement("div"), { className: "msg-user", textContent: text }));
   const answer = document.createElement("div");
   answer.className = "msg-assistant";
@@ -118,15 +138,20 @@ async function send(event) {
   let firstAt = 0;
   try {
     const format = schema ? { response_format: { type: "json_schema", json_schema: { name: "answer", schema } } } : {};
+    // No temperature or top_p: the artifact's sampling defaults apply (lantern.json "generation").
+    const seed = ui.seed.value === "" ? {} : { seed: Number(ui.seed.value) };
+    const route = ui.preferCloud.checked && !ui.slowNote.hidden ? { route: "cloud" } : {};
     const stream = await router.chat.completions.create(
-      { messages, stream: true, max_tokens: 256, stream_options: { include_usage: true }, ...format },
-      { signal: abort.signal });
+      { messages: convo, stream: true, max_tokens: 256, stream_options: { include_usage: true }, ...format, ...seed },
+      { signal: abort.signal, ...route });
     for await (const chunk of stream) {
       const delta = chunk.choices[0]?.delta?.content ?? "";
       if (delta && !firstAt) firstAt = performance.now();
       answer.textContent += delta;
       tokens += delta ? 1 : 0;
-      if (chunk.lantern_route) showRoute(chunk.lantern_route, ui.route.textContent);
+      if (chunk.lantern_route && chunk.lantern_route !== ui.route.dataset.route) {
+        showRoute(chunk.lantern_route, route.route ? "chosen on this page" : "fallback");
+      }
       const u = chunk.usage;
       ui.stats.textContent = u
         ? `TTFT ${(u.ttft_ms / 1000).toFixed(1)} s · ${u.decode_tokens_per_s.toFixed(1)} tok/s`
@@ -138,7 +163,7 @@ async function send(event) {
   } catch (err) {
     answer.append(abort.signal.aborted ? " [stopped]" : ` [error: ${err.name}: ${err.message}]`);
   } finally {
-    messages.push({ role: "assistant", content: answer.textContent.replace(/ \[stopped\]$/, "") });
+    convo.push({ role: "assistant", content: answer.textContent.replace(/ \[stopped\]$/, "") });
     ui.send.disabled = false;
     ui.stop.disabled = true;
     abort = null;
@@ -154,6 +179,12 @@ ui.prompt.addEventListener("keydown", (e) => {
   }
 });
 ui.stop.addEventListener("click", () => abort?.abort());
+ui.newChat.addEventListener("click", () => {
+  abort?.abort();
+  messages = [];
+  ui.log.textContent = "";
+  ui.stats.textContent = "";
+});
 ui.clear.addEventListener("click", async () => {
   const n = await deleteModelFromCache(ui.model.value);
   ui.progressText.textContent = `Removed ${n} cached files of ${ui.model.selectedOptions[0]?.text}.`;

@@ -99,10 +99,12 @@ def probe_page(model_dir: Path) -> Iterator[tuple[object, str]]:
         yield page, base + "/models/m/"
 
 
-def webllm_chat(artifact, messages: list[dict], max_tokens: int, library: str | None = None) -> dict:
-    """Load ``artifact`` in the unmodified WebLLM engine, answer greedily; returns the OpenAI reply.
+def webllm_chat(artifact, messages: list[dict], max_tokens: int, library: str | None = None,
+                sampling: dict | None = None) -> dict:
+    """Load ``artifact`` in the unmodified WebLLM engine and answer; returns the OpenAI reply.
     ``library`` defaults to the one Lantern's runtime picks on SwiftShader (a WebLLM user names the
-    library in their ModelRecord)."""
+    library in their ModelRecord). ``sampling``: the request's sampling fields (default: greedy;
+    ``{}`` leaves them to the artifact's mlc-chat-config.json)."""
     lib = library or artifact.library("webgpu", emulated=True).name
     # WebLLM appends resolve/main/ to a model URL unless it already holds /resolve/<rev>/
     routes = {"/webllm/": WEBLLM, "/page/": repo_root() / "tests" / "web",
@@ -112,8 +114,9 @@ def webllm_chat(artifact, messages: list[dict], max_tokens: int, library: str | 
         page.goto(base + "/page/webllm_chat.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
         model = f"{base}/models/m/resolve/main/"
-        return page.evaluate("([m, l, msgs, n]) => webllmChat(m, l, msgs, n)",
-                             [model, model + lib, messages, max_tokens])
+        return page.evaluate("([m, l, msgs, n, s]) => webllmChat(m, l, msgs, n, s)",
+                             [model, model + lib, messages, max_tokens,
+                              {"temperature": 0} if sampling is None else sampling])
 
 
 @contextlib.contextmanager

@@ -58,15 +58,17 @@ _BUILDS: dict[tuple, Path] = {}
 @pytest.fixture(scope="session")
 def build_artifact(cache_dir, tmp_path_factory):
     """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="both",
-    calibration=<built-in text>) -> artifact folder, built once per session."""
+    calibration=<built-in text>, generation=None) -> artifact folder, built once per session.
+    ``generation``: sampling defaults, as `lantern build --temperature ...` (a cache hit when only they differ)."""
     def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="both",
-               calibration=DEFAULT_CALIBRATION) -> Path:
-        key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule, str(calibration))
+               calibration=DEFAULT_CALIBRATION, generation=None) -> Path:
+        key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule, str(calibration),
+               json.dumps(generation, sort_keys=True))
         if key not in _BUILDS:
             out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant}"
             build(BuildOptions(source=str(source), out=out, quant=quant, targets=tuple(targets),
                                lora=lora, cache_dir=cache_dir, name=name, webgpu_schedule=webgpu_schedule,
-                               calibration=calibration))
+                               calibration=calibration, generation=generation or {}))
             _BUILDS[key] = out
         return _BUILDS[key]
     return _build

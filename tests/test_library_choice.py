@@ -4,12 +4,9 @@ on every case, and the answers are the intended ones."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import pytest
 
-from test_structured import WEBRUNTIME, _run_bundle
+from test_structured import run_typescript
 
 from lantern.package import choose_library
 
@@ -59,16 +56,9 @@ def python_pick(libraries, features, emulated):
 
 @pytest.fixture(scope="module")
 def typescript():
-    bundle = subprocess.run(
-        ["node", "--input-type=module", "-e",
-         "import * as esbuild from 'esbuild';"
-         "const r = await esbuild.build({ entryPoints: ['../tests/node/library_choice.ts'], bundle: true,"
-         " format: 'esm', platform: 'node', write: false, logLevel: 'error' });"
-         "process.stdout.write(r.outputFiles[0].text);"],
-        cwd=WEBRUNTIME, capture_output=True, text=True, check=True).stdout
     payload = {"cases": [{"libraries": libs, "features": f, "emulated": e} for libs, f, e, _ in CASES],
                "adapters": ADAPTERS}
-    return _run_bundle(bundle, payload)
+    return run_typescript("library_choice.ts", payload)
 
 
 @pytest.mark.parametrize("i", range(len(CASES)))
@@ -84,5 +74,9 @@ def test_both_runtimes_pick_the_same_library(i, typescript):
             assert entry["file"] in py["error"]
 
 
-def test_software_adapters_are_recognised(typescript):
+def test_software_adapters_are_recognised_and_named_as_such(typescript):
     assert typescript["software"] == SOFTWARE
+    # what the chat and capability pages show the user
+    assert typescript["labels"] == ["WebGPU (software adapter, slow)", "WebGPU (NVIDIA hopper)",
+                                    "WebGPU (software adapter, slow)", "WebGPU (software adapter, slow)",
+                                    "WebGPU (Apple metal-3)"]

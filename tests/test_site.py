@@ -47,15 +47,52 @@ def ask(page, text: str) -> None:
     page.locator("#prompt").press("Enter")
 
 
+def watch(page) -> list[str]:
+    """Console errors, uncaught exceptions, failed and 4xx/5xx requests of ``page``, as they happen."""
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url} ({r.failure})")
+            if "net::ERR_ABORTED" not in (r.failure or "") else None)  # a stopped answer aborts its stream
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+    return problems
+
+
+PARIS_SEEDS = range(1, 6)
+
+
 def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser = launch(playwright)
     try:
         page = browser.new_page(viewport={"width": 390, "height": 844})  # a phone-sized screen
+        problems = watch(page)
         load_chat(page, site)
         assert page.locator("#progress").evaluate("p => p.value") == 1
-        assert "100%" in page.locator("#progress-text").inner_text()
+        loaded = page.locator("#progress-text").inner_text()
+        assert "100%" in loaded and "smollm2-q4f32_1-webgpu-emulated.wasm" in loaded, loaded
+        # SwiftShader is named for what it is, with the reason and the faster route
         assert page.locator("#route").get_attribute("data-route") == "local"
+        assert page.locator("#route").inner_text() == "local · WebGPU (software adapter, slow)"
+        assert page.locator("#slow-note").is_visible()
+        assert "software adapter" in page.locator("#slow-why").inner_text()
+        assert page.get_by_label("Answer on the server instead (faster here)").is_visible()
+        # The first question a new user asks, with the artifact's sampling defaults (the page sends
+        # none), over several seeds, each in a new chat
+        answers = []
+        for seed in PARIS_SEEDS:
+            page.get_by_role("button", name="New chat").click()
+            page.locator("#seed").fill(str(seed))
+            ask(page, "What is the capital of France?")
+            page.wait_for_function("document.querySelector('.msg-assistant') && "
+                                   "document.getElementById('send').disabled === false", timeout=300_000)
+            answers.append(page.locator(".msg-assistant").inner_text())
+        paris = sum("Paris" in a for a in answers)
+        report(f"chat page (SwiftShader, artifact defaults): 'Paris' in {paris}/{len(answers)} answers "
+               f"(seeds {PARIS_SEEDS.start}-{PARIS_SEEDS.stop - 1})")
+        assert paris >= 4, answers
+        page.get_by_role("button", name="New chat").click()
+        page.locator("#seed").fill("")
         sent = time.perf_counter()
         ask(page, "Count from one to twenty.")
         page.wait_for_function("document.querySelector('.msg-assistant').textContent.length > 3", timeout=300_000)
@@ -80,6 +117,7 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
         schema = json.loads(page.locator("#schema").input_value())
         assert set(data) == set(schema["required"])
         assert 0 <= data["population_millions"] <= 40
+        assert problems == []
     finally:
         browser.close()
 
@@ -112,11 +150,15 @@ def test_capability_page_reports_the_adapter_and_the_route(site, playwright):
     browser = launch(playwright)
     try:
         page = browser.new_page()
+        problems = watch(page)
         page.goto(site + "/capability.html")
         page.wait_for_selector("body[data-ready]")
         text = page.inner_text("main")
         assert "WebGPU\tavailable" in text and "shader-f16\tno" in text
         assert "route for smollm2\tlocal" in text and "swiftshader" in text.lower()
+        assert "device\tWebGPU (software adapter, slow)" in text
+        assert "would run locally on WebGPU (software adapter, slow)" in page.locator("#verdict").inner_text()
+        assert problems == []
         page.screenshot(path=str(SHOTS / "capability.png"), full_page=True)
     finally:
         browser.close()
@@ -145,12 +187,14 @@ def test_the_embedding_example_runs_as_shown(site, playwright):
     browser = launch(playwright)
     try:
         page = browser.new_page()
+        problems = watch(page)
         page.goto(site + "/embed.html")
         shown = page.locator("#code").inner_text()
         assert 'createEngine({ model: "/models/smollm2/" })' in shown
         page.wait_for_function("document.getElementById('embed-output').textContent !== 'loading the model…'",
                                timeout=300_000)
         assert page.locator("#embed-output").inner_text().strip()
+        assert problems == []
     finally:
         browser.close()
 

@@ -119,6 +119,19 @@ def test_typescript_and_python_build_the_same_grammars():
         assert ts == {"content": content, "calls": [c["function"] for c in calls]}, text
 
 
+def run_typescript(entry: str, payload: dict) -> dict:
+    """Bundle tests/node/``entry`` with esbuild and run it under Node with ``payload`` on stdin;
+    returns what it prints (JSON)."""
+    bundle = subprocess.run(
+        ["node", "--input-type=module", "-e",
+         "import * as esbuild from 'esbuild';"
+         f"const r = await esbuild.build({{ entryPoints: ['../tests/node/{entry}'], bundle: true,"
+         " format: 'esm', platform: 'node', write: false, logLevel: 'error' });"
+         "process.stdout.write(r.outputFiles[0].text);"],
+        cwd=WEBRUNTIME, capture_output=True, text=True, check=True).stdout
+    return _run_bundle(bundle, payload)
+
+
 def _run_bundle(bundle: str, payload: dict) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".mjs", dir=WEBRUNTIME, delete=True) as f:
         f.write(bundle)

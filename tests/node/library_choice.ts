@@ -1,9 +1,9 @@
 // Runs the browser's library choice (webruntime/src/library.ts) under Node for
 // tests/test_library_choice.py, which compares every answer with the Python twin's.
 // Input (stdin): {cases: {libraries, features, emulated}[], adapters: AdapterInfo[]}.
-// Output (stdout): {picks: ({file} | {error})[], software: boolean[]}.
+// Output (stdout): {picks: ({file} | {error})[], software: boolean[], labels: string[]} (labels: deviceLabel).
 import { readFileSync } from "node:fs";
-import { chooseLibrary, isSoftwareAdapter } from "../../webruntime/src/library";
+import { chooseLibrary, deviceLabel, isSoftwareAdapter } from "../../webruntime/src/library";
 import type { LibraryEntry } from "../../webruntime/src/loader";
 
 interface Case { libraries: LibraryEntry[]; features: string[]; emulated: boolean }
@@ -16,4 +16,5 @@ const picks = input.cases.map((c) => {
     return { error: `${(err as Error).name}: ${(err as Error).message}` };
   }
 });
-process.stdout.write(JSON.stringify({ picks, software: input.adapters.map(isSoftwareAdapter) }));
+const labels = input.adapters.map((a) => deviceLabel({ ...a, fallback: isSoftwareAdapter(a) }));
+process.stdout.write(JSON.stringify({ picks, software: input.adapters.map(isSoftwareAdapter), labels }));

@@ -1,7 +1,7 @@
 // The engine: loads an artifact, queues chat requests and runs each through an explicit
 // lifecycle (queued -> prefill -> decode -> completed | cancelled | failed) on the model.
 import { checkFits, detectGpu } from "./device";
-import { chooseLibrary } from "./library";
+import { chooseLibrary, deviceLabel } from "./library";
 import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError } from "./errors";
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
 import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
@@ -96,13 +96,17 @@ export class Engine {
   }
 
   static async load(options: EngineOptions): Promise<Engine> {
-    const report = options.onProgress ?? (() => {});
+    let report = options.onProgress ?? (() => {});
     const modelUrl = new URL(options.model, globalThis.location?.href).href.replace(/\/?$/, "/");
     const store = openStore(options.cache ?? "cache-api");
     report({ phase: "manifest", loadedBytes: 0, totalBytes: 0, progress: 0 });
     const manifest = await fetchManifest(modelUrl, store);
     const gpu = await detectGpu();
     const lib = chooseLibrary(manifest, gpu);
+    const adapter = { vendor: gpu.adapterInfo.vendor, architecture: gpu.adapterInfo.architecture,
+      features: [...gpu.features].sort(), fallback: gpu.emulated };
+    const tell = report;  // from here on, every report names the library and the device
+    report = (p) => tell({ ...p, library: lib.file, device: deviceLabel(adapter) });
 
     const config = ["tensor-cache.json", "tokenizer.json", "tokenizer_config.json", "mlc-chat-config.json"];
     const small = await fetchFiles(modelUrl, manifest, config, { store, parallel: 4, retries: options.retries ?? 3, onProgress: () => {} });
@@ -131,10 +135,8 @@ export class Engine {
     for (const id of chatConfig.conv_template?.stop_token_ids ?? []) stops.add(id);
     if (!stops.size) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
     report({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
-    return new Engine(model, codec, manifest, stops, lib.file, {
-      vendor: gpu.adapterInfo.vendor, architecture: gpu.adapterInfo.architecture,
-      features: [...gpu.features].sort(), fallback: gpu.emulated,
-    }, small.get("tokenizer.json")!, chatConfig.tokenizer_info?.token_postproc_method ?? "raw");
+    return new Engine(model, codec, manifest, stops, lib.file, adapter, small.get("tokenizer.json")!,
+      chatConfig.tokenizer_info?.token_postproc_method ?? "raw");
   }
 
   private loaded(): TvmModel {
@@ -235,7 +237,7 @@ export class Engine {
     if (stop !== undefined && typeof stop !== "string" && !(Array.isArray(stop) && stop.every((s) => typeof s === "string" && s))) {
       throw new InvalidRequestError("stop must be a string or an array of non-empty strings");
     }
-    samplingParams(req, this.manifest.model.vocab_size);
+    samplingParams(req, this.manifest.model.vocab_size, this.manifest.generation);
   }
 
   /** Queue a request and run it when its turn comes; resolves when it reached a terminal state. */
@@ -264,7 +266,7 @@ export class Engine {
   private async execute(job: Job): Promise<void> {
     const model = this.loaded();
     const req = job.request;
-    const params = samplingParams(req, this.manifest.model.vocab_size);
+    const params = samplingParams(req, this.manifest.model.vocab_size, this.manifest.generation);
     const sampler = new Sampler(params);
     const stops = typeof req.stop === "string" ? [req.stop] : req.stop ?? [];
     // A tool call is not streamed as text: hold back from its opening tag (and a partial one).

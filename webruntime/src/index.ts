@@ -3,11 +3,11 @@
 export { WorkerEngine } from "./client";
 export { createEngine, type LanternEngine } from "./create";
 export { checkLibraryPipelines, type PipelineCheck } from "./checks";
-export { chooseLibrary, isSoftwareAdapter, SCHEDULES } from "./library";
+export { chooseLibrary, deviceLabel, isSoftwareAdapter, SCHEDULES } from "./library";
 export { Engine } from "./engine";
 export * from "./errors";
 export type * from "./protocol";
 export { CloudError, createRouter, Router, type Policy, type RouterEvent, type RouterOptions } from "./router";
 // The sampler and its seeded generator, the contract the Python server's sampler follows.
-export { Rng, Sampler, samplingParams } from "./sampler";
+export { GENERATION_FIELDS, Rng, Sampler, samplingParams } from "./sampler";
 export { deleteModelFromCache, listCachedModels } from "./storage";

@@ -43,3 +43,17 @@ export function isSoftwareAdapter(info: { vendor?: string; architecture?: string
   const text = `${info.vendor ?? ""} ${info.architecture ?? ""} ${info.description ?? ""}`.toLowerCase();
   return Boolean(info.isFallbackAdapter) || /swiftshader|llvmpipe|lavapipe|warp|microsoft basic render/.test(text);
 }
+
+const VENDOR_NAMES: Record<string, string> = { nvidia: "NVIDIA", amd: "AMD", intel: "Intel", apple: "Apple",
+  qualcomm: "Qualcomm", arm: "Arm", "img-tec": "Imagination", microsoft: "Microsoft" };
+
+/**
+ * The device a page names to its user: "WebGPU (software adapter, slow)" for an adapter that runs on
+ * the CPU, else "WebGPU (NVIDIA ampere)" from what the adapter says of itself.
+ */
+export function deviceLabel(adapter: { vendor?: string; architecture?: string; fallback: boolean }): string {
+  if (adapter.fallback) return "WebGPU (software adapter, slow)";
+  const vendor = VENDOR_NAMES[(adapter.vendor ?? "").toLowerCase()] ?? adapter.vendor ?? "";
+  const name = `${vendor} ${adapter.architecture ?? ""}`.trim();
+  return `WebGPU (${name || "GPU"})`;
+}

@@ -3,6 +3,7 @@
 // transfer cut mid-file resumes with an HTTP Range request where the server allows it.
 import { ArtifactError, IntegrityError, NetworkError } from "./errors";
 import type { LoadProgress } from "./protocol";
+import type { GenerationDefaults } from "./sampler";
 import type { FileStore } from "./storage";
 
 export interface ManifestFile { sha256: string; size: number }
@@ -24,6 +25,8 @@ export interface Manifest {
   memory: { estimated_gpu_bytes: number };
   weights: { bytes: number };
   files: Record<string, ManifestFile>;
+  // sampling defaults for requests that omit the field (older artifacts have none)
+  generation?: GenerationDefaults;
 }
 
 export interface FetchOptions {

@@ -132,6 +132,9 @@ export interface LoadProgress {
   totalBytes: number;
   file?: string;
   fromCache?: boolean;
+  // once chosen: the model library this load fetches, and the device label (deviceLabel) it runs on
+  library?: string;
+  device?: string;
   // fraction of the whole load, 0..1
   progress: number;
 }

@@ -18,7 +18,22 @@ export interface SamplingParams {
   topLogprobs: number;  // -1: no logprobs
 }
 
-export function samplingParams(req: ChatCompletionRequest, vocabSize: number): SamplingParams {
+/**
+ * Sampling fields an artifact may carry defaults for (lantern.json "generation"): OpenAI's default and
+ * the closed range a value may take (null: no upper bound). The twin of GENERATION_FIELDS in
+ * compiler/package.py; tests/test_generation_defaults.py holds them equal.
+ */
+export const GENERATION_FIELDS = {
+  temperature: [1, 0, 2],
+  top_p: [1, 0, 1],
+  top_k: [0, 0, null],  // 0: off; above the vocabulary means all of it
+  repetition_penalty: [1, 0.01, 10],
+} as const;
+export type GenerationDefaults = Partial<Record<keyof typeof GENERATION_FIELDS, number>>;
+
+/** A request's sampling, each field taken from the request, else the artifact's ``defaults``, else OpenAI's. */
+export function samplingParams(req: ChatCompletionRequest, vocabSize: number,
+                               defaults: GenerationDefaults = {}): SamplingParams {
   const num = (v: unknown, name: string, lo: number, hi: number, dflt: number) => {
     if (v === undefined || v === null) return dflt;
     if (typeof v !== "number" || !Number.isFinite(v) || v < lo || v > hi) {
@@ -39,11 +54,17 @@ export function samplingParams(req: ChatCompletionRequest, vocabSize: number): S
   }
   const seed = req.seed === undefined || req.seed === null ? null : num(req.seed, "seed", -(2 ** 53), 2 ** 53, 0);
   if (seed !== null && !Number.isInteger(seed)) throw new InvalidRequestError("seed must be an integer");
+  const gen = (name: keyof typeof GENERATION_FIELDS) => {
+    const [openai, lo, hi] = GENERATION_FIELDS[name];
+    return num(req[name], name, lo, hi ?? Infinity, defaults[name] ?? openai);
+  };
+  const topK = gen("top_k");
+  if (!Number.isInteger(topK)) throw new InvalidRequestError(`top_k must be an integer, got ${topK}`);
   return {
-    temperature: num(req.temperature, "temperature", 0, 2, 1),
-    topP: num(req.top_p, "top_p", 0, 1, 1),
-    topK: num(req.top_k, "top_k", 0, vocabSize, 0),
-    repetitionPenalty: num(req.repetition_penalty, "repetition_penalty", 0.01, 10, 1),
+    temperature: gen("temperature"),
+    topP: gen("top_p"),
+    topK: Math.min(topK, vocabSize),
+    repetitionPenalty: gen("repetition_penalty"),
     frequencyPenalty: num(req.frequency_penalty, "frequency_penalty", -2, 2, 0),
     presencePenalty: num(req.presence_penalty, "presence_penalty", -2, 2, 0),
     logitBias: bias,
