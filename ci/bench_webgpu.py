@@ -30,12 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser import CHROMIUM, CHROMIUM_ARGS, chromium, lantern_server, serve, webllm_chat  # noqa: E402
+from browser import CHROMIUM, CHROMIUM_ARGS, WLLAMA, chromium, lantern_server, serve, webllm_chat  # noqa: E402
 
 from lantern.artifact import Artifact  # noqa: E402
 
 WEB = ROOT / "tests" / "web"
-WLLAMA = ROOT / "webruntime" / "node_modules" / "@wllama" / "wllama" / "esm"
 PROFILE_ARGS = ["--disable-dawn-features=timestamp_quantization"]
 
 

@@ -122,6 +122,9 @@ def _summary_table(result) -> "object":
     for lib in m["libraries"]:
         size = m["files"][lib["file"]]["size"]
         table.add_row(lib["file"], f"{size / 2**20:.1f} MiB, {lib['kernels']} kernels")
+    if m.get("gguf"):
+        g = m["gguf"]
+        table.add_row("GGUF (llama.cpp)", f"{g['bytes'] / 2**20:.1f} MiB {g['tensor_type']} in {len(g['files'])} part(s)")
     for stage, seconds in result.stage_seconds.items():
         table.add_row(f"time: {stage}", f"{seconds:.1f} s")
     if result.cached:
@@ -283,8 +286,10 @@ def make_parser() -> argparse.ArgumentParser:
     calib.add_argument("--no-calibration", action="store_true",
                        help="round every weight to its nearest 4-bit level instead of GPTQ (faster build, "
                             "less accurate model)")
-    b.add_argument("--targets", default="webgpu,cpu",
-                   help="comma-separated libraries to build: webgpu, cpu (default: both)")
+    b.add_argument("--targets", default="webgpu,cpu,gguf",
+                   help="comma-separated outputs: webgpu (the WebGPU libraries), cpu (the CPU library), gguf "
+                        "(the same weights as a GGUF for llama.cpp: the browser's wasm device, split into parts) "
+                        "(default: all three; a model llama.cpp cannot run skips gguf with a warning)")
     b.add_argument("--webgpu-schedule", default="both", choices=SCHEDULE_CHOICES,
                    help="kernel schedule of the webgpu libraries: gpu (for real GPUs), cpu-emulated (for "
                         "software adapters such as SwiftShader, WARP, lavapipe: no GPU in the machine) or both "

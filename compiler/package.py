@@ -116,6 +116,37 @@ def choose_library(libraries: list[dict], target: str, features: frozenset[str] 
     return min(usable, key=rank)
 
 
+# Files every browser device fetches besides its own: the tokenizer (chat template, grammars) and configs.
+COMMON_DEVICE_FILES = ("lantern.json", "mlc-chat-config.json", "tokenizer.json", "tokenizer_config.json")
+
+
+def device_files(manifest: dict, device: str) -> list[str] | None:
+    """What a browser device downloads from this artifact, or None when it cannot run it: ``webgpu``
+    fetches one WebGPU library (the largest counts), the weight shards and their index; ``wasm``
+    fetches the GGUF parts."""
+    if device == "webgpu":
+        libs = [lib["file"] for lib in manifest["libraries"] if lib["target"] == "webgpu"]
+        if not libs:
+            return None
+        largest = max(libs, key=lambda f: manifest["files"][f]["size"])
+        shards = sorted(f for f in manifest["files"] if f.startswith("params_shard_"))
+        own = [largest, "tensor-cache.json", *shards]
+    elif device == "wasm":
+        own = list((manifest.get("gguf") or {}).get("files") or [])
+        if not own:
+            return None
+    else:
+        raise ValueError(f"unknown device '{device}' (webgpu or wasm)")
+    return [*COMMON_DEVICE_FILES, *own]
+
+
+def download_bytes(manifest: dict, device: str) -> int | None:
+    """Bytes a browser device downloads from this artifact (None: the device cannot run it)."""
+    files = device_files(manifest, device)
+    sizes = {**manifest["files"], MANIFEST: {"size": 0}}  # the manifest does not list itself
+    return None if files is None else sum(sizes[f]["size"] for f in files if f in sizes)
+
+
 def write_shards(out: Path, names: list[str], arrays: list[np.ndarray]) -> dict:
     """Write params into shards of at most SHARD_BYTES; return the tensor-cache.json object."""
     shards: list[dict] = []

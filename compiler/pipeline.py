@@ -22,7 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import __version__, chat_template, gptq, link, lower, package
+from . import __version__, chat_template, gguf_export, gptq, link, lower, package
 from .errors import LanternError
 from .importer import SourceModel, import_source
 from .lora import adapter_hash, merge_lora
@@ -45,6 +45,10 @@ class Reporter:
         pass
 
 
+# What `--targets` takes: the model libraries lower.py compiles, and the GGUF for llama.cpp.
+TARGETS = (*lower.TARGETS, "gguf")
+
+
 @dataclass
 class BuildOptions:
     source: str
@@ -53,10 +57,11 @@ class BuildOptions:
     lora: Path | None = None
     # Text for GPTQ on 4-bit builds; None rounds every weight to the nearest level instead.
     calibration: Path | None = gptq.DEFAULT_CALIBRATION
-    targets: tuple[str, ...] = ("webgpu", "cpu")
+    targets: tuple[str, ...] = ("webgpu", "cpu", "gguf")
     webgpu_schedule: str = "both"  # see lower.SCHEDULE_CHOICES
     # sampling defaults that override the source's generation_config.json (package.GENERATION_FIELDS)
     generation: dict = field(default_factory=dict)
+    gguf_skipped: str | None = None  # set by build(): why the gguf target was dropped
     cache_dir: Path = field(default_factory=lambda: default_cache_dir())
     dump_dir: Path | None = None
     name: str | None = None
@@ -164,8 +169,10 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
     reporter = reporter or Reporter()
     spec = get_quantization(opts.quant)
     for t in opts.targets:
-        if t not in lower.TARGETS:
-            raise LanternError(f"unknown target '{t}' (choose from: {', '.join(lower.TARGETS)})")
+        if t not in TARGETS:
+            raise LanternError(f"unknown target '{t}' (choose from: {', '.join(TARGETS)})")
+    if not set(opts.targets) & set(lower.TARGETS):
+        raise LanternError("--targets needs webgpu or cpu: the gguf target is written next to a model library")
     if opts.webgpu_schedule not in lower.SCHEDULE_CHOICES:
         raise LanternError(f"unknown WebGPU schedule '{opts.webgpu_schedule}' "
                            f"(choose from: {', '.join(lower.SCHEDULE_CHOICES)})")
@@ -200,9 +207,18 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
             _install(tmp, out)
             reporter.log(f"unchanged since the cached build {key[:12]}")
             manifest = json.loads((out / package.MANIFEST).read_text())
+            if manifest.get("gguf_skipped"):
+                reporter.log(f"warning: skipping the gguf target: {manifest['gguf_skipped']}")
             return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
         config = src.family.Config.from_hf(src.hf_config)
         src.tokenizer  # noqa: B018 - convert (and so check) the tokenizer within the import stage
+        if "gguf" in opts.targets:
+            try:
+                gguf_export.check(src.family, config, src.tokenizer.tokenizer_json)
+            except gguf_export.GGUFUnsupported as err:
+                reporter.log(f"warning: skipping the gguf target: {err}")
+                opts = dataclasses.replace(opts, targets=tuple(t for t in opts.targets if t != "gguf"),
+                                           gguf_skipped=str(err))
         weights = src.load_weights()
         if opts.lora is not None:
             weights = merge_lora(weights, opts.lora)
@@ -311,13 +327,21 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     times["link"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with reporter.stage("write", total=3):
+    with reporter.stage("write", total=4 if "gguf" in opts.targets else 3):
         arrays = [stored[n] for n in param_names]
         cache_index = package.write_shards(tmp, param_names, arrays)
         (tmp / "tensor-cache.json").write_text(json.dumps(cache_index, indent=1) + "\n")
         reporter.advance(1, f"{len(cache_index['records'])} shards")
-        _write_tokenizer_and_configs(tmp, src, name, config, spec, libraries, reporter)
+        bos_id, eos_id = _write_tokenizer_and_configs(tmp, src, name, config, spec, libraries, reporter)
         reporter.advance(1, "configs")
+        gguf = None
+        if "gguf" in opts.targets:
+            parts = gguf_export.write(tmp, f"{name}-{spec.name}", stored, src.family, config, spec.name,
+                                      src.tokenizer.tokenizer_json, src.tokenizer.chat_template, bos_id, eos_id,
+                                      src.tokenizer.add_bos_token)
+            gguf = {"files": parts, "tensor_type": gguf_export.tensor_type(spec.name),
+                    "bytes": sum((tmp / p).stat().st_size for p in parts)}
+            reporter.advance(1, f"{len(parts)} GGUF part(s)")
         weight_bytes = cache_index["metadata"]["ParamBytes"]
         n_params = _count_parameters(config)
         manifest = {
@@ -333,6 +357,9 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                        "lora_sha256": adapter_hash(opts.lora) if opts.lora else None},
             "targets": sorted(set(opts.targets)),
             "libraries": [dataclasses.asdict(lib) for lib in libraries],
+            # llama.cpp's copy of the same weights (the wasm device, the llamacpp engine), or null
+            "gguf": gguf,
+            "gguf_skipped": opts.gguf_skipped,  # why a requested gguf target was not written
             # The artifact runs where at least one WebGPU library's features are present.
             "required_features": min((lib.required_features for lib in libraries if lib.target == "webgpu"),
                                      key=len, default=[]),
@@ -357,6 +384,8 @@ def _library_builds(name: str, spec: QuantSpec, opts: BuildOptions) -> list[tupl
     "cpu-emulated" one computes in f32 only (software adapters have no shader-f16)."""
     builds = []
     for target in opts.targets:
+        if target == "gguf":
+            continue  # not a library: written from the stored weights (gguf_export)
         if target != "webgpu":
             builds.append((f"{name}-{spec.name}-{target}", target, spec, None))
             continue
@@ -379,7 +408,7 @@ def _count_parameters(cfg) -> int:
 
 
 def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec,
-                                 libraries: list[package.Library], reporter: Reporter) -> None:
+                                 libraries: list[package.Library], reporter: Reporter) -> tuple[int | None, int | None]:
     tok = src.tokenizer
     (tmp / "tokenizer.json").write_text(tok.tokenizer_json)
     (tmp / "tokenizer_config.json").write_text(json.dumps({
@@ -429,6 +458,7 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
                           webgpu[0].file if webgpu else None),
     }
     (tmp / "mlc-chat-config.json").write_text(json.dumps(chat_config, indent=2) + "\n")
+    return bos_id, eos_id
 
 
 def _token_postproc(tokenizer: dict) -> str:

@@ -6,8 +6,9 @@ Measurements (one run):
                divergence), last-position logit error, perplexity on a held-out text; with a
                baseline report, greedy tokens and perplexity against the baseline's
   speed        load time cold (empty cache) and cached, TTFT, prefill and decode tokens/s
-  size         artifact bytes, bytes per parameter, wasm bytes, kernels, largest WGSL kernel,
-               peak GPU memory the runtime allocated
+  size         artifact bytes, bytes each browser device downloads (webgpu, wasm), bytes per
+               parameter, wasm bytes, kernels, largest WGSL kernel, peak GPU memory the runtime
+               allocated
   pipelines    every kernel of every webgpu library compiled as a WebGPU pipeline (a library
                whose features the adapter lacks is "not checked", never "pass")
   structured   greedy answers under a few JSON schemas (validate_data/schemas.json): the share
@@ -30,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import package
 from .artifact import Artifact
 from .errors import LanternError
 
@@ -60,6 +62,8 @@ BUDGETS: dict[str, tuple[str, str, bool]] = {
     "size.max_bytes_per_param": ("bytes_per_param", "max", False),
     "size.max_peak_gpu_bytes": ("peak_gpu_bytes", "max", False),
     "size.max_wasm_bytes": ("wasm_bytes", "max", False),
+    "size.max_webgpu_download_bytes": ("download_bytes_webgpu", "max", False),
+    "size.max_wasm_download_bytes": ("download_bytes_wasm", "max", False),
 }
 
 
@@ -237,6 +241,9 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         "weight_bytes": m["weights"]["bytes"],
         "bytes_per_param": m["weights"]["bytes_per_param"],
         "wasm_bytes": wasm_bytes,
+        # what each browser device fetches: its own files only (package.device_files)
+        "download_bytes_webgpu": package.download_bytes(m, "webgpu"),
+        "download_bytes_wasm": package.download_bytes(m, "wasm"),
         "kernels": max((lib["kernels"] for lib in webgpu), default=0),
         "largest_kernel_bytes": max((lib["largest_kernel_bytes"] for lib in webgpu), default=0),
     }

@@ -1,8 +1,9 @@
 """Model families. Each family is one folder exposing the same names:
 ``ARCHITECTURES`` (HF ``architectures`` values), ``GGUF_ARCHITECTURE``, ``Config``
 (``from_hf``, ``quantized_weights``), ``Model`` (relax nn module), ``to_lantern``
-(HF state dict -> parameters), ``hf_names_from_gguf``, ``hf_config_from_gguf`` and
-``calibration_forward`` (a numpy forward that shows GPTQ each quantized matrix's inputs).
+(HF state dict -> parameters), ``hf_names_from_gguf``, ``hf_config_from_gguf``,
+``calibration_forward`` (a numpy forward that shows GPTQ each quantized matrix's inputs), and for
+the ``gguf`` target ``gguf_tensors``, ``gguf_metadata``, ``permute_for_gguf`` and ``gguf_unsupported``.
 Adding a family means adding a folder and one line in ``FAMILIES``.
 """
 

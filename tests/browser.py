@@ -119,6 +119,21 @@ def webllm_chat(artifact, messages: list[dict], max_tokens: int, library: str | 
                               {"temperature": 0} if sampling is None else sampling])
 
 
+WLLAMA = repo_root() / "webruntime" / "node_modules" / "@wllama" / "wllama" / "esm"
+
+
+def wllama_complete(parts: list[Path], prompts: list[str], max_tokens: int, threads: int = 1) -> list[dict]:
+    """Greedy raw-text completions of ``prompts`` by llama.cpp (wllama in Chromium, on the CPU) on the
+    GGUF ``parts`` (one folder); each {text, prompt_tokens, finish_reason}."""
+    routes = {"/wllama/": WLLAMA, "/page/": repo_root() / "tests" / "web", "/gguf/": parts[0].parent}
+    with serve(routes, isolated=threads > 1) as base, chromium() as browser:
+        page = browser.new_page()
+        page.goto(base + "/page/wllama_chat.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        return page.evaluate("([u, p, n, t]) => wllamaComplete(u, p, n, t)",
+                             [[f"{base}/gguf/{p.name}" for p in parts], prompts, max_tokens, threads])
+
+
 @contextlib.contextmanager
 def lantern_server(model_dirs, site: Path | None = None,
                    customize=None) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:

@@ -53,6 +53,7 @@ def tiny_hf(real_tokenizer_dir, tmp_path_factory):
 
 
 _BUILDS: dict[tuple, Path] = {}
+DEFAULT_TARGETS = ("webgpu", "cpu", "gguf")  # what `lantern build` makes by default
 
 
 @pytest.fixture(scope="session")
@@ -77,20 +78,21 @@ def build_artifact(cache_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_q4(build_artifact):
     """SmolLM2 q4f32_1 as `lantern build` makes it by default: both WebGPU schedules (the runtime picks
-    cpu-emulated on SwiftShader) and the CPU library. Every test of the real model shares this build."""
+    cpu-emulated on SwiftShader), the CPU library and the GGUF. Every test of the real model shares
+    this build."""
     from lantern.artifact import Artifact
 
-    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=("webgpu", "cpu")))
+    return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=DEFAULT_TARGETS))
 
 
 @pytest.fixture(scope="session")
 def tiny_q4(tiny_hf, build_artifact):
-    """The tiny random Llama, built like smollm2_q4 (both WebGPU schedules and the CPU library) in
+    """The tiny random Llama, built like smollm2_q4 (both WebGPU schedules, the CPU library, the GGUF) in
     seconds and loaded in a few: for tests of behaviour that does not depend on the model's words
     (caching, integrity, budgets)."""
     from lantern.artifact import Artifact
 
-    return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=("webgpu", "cpu")))
+    return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=DEFAULT_TARGETS))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,146 @@
+"""The ``gguf`` target: the artifact's own weights as a GGUF that llama.cpp runs (wllama in the
+browser, llama-cpp-python on a server), split into parts that the browser fetches and verifies like
+any other artifact file.
+
+The weights are the ones the WebGPU and CPU libraries run, not a second quantization:
+
+* q4 (MLC's group-32 grid, ``(q - 7) * s``) is llama.cpp's Q4_0 (``(q' - 8) * d``) mirrored:
+  ``q' = 15 - q`` and ``d = -s``, exact but for ``d`` rounding to f16. GPTQ's choices carry over.
+* q0f32 and q0f16 become F32 and F16 tensors. Norms are F32 in every case, as llama.cpp keeps them.
+
+The family folder says which parameter rows make which llama.cpp tensor (``gguf_tensors``), its
+``<arch>.*`` keys (``gguf_metadata``) and what it cannot write yet (``gguf_unsupported``). The
+tokenizer becomes ``tokenizer.ggml.*`` from the artifact's own tokenizer.json, so both devices
+split text into the same tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from .errors import LanternError
+
+# A part at most this big: small enough to cache and verify in a browser, as the weight shards are.
+PART_BYTES = 64 * 2**20
+
+# tokenizer.json pre-tokenizers -> the llama.cpp pre-tokenizer that splits text the same way.
+# Only what has been checked against llama.cpp is listed; anything else skips the target.
+_PRE_TOKENIZERS = {
+    json.dumps({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+               sort_keys=True): "gpt-2",
+}
+
+_TOKEN_NORMAL, _TOKEN_UNUSED, _TOKEN_CONTROL, _TOKEN_USER = 1, 5, 3, 4
+
+
+class GGUFUnsupported(LanternError):
+    """This model cannot be written as a GGUF that llama.cpp runs; the build skips the target."""
+
+
+def tensor_type(quant: str) -> str:
+    """The GGUF type of the weight matrices of a ``quant`` build."""
+    return "Q4_0" if quant.startswith("q4") else "F16" if quant == "q0f16" else "F32"
+
+
+def q4_to_q4_0(q_weight: np.ndarray, q_scale: np.ndarray) -> np.ndarray:
+    """MLC q4 (``uint32[rows, in / 8]`` codes, ``[rows, in / 32]`` scales) as Q4_0 blocks:
+    ``uint8[rows, in / 32 * 18]``, each block an f16 ``d`` then 16 bytes of two codes each."""
+    rows, words = q_weight.shape
+    codes = np.empty((rows, words, 8), dtype=np.uint8)
+    for j in range(8):
+        codes[:, :, j] = (q_weight >> np.uint32(4 * j)) & np.uint32(0xF)
+    mirrored = (15 - codes).reshape(rows, -1, 32)  # q' = 15 - q
+    packed = mirrored[:, :, :16] | (mirrored[:, :, 16:] << 4)
+    d = (-q_scale.astype(np.float32)).astype("<f2").view(np.uint8).reshape(rows, -1, 2)
+    return np.concatenate([d, packed], axis=2).reshape(rows, -1)
+
+
+def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
+    """``tokenizer.ggml.*`` of a byte-level BPE tokenizer.json; GGUFUnsupported for anything else."""
+    model = tokenizer_json.get("model") or {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        raise GGUFUnsupported(f"its {model.get('type', 'unknown')} tokenizer is not written to GGUF yet "
+                              "(byte-level BPE is)")
+    pre_json = json.dumps(tokenizer_json.get("pre_tokenizer"), sort_keys=True)
+    if pre_json not in _PRE_TOKENIZERS:
+        raise GGUFUnsupported(f"llama.cpp has no pre-tokenizer known to match {pre_json[:120]}")
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [_TOKEN_UNUSED] * vocab_size
+    for text, i in model["vocab"].items():
+        if i < vocab_size:
+            tokens[i], types[i] = text, _TOKEN_NORMAL
+    for added in tokenizer_json.get("added_tokens", []):
+        if added["id"] < vocab_size:
+            tokens[added["id"]] = added["content"]
+            types[added["id"]] = _TOKEN_CONTROL if added.get("special") else _TOKEN_USER
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return {"model": "gpt2", "pre": _PRE_TOKENIZERS[pre_json], "tokens": tokens, "types": types, "merges": merges}
+
+
+def check(family: ModuleType, config, tokenizer_json: str) -> None:
+    """Raise GGUFUnsupported (one line, why) when this model cannot become a GGUF llama.cpp runs."""
+    if not hasattr(family, "gguf_tensors"):
+        raise GGUFUnsupported(f"the {family.__name__.rsplit('.', 1)[-1]} family has no GGUF writer yet")
+    reason = family.gguf_unsupported(config)
+    if reason:
+        raise GGUFUnsupported(reason)
+    _tokenizer_fields(json.loads(tokenizer_json), config.vocab_size)
+
+
+def write(out: Path, stem: str, params: dict[str, np.ndarray], family: ModuleType, config, quant: str,
+          tokenizer_json: str, chat_template: str | None, bos_id: int | None, eos_id: int | None,
+          add_bos: bool, part_bytes: int = PART_BYTES) -> list[str]:
+    """Write ``<stem>.gguf`` (or ``<stem>-0000i-of-0000n.gguf`` parts) into ``out`` from the stored
+    parameters; returns the file names in part order."""
+    import gguf
+
+    tok = _tokenizer_fields(json.loads(tokenizer_json), config.vocab_size)
+    logging.getLogger("gguf").setLevel(logging.ERROR)  # it logs "not splitting" for a one-part model
+    writer = gguf.GGUFWriter(out / f"{stem}.gguf", family.GGUF_ARCHITECTURE, split_max_size=part_bytes)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(stem)
+    writer.add_file_type({"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16,
+                          "F32": gguf.LlamaFileType.ALL_F32}[tensor_type(quant)])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, value in family.gguf_metadata(config).items():
+        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
+    writer.add_tokenizer_model(tok["model"])
+    writer.add_tokenizer_pre(tok["pre"])
+    writer.add_token_list(tok["tokens"])
+    writer.add_token_types(tok["types"])
+    writer.add_token_merges(tok["merges"])
+    if bos_id is not None:
+        writer.add_bos_token_id(bos_id)
+    if eos_id is not None:
+        writer.add_eos_token_id(eos_id)
+    writer.add_add_bos_token(add_bos)
+    if chat_template:
+        writer.add_chat_template(chat_template)
+
+    for name, stem_name, first, rows, heads in family.gguf_tensors(config):
+        if f"{stem_name}.q_weight" in params:
+            qw = params[f"{stem_name}.q_weight"][first:first + rows]
+            qs = params[f"{stem_name}.q_scale"][first:first + rows]
+            if heads:
+                qw, qs = family.permute_for_gguf(qw, heads), family.permute_for_gguf(qs, heads)
+            writer.add_tensor(f"{name}.weight", q4_to_q4_0(qw, qs), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            continue
+        w = params.get(f"{stem_name}.weight")
+        if w is None:
+            raise LanternError(f"gguf: the artifact has no parameter '{stem_name}' for tensor '{name}'")
+        w = w[first:first + rows] if w.ndim == 2 else w
+        if heads:
+            w = family.permute_for_gguf(w, heads)
+        w = w.astype(np.float16 if quant == "q0f16" and w.ndim == 2 else np.float32)
+        writer.add_tensor(f"{name}.weight", np.ascontiguousarray(w))
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return sorted(p.name for p in out.glob(f"{stem}*.gguf"))
