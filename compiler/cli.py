@@ -13,6 +13,7 @@ from typing import Iterator
 from . import __version__
 from .errors import LanternError
 from .lower import SCHEDULE_CHOICES
+from .package import GENERATION_FIELDS, check_generation_defaults
 from .quantize import QUANTIZATIONS
 
 BUILD_EXAMPLES = """examples:
@@ -27,11 +28,9 @@ BUILD_EXAMPLES = """examples:
 def _generation_arg(name: str):
     """argparse type of a sampling-default flag: a number within package.GENERATION_FIELDS' range."""
     def parse(text: str):
-        from . import package
-
         try:
             value = int(text) if name == "top_k" else float(text)
-            return package.check_generation_defaults({name: value}, name)[name]
+            return check_generation_defaults({name: value}, name)[name]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{'an integer' if name == 'top_k' else 'a number'} expected, "
                                              f"got {text!r}") from None
@@ -299,11 +298,11 @@ def make_parser() -> argparse.ArgumentParser:
         "What both runtimes (and WebLLM) use when a request omits the field: a request's value wins, then these, "
         "then OpenAI's defaults. Unset flags come from the HF folder's generation_config.json (the bundled "
         "smollm2: temperature 0.2, top_p 0.9).")
-    gen.add_argument("--temperature", type=_generation_arg("temperature"), metavar="T", help="0 to 2 (0: greedy)")
-    gen.add_argument("--top-p", type=_generation_arg("top_p"), metavar="P", help="0 to 1")
-    gen.add_argument("--top-k", type=_generation_arg("top_k"), metavar="K", help="an integer >= 0 (0: off)")
-    gen.add_argument("--repetition-penalty", type=_generation_arg("repetition_penalty"), metavar="R",
-                     help="0.01 to 10 (1: off)")
+    for name, metavar, meaning in (("temperature", "T", "0: greedy"), ("top_p", "P", "1: off"),
+                                   ("top_k", "K", "an integer, 0: off"), ("repetition_penalty", "R", "1: off")):
+        _, lo, hi = GENERATION_FIELDS[name]
+        gen.add_argument(f"--{name.replace('_', '-')}", type=_generation_arg(name), metavar=metavar,
+                         help=f"{lo:g} to {hi:g} ({meaning})" if hi is not None else f">= {lo:g} ({meaning})")
     b.add_argument("--name", help="model name used in file names and package.json (default: from source)")
     b.add_argument("--dump-dir", help="write the IR after every compiler phase to this folder")
     b.add_argument("--cache-dir", help="build cache folder (default: $LANTERN_CACHE or ~/.cache/lantern)")
