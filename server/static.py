@@ -19,7 +19,8 @@ mimetypes.add_type("text/javascript", ".js")
 
 REPO = Path(__file__).resolve().parent.parent
 # schema-check.js: ajv (JSON Schema 2020-12), for pages that show whether structured output validates
-RUNTIME_FILES = {"lantern.js", "worker.js", "schema-check.js"}
+# wllama.wasm: llama.cpp for the wasm device
+RUNTIME_FILES = {"lantern.js", "worker.js", "schema-check.js", "wllama.wasm"}
 
 
 def runtime_dir() -> Path:

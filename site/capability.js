@@ -1,6 +1,6 @@
-// The capability page: what WebGPU offers here and which route the router would take for each
-// served model (the same library choice and memory check the runtime makes when it loads).
-import { chooseLibrary, deviceLabel, isSoftwareAdapter } from "/runtime/lantern.js";
+// The capability page: what WebGPU offers here and which route and device the router would take
+// for each served model (the same device choice, library choice and memory check the runtime makes).
+import { autoDevice, chooseLibrary, deviceLabel, isSoftwareAdapter, wasmLabel, wasmThreads } from "/runtime/lantern.js";
 
 const facts = document.querySelector("#facts tbody");
 const limitsTable = document.querySelector("#limits tbody");
@@ -21,7 +21,7 @@ async function main() {
     description: info.description, isFallbackAdapter: info.isFallbackAdapter ?? adapter?.isFallbackAdapter });
   if (adapter) {
     row(facts, "adapter", `${info.vendor || "?"} ${info.architecture || ""} ${info.description || ""}`.trim());
-    row(facts, "device", deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated }));
+    row(facts, "WebGPU device", deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated }));
     row(facts, "software adapter", emulated ? "yes (CPU-emulated WebGPU: no GPU found, so models answer slowly)" : "no");
     row(facts, "shader-f16", features.has("shader-f16") ? "yes" : "no (f16 models use their f32 library)");
     for (const key of ["maxBufferSize", "maxStorageBufferBindingSize", "maxComputeWorkgroupStorageSize",
@@ -29,6 +29,7 @@ async function main() {
       row(limitsTable, key, String(adapter.limits[key]));
     }
   }
+  row(facts, "CPU device", `${wasmLabel(wasmThreads())}${crossOriginIsolated ? "" : " (one thread: the page is not cross-origin isolated)"}`);
   row(facts, "device memory", navigator.deviceMemory ? `${navigator.deviceMemory} GiB (rounded)` : "not reported");
   const quota = await navigator.storage?.estimate?.().catch(() => null);
   row(facts, "storage quota", quota ? `${(quota.usage / 2 ** 20).toFixed(0)} MiB used of ${(quota.quota / 2 ** 20).toFixed(0)} MiB` : "not reported");
@@ -36,12 +37,21 @@ async function main() {
   let models = [];
   try { models = (await (await fetch("/models/index.json")).json()).models; } catch { /* no index */ }
   const verdicts = [];
+  const gpuLabel = deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated });
+  let slow = false;
   for (const m of models) {
     let route = "cloud";
+    let where = "";
     let reason = "no WebGPU adapter";
-    if (adapter) {
-      try {
-        const manifest = await (await fetch(new URL("lantern.json", new URL(m.url, location.href)))).json();
+    try {
+      const manifest = await (await fetch(new URL("lantern.json", new URL(m.url, location.href)))).json();
+      // the runtime's own choice for device "auto"
+      const device = autoDevice(adapter ? { emulated } : null, Boolean(manifest.gguf?.files.length));
+      if (device === "wasm") {
+        route = "local";
+        where = wasmLabel(wasmThreads());
+        reason = `${where}: ${manifest.gguf.files.length} GGUF part(s), ${(manifest.gguf.bytes / 2 ** 20).toFixed(0)} MiB`;
+      } else if (device === "webgpu") {
         const lib = chooseLibrary(manifest, { features, emulated });
         const need = manifest.memory.estimated_gpu_bytes;
         const biggest = Math.min(adapter.limits.maxBufferSize, adapter.limits.maxStorageBufferBindingSize);
@@ -49,19 +59,22 @@ async function main() {
           reason = `needs ${(need / 2 ** 30).toFixed(2)} GiB, device reports ${navigator.deviceMemory} GiB`;
         } else {
           route = "local";
+          where = gpuLabel;
+          slow ||= emulated;
           reason = `${lib.file}${lib.param_upcast ? " (f16 weights upcast to f32)" : ""}, buffers up to ${(biggest / 2 ** 20).toFixed(0)} MiB`;
         }
-      } catch (err) {
-        reason = `${err.name}: ${err.message}`;
+      } else {
+        reason = "no WebGPU adapter, and the artifact has no GGUF for the CPU";
       }
+    } catch (err) {
+      reason = `${err.name}: ${err.message}`;
     }
     row(facts, `route for ${m.name}`, `${route}: ${reason}`);
-    const where = deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated });
     verdicts.push(`${m.name} would run ${route === "local" ? `locally on ${where}` : "on the cloud"}`);
   }
-  const slow = adapter && emulated ? " This adapter emulates a GPU on the CPU; the server (cloud route) answers faster." : "";
+  const note = slow ? " This adapter emulates a GPU on the CPU; the server (cloud route) answers faster." : "";
   document.getElementById("verdict").textContent = (verdicts.length ? verdicts.join("; ") + "." :
-    adapter ? "WebGPU works here." : "No WebGPU here: models would run on the cloud fallback.") + slow;
+    adapter ? "WebGPU works here." : "No WebGPU here: models with a GGUF run on the CPU (wasm), others on the cloud.") + note;
   document.body.dataset.ready = "true";
 }
 main();

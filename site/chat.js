@@ -1,6 +1,6 @@
 // The chat page: a model picker over the served artifacts, load progress, streaming answers
-// through the router (local WebGPU engine, `lantern serve` as the cloud fallback).
-import { createRouter, deleteModelFromCache, deviceLabel } from "/runtime/lantern.js";
+// through the router (the local engine on WebGPU or the CPU, `lantern serve` as the cloud fallback).
+import { createRouter, deleteModelFromCache } from "/runtime/lantern.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -10,7 +10,7 @@ const ui = {
   seed: $("seed"), slowNote: $("slow-note"), slowWhy: $("slow-why"), preferCloud: $("prefer-cloud"),
 };
 let router = null;
-let device = "";  // deviceLabel of the local engine, once loaded
+let device = "";  // the local engine's device label ("CPU (wasm, 2 threads)"), once loaded
 let library = "";  // the model library it runs
 let messages = [];
 let abort = null;
@@ -22,9 +22,9 @@ function showRoute(route, reason) {
   ui.route.textContent = route === "local" ? `local · ${device}` : `running on the cloud (${reason})`;
 }
 
-/** On a software adapter, say why answers are slow and offer the faster route this page has. */
-function explainDevice(adapter) {
-  ui.slowNote.hidden = !adapter.fallback;
+/** On WebGPU through a software adapter, say why answers are slow and offer the faster route this page has. */
+function explainDevice({ device: kind, adapter }) {
+  ui.slowNote.hidden = !(kind === "webgpu" && adapter.fallback);
   ui.slowWhy.textContent = "This browser found no GPU, so WebGPU runs on the CPU through a software adapter " +
     `(${adapter.vendor || "?"} ${adapter.architecture || ""}): answers come slowly.`.replace(" )", ")");
 }
@@ -76,9 +76,8 @@ async function load() {
     ui.slowNote.hidden = true;
     if (router.local) {
       const stats = await router.local.stats();
-      ({ library } = stats);
-      device = deviceLabel(stats.adapter);
-      explainDevice(stats.adapter);
+      ({ library, deviceLabel: device } = stats);
+      explainDevice(stats);
     }
     showRoute(router.local ? "local" : "cloud", router.localUnavailable);
     ui.progressText.textContent = router.local ? `Ready: 100% · ${library} on ${device}`

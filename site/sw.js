@@ -1,9 +1,10 @@
 // The site's service worker: after one visit the chat page opens with no network. Pages, the
 // runtime bundles and the model index are kept here (network first, cache when offline); model
 // weights are not: the runtime keeps those itself, verified, in the Cache API.
-const CACHE = "lantern-site-v1";
+const CACHE = "lantern-site-v2";
+// wllama.wasm: llama.cpp for the CPU (wasm) device
 const SHELL = ["./", "index.html", "chat.js", "style.css", "/runtime/lantern.js", "/runtime/worker.js",
-  "/runtime/schema-check.js", "/models/index.json"];
+  "/runtime/wllama.wasm", "/runtime/schema-check.js", "/models/index.json"];
 
 self.addEventListener("install", (event) => {
   event.waitUntil(caches.open(CACHE).then((c) => c.addAll(SHELL)).then(() => self.skipWaiting()));

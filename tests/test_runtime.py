@@ -72,6 +72,7 @@ def chat(page, *requests: dict) -> list[dict]:
 def test_load_reports_progress_and_picks_the_emulated_library(session, report):
     stats, page = session["stats"], session["page"]
     assert stats["adapter"]["fallback"] is True  # SwiftShader
+    assert stats["device"] == "webgpu" and stats["deviceLabel"] == "WebGPU (software adapter, slow)"
     # the default artifact has both schedules; SwiftShader gets the one made for software adapters
     assert stats["library"] == session["art"].library("webgpu", emulated=True).name
     assert stats["library"].endswith("-webgpu-emulated.wasm")
@@ -349,12 +350,14 @@ def test_router_without_webgpu_answers_from_the_cloud_with_the_same_shape(smollm
         with lantern_server([smollm2.path]) as (base, _):
             wait_until_ready(base)
             page = open_page(plain, base)
+            # the local engine is asked for WebGPU (without it, "auto" would answer on the CPU)
             out = page.evaluate("([o, r]) => routerChat(o, r)", [
-                {"local": {"model": f"/models/{name}/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+                {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
                 {"messages": user(PROMPTS[0]), "max_tokens": 8, "temperature": 0}])
     finally:
         plain.close()
-    assert out["events"] == [{"type": "route", "route": "cloud", "reason": "no-webgpu"}]
+    [event] = out["events"]
+    assert event["route"] == "cloud" and event["reason"].startswith("no-webgpu: "), event
     reply = out["reply"]
     assert reply["lantern_route"] == "cloud"
     ChatCompletion.model_validate(reply)
@@ -368,7 +371,7 @@ def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, brow
         context = browser.new_context()
         page = open_page(context, base)
         out = page.evaluate("([o, r, n]) => routerChat(o, r, n)", [
-            {"local": {"model": f"/models/{name}/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+            {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
             {"messages": user(PROMPTS[0]), "max_tokens": 24, "temperature": 0, "stream": True}, 4])
         context.close()
     routes = [c["lantern_route"] for c in out["chunks"]]

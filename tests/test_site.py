@@ -4,6 +4,7 @@ and the npm packages a web app depends on."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -70,13 +71,11 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
         load_chat(page, site)
         assert page.locator("#progress").evaluate("p => p.value") == 1
         loaded = page.locator("#progress-text").inner_text()
-        assert "100%" in loaded and "smollm2-q4f32_1-webgpu-emulated.wasm" in loaded, loaded
-        # SwiftShader is named for what it is, with the reason and the faster route
+        assert "100%" in loaded and "smollm2-q4f32_1-00001-of-00002.gguf" in loaded, loaded
+        # On SwiftShader (no GPU) the page runs the model on the CPU (llama.cpp in wasm) and says so
         assert page.locator("#route").get_attribute("data-route") == "local"
-        assert page.locator("#route").inner_text() == "local · WebGPU (software adapter, slow)"
-        assert page.locator("#slow-note").is_visible()
-        assert "software adapter" in page.locator("#slow-why").inner_text()
-        assert page.get_by_label("Answer on the server instead (faster here)").is_visible()
+        assert re.fullmatch(r"local · CPU \(wasm, \d+ threads?\)", page.locator("#route").inner_text())
+        assert not page.locator("#slow-note").is_visible()  # that note is for WebGPU on a software adapter
         # The first question a new user asks, with the artifact's sampling defaults (the page sends
         # none), over several seeds, each in a new chat
         answers = []
@@ -88,7 +87,7 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
                                    "document.getElementById('send').disabled === false", timeout=300_000)
             answers.append(page.locator(".msg-assistant").inner_text())
         paris = sum("Paris" in a for a in answers)
-        report(f"chat page (SwiftShader, artifact defaults): 'Paris' in {paris}/{len(answers)} answers "
+        report(f"chat page (no GPU: CPU/wasm, artifact defaults): 'Paris' in {paris}/{len(answers)} answers "
                f"(seeds {PARIS_SEEDS.start}-{PARIS_SEEDS.stop - 1})")
         assert paris >= 4, answers
         page.get_by_role("button", name="New chat").click()
@@ -96,7 +95,7 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
         sent = time.perf_counter()
         ask(page, "Count from one to twenty.")
         page.wait_for_function("document.querySelector('.msg-assistant').textContent.length > 3", timeout=300_000)
-        report(f"chat page (SwiftShader): the first answer started {time.perf_counter() - sent:.1f} s after Send")
+        report(f"chat page (no GPU: CPU/wasm): the first answer started {time.perf_counter() - sent:.1f} s after Send")
         page.screenshot(path=str(SHOTS / "chat-mid-answer.png"), full_page=True)
         page.get_by_role("button", name="Stop").click()
         page.wait_for_function("document.getElementById('send').disabled === false", timeout=120_000)
@@ -155,22 +154,23 @@ def test_capability_page_reports_the_adapter_and_the_route(site, playwright):
         page.wait_for_selector("body[data-ready]")
         text = page.inner_text("main")
         assert "WebGPU\tavailable" in text and "shader-f16\tno" in text
-        assert "route for smollm2\tlocal" in text and "swiftshader" in text.lower()
-        assert "device\tWebGPU (software adapter, slow)" in text
-        assert "would run locally on WebGPU (software adapter, slow)" in page.locator("#verdict").inner_text()
+        assert "route for smollm2\tlocal: CPU (wasm" in text and "swiftshader" in text.lower()
+        assert "WebGPU device\tWebGPU (software adapter, slow)" in text
+        assert re.search(r"CPU device\tCPU \(wasm, \d+ threads?\)", text)
+        assert "smollm2 would run locally on CPU (wasm" in page.locator("#verdict").inner_text()
         assert problems == []
         page.screenshot(path=str(SHOTS / "capability.png"), full_page=True)
     finally:
         browser.close()
 
 
-def test_without_webgpu_the_chat_page_shows_the_cloud_and_still_answers(site, playwright):
+def test_without_webgpu_the_chat_page_answers_on_the_cpu(site, playwright):
     browser = launch(playwright, webgpu=False)
     try:
         page = browser.new_page()
         load_chat(page, site)
-        assert page.locator("#route").get_attribute("data-route") == "cloud"
-        assert "no-webgpu" in page.locator("#route").inner_text()
+        assert page.locator("#route").get_attribute("data-route") == "local"
+        assert page.locator("#route").inner_text().startswith("local · CPU (wasm, ")
         ask(page, "What is the capital of France?")
         page.wait_for_function("document.querySelector('.msg-assistant') && "
                                "document.getElementById('send').disabled === false", timeout=120_000)
@@ -178,7 +178,7 @@ def test_without_webgpu_the_chat_page_shows_the_cloud_and_still_answers(site, pl
         assert answer.strip() and "[error" not in answer
         page.goto(site + "/capability.html")
         page.wait_for_selector("body[data-ready]")
-        assert "route for smollm2\tcloud" in page.inner_text("main")
+        assert "route for smollm2\tlocal: CPU (wasm" in page.inner_text("main")
     finally:
         browser.close()
 

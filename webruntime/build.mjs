@@ -1,6 +1,6 @@
 // Bundles the runtime (src/index.ts) and the worker entry (../worker/worker.ts) into one ES
-// module each under dist/; `lantern serve` serves them as /runtime/lantern.js and /runtime/worker.js.
-import { readFileSync } from "node:fs";
+// module each under dist/, next to llama.cpp's wasm; `lantern serve` serves them under /runtime/.
+import { copyFileSync, readFileSync } from "node:fs";
 import * as esbuild from "esbuild";
 
 const common = { bundle: true, format: "esm", platform: "browser", target: "es2022", logLevel: "warning",
@@ -12,3 +12,5 @@ await esbuild.build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/l
 await esbuild.build({ ...common, entryPoints: ["../worker/worker.ts"], outfile: "dist/worker.js" });
 // Not part of the npm package: ajv for the site's JSON mode and the tests (/runtime/schema-check.js).
 await esbuild.build({ ...common, entryPoints: ["src/schema-check.mjs"], outfile: "dist/schema-check.js" });
+// llama.cpp in wasm for the `wasm` device (wllama's build); the runtime loads it from beside itself.
+copyFileSync("node_modules/@wllama/wllama/esm/wasm/wllama.wasm", "dist/wllama.wasm");

@@ -1,22 +1,22 @@
-// The engine: loads an artifact, queues chat requests and runs each through an explicit
-// lifecycle (queued -> prefill -> decode -> completed | cancelled | failed) on the model.
-import { checkFits, detectGpu } from "./device";
-import { chooseLibrary, deviceLabel } from "./library";
-import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError } from "./errors";
+// The engine: loads an artifact on a device (webgpu or wasm), queues chat requests and runs each
+// through an explicit lifecycle (queued -> prefill -> decode -> completed | cancelled | failed).
+// The device generates tokens (devices.ts); the engine owns everything a request sees around them.
+import { detectGpu, type Gpu } from "./device";
+import type { Device, DeviceKind, Generation } from "./devices";
+import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, WebGPUUnavailableError } from "./errors";
+import { autoDevice } from "./library";
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
-import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
 import type {
   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats,
   FinishReason, LoadProgress, TokenLogprob, Usage,
 } from "./protocol";
-import { samplingParams, Sampler, type Sampled } from "./sampler";
-import { openStore } from "./storage";
+import { samplingParams } from "./sampler";
+import { openStore, type FileStore } from "./storage";
 import { PushStream } from "./stream";
-import {
-  callsTools, GrammarCompiler, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type TokenizerJson, type TokenMask,
-} from "./structured";
-import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
-import type { CompiledGrammar } from "@mlc-ai/web-xgrammar";
+import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages } from "./structured";
+import { TextCodec, type TokenizerConfig } from "./text";
+import { WasmDevice } from "./wasm";
+import { WebGpuDevice } from "./webgpu";
 
 export type RequestState = "queued" | "prefill" | "decode" | "completed" | "cancelled" | "failed";
 
@@ -33,7 +33,7 @@ class Job {
   readonly id = `chatcmpl-${crypto.randomUUID()}`;
   readonly created = Math.floor(Date.now() / 1000);
 
-  constructor(readonly request: ChatCompletionRequest, readonly grammar: CompiledGrammar | null,
+  constructor(readonly request: ChatCompletionRequest, readonly grammar: unknown,
               readonly onEvent: (e: StepEvent) => void) {}
 
   move(to: RequestState): void {
@@ -52,9 +52,6 @@ interface StepEvent {
 
 export interface CreateOptions { signal?: AbortSignal }
 
-// The one sequence the engine keeps: the last finished conversation, for reuse by the next turn.
-const SEQ = 0;
-
 /** Characters at the end of ``text`` that could still grow into one of ``stops``. */
 function heldBack(text: string, stops: string[]): number {
   let hold = 0;
@@ -66,10 +63,38 @@ function heldBack(text: string, stops: string[]): number {
   return hold;
 }
 
-function commonPrefix(a: number[], b: number[]): number {
-  let n = 0;
-  while (n < a.length && n < b.length && a[n] === b[n]) n++;
-  return n;
+const DEVICES = ["auto", "webgpu", "wasm"];
+
+/**
+ * The device for ``want``: "webgpu" and "wasm" as named; "auto" as autoDevice says, and the CPU
+ * (wasm) also when WebGPU fails to load with WebGPUUnavailableError and the artifact has a GGUF.
+ */
+async function openDevice(want: string, open: { webgpu: (gpu: Gpu) => Promise<Device>; wasm: () => Promise<Device> },
+                          hasGguf: boolean): Promise<Device> {
+  if (!DEVICES.includes(want)) throw new InvalidRequestError(`device must be one of ${DEVICES.join(", ")}, got '${want}'`);
+  if (want === "wasm") return open.wasm();
+  if (want === "webgpu") return open.webgpu(await detectGpu());
+  let gpu: Gpu | null = null;
+  let why = "";
+  try {
+    gpu = await detectGpu();
+  } catch (err) {
+    if (!(err instanceof WebGPUUnavailableError) || !hasGguf) throw err;
+    why = err.message;
+  }
+  if (autoDevice(gpu, hasGguf) === "webgpu") {
+    try {
+      return await open.webgpu(gpu!);
+    } catch (err) {
+      if (!(err instanceof WebGPUUnavailableError) || !hasGguf) throw err;
+      why = err.message;
+    }
+  } else if (gpu) {
+    gpu.device.destroy();
+    why = "the WebGPU adapter is a software one";
+  }
+  console.info(`lantern: running on the CPU (wasm): ${why}`);
+  return open.wasm();
 }
 
 export class Engine {
@@ -79,86 +104,61 @@ export class Engine {
     },
   };
 
-  private model: TvmModel | null;
+  private device: Device | null;
   private tail: Promise<void> = Promise.resolve();
   private queued = 0;
   private running: Job | null = null;
-  private kvTokens: number[] = [];
   private readonly counts: Record<string, number> = {};
-  private grammars: Promise<GrammarCompiler> | null = null;
-  private grammarsReady: GrammarCompiler | null = null;  // the same, once made (for stats)
 
-  private constructor(model: TvmModel, private readonly codec: TextCodec, readonly manifest: Manifest,
-                      private readonly stopTokenIds: Set<number>, private readonly library: string,
-                      private readonly adapter: EngineStats["adapter"], private readonly tokenizerJson: ArrayBuffer,
-                      private readonly tokenPostproc: string) {
-    this.model = model;
+  private constructor(device: Device, private readonly codec: TextCodec, readonly manifest: Manifest,
+                      private readonly stopTokenIds: Set<number>) {
+    this.device = device;
   }
 
   static async load(options: EngineOptions): Promise<Engine> {
-    let report = options.onProgress ?? (() => {});
+    const report = options.onProgress ?? (() => {});
+    const cw = options.contextWindow;
+    if (cw !== undefined && !(Number.isInteger(cw) && cw > 0)) throw new InvalidRequestError(`contextWindow must be a positive integer, got ${cw}`);
     const modelUrl = new URL(options.model, globalThis.location?.href).href.replace(/\/?$/, "/");
-    const store = openStore(options.cache ?? "cache-api");
+    const store: FileStore = openStore(options.cache ?? "cache-api");
     report({ phase: "manifest", loadedBytes: 0, totalBytes: 0, progress: 0 });
     const manifest = await fetchManifest(modelUrl, store);
-    const gpu = await detectGpu();
-    const lib = chooseLibrary(manifest, gpu);
-    const adapter = { vendor: gpu.adapterInfo.vendor, architecture: gpu.adapterInfo.architecture,
-      features: [...gpu.features].sort(), fallback: gpu.emulated };
-    const tell = report;  // from here on, every report names the library and the device
-    report = (p) => tell({ ...p, library: lib.file, device: deviceLabel(adapter) });
-
-    const config = ["tensor-cache.json", "tokenizer.json", "tokenizer_config.json", "mlc-chat-config.json"];
-    const small = await fetchFiles(modelUrl, manifest, config, { store, parallel: 4, retries: options.retries ?? 3, onProgress: () => {} });
+    const config = ["tokenizer.json", "tokenizer_config.json", "mlc-chat-config.json"];
+    const small = await fetchFiles(modelUrl, manifest, config, { store, parallel: 3, retries: options.retries ?? 3, onProgress: () => {} });
     const json = (name: string) => JSON.parse(new TextDecoder().decode(small.get(name)!));
-    const index: TensorCacheIndex = json("tensor-cache.json");
-    const upcast = lib.param_upcast === "float16->float32";
-    checkFits(manifest, largestTensorBytes(index, upcast), gpu.device);
-
-    // Downloads are 90% of the bar; upload and pipeline compile share the rest.
-    const shardNames = index.records.map((r) => r.dataPath);
-    const files = await fetchFiles(modelUrl, manifest, [lib.file, ...shardNames], {
-      store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
-      onProgress: (p) => report({ ...p, progress: 0.9 * p.progress }),
-    });
-    const codec = await TextCodec.create(small.get("tokenizer.json")!, json("tokenizer_config.json") as TokenizerConfig);
+    // the tokenizer starts while the device loads (the wasm device loads in llama.cpp's own worker)
+    const codecReady = TextCodec.create(small.get("tokenizer.json")!, json("tokenizer_config.json") as TokenizerConfig);
+    codecReady.catch(() => {});  // awaited below
     const chatConfig = json("mlc-chat-config.json");
-    const total = manifest.weights.bytes;
-    const model = await TvmModel.load(files.get(lib.file)!, gpu, index, files, {
-      upcast,
-      onUpload: (done, n) => report({ phase: "gpu-upload", loadedBytes: Math.round(total * done / n), totalBytes: total,
-        progress: 0.9 + 0.05 * done / n }),
-      onCompile: (done, n) => report({ phase: "pipeline-compile", loadedBytes: done, totalBytes: n,
-        progress: 0.95 + 0.05 * done / n }),
-    });
     const stops = new Set<number>([chatConfig.eos_token_id].flat().filter((x: unknown) => typeof x === "number"));
     for (const id of chatConfig.conv_template?.stop_token_ids ?? []) stops.add(id);
     if (!stops.size) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
-    report({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
-    return new Engine(model, codec, manifest, stops, lib.file, adapter, small.get("tokenizer.json")!,
-      chatConfig.tokenizer_info?.token_postproc_method ?? "raw");
+
+    const device = await openDevice(options.device ?? "auto", {
+      webgpu: async (gpu) => WebGpuDevice.open({ modelUrl, manifest, gpu, store, options, codec: await codecReady,
+        chatConfig, stopTokenIds: stops, tokenizerJson: small.get("tokenizer.json")!, report }),
+      wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report),
+    }, Boolean(manifest.gguf?.files.length));
+    return new Engine(device, await codecReady, manifest, stops);
   }
 
-  private loaded(): TvmModel {
-    if (!this.model) throw new EngineNotLoadedError("the engine was unloaded");
-    return this.model;
+  private loaded(): Device {
+    if (!this.device) throw new EngineNotLoadedError("the engine was unloaded");
+    return this.device;
   }
 
-  /** The grammar compiler for this model's vocabulary, made on the first structured request. */
-  private grammarCompiler(): Promise<GrammarCompiler> {
-    this.grammars ??= GrammarCompiler.create(JSON.parse(new TextDecoder().decode(this.tokenizerJson)) as TokenizerJson,
-      this.tokenPostproc, this.manifest.model.vocab_size, [...this.stopTokenIds])
-      .then((g) => (this.grammarsReady = g));
-    return this.grammars;
+  /** The device this engine runs on: "webgpu" or "wasm". */
+  get deviceKind(): DeviceKind {
+    return this.loaded().kind;
   }
 
   private async create(req: ChatCompletionRequest, opts: CreateOptions = {}):
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
-    this.loaded();
+    const device = this.loaded();
     this.validate(req);
     // Bad schemas and grammars fail here, before the request is queued.
     const spec = requestSpec(req);
-    const grammar = spec ? await (await this.grammarCompiler()).compile(spec) : null;
+    const grammar = spec ? await device.prepare(spec) : null;
     if (req.stream) return this.stream(req, grammar, opts);
     let text = "";
     const logprobs: TokenLogprob[] = [];
@@ -179,16 +179,17 @@ export class Engine {
       }
     }
     return {
-      id: job.id, object: "chat.completion", created: job.created, model: this.manifest.model.name,
+      id: job.id, object: "chat.completion", created: job.created, model: this.manifest.model.name, lantern_device: device.kind,
       choices: [{ index: 0, message, finish_reason: finish, logprobs: req.logprobs ? { content: logprobs } : null }],
       usage: usage!,
     };
   }
 
-  private stream(req: ChatCompletionRequest, grammar: CompiledGrammar | null, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
+  private stream(req: ChatCompletionRequest, grammar: unknown, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
     const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
     const includeUsage = req.stream_options?.include_usage ?? true;
+    const kind = this.loaded().kind;
     let jobRef: Job | null = null;
     let sent = "";  // content streamed so far (tool calls are held back for the last chunk)
     const chunk = (job: Job, e: StepEvent): ChatCompletionChunk => {
@@ -205,7 +206,7 @@ export class Engine {
       }
       sent += e.delta;
       const c: ChatCompletionChunk = {
-        id: job.id, object: "chat.completion.chunk", created: job.created, model: this.manifest.model.name,
+        id: job.id, object: "chat.completion.chunk", created: job.created, model: this.manifest.model.name, lantern_device: kind,
         choices: [{ index: 0, delta, finish_reason: finish, logprobs: e.logprobs ? { content: e.logprobs } : null }],
         lantern_completion_tokens: e.tokens,
       };
@@ -241,7 +242,7 @@ export class Engine {
   }
 
   /** Queue a request and run it when its turn comes; resolves when it reached a terminal state. */
-  private run(req: ChatCompletionRequest, grammar: CompiledGrammar | null, opts: CreateOptions,
+  private run(req: ChatCompletionRequest, grammar: unknown, opts: CreateOptions,
               onEvent: (e: StepEvent) => void, onJob: (job: Job) => void = () => {}): Promise<Job> {
     const job = new Job(req, grammar, onEvent);
     onJob(job);
@@ -264,27 +265,25 @@ export class Engine {
   }
 
   private async execute(job: Job): Promise<void> {
-    const model = this.loaded();
+    const device = this.loaded();
     const req = job.request;
     const params = samplingParams(req, this.manifest.model.vocab_size, this.manifest.generation);
-    const sampler = new Sampler(params);
     const stops = typeof req.stop === "string" ? [req.stop] : req.stop ?? [];
     // A tool call is not streamed as text: hold back from its opening tag (and a partial one).
     const holds = callsTools(req) ? [...stops, TOOL_OPEN] : stops;
-    let mask: TokenMask | null = null;
-    const stopIds = new Set([...this.stopTokenIds, ...(req.stop_token_ids ?? [])]);
     const started = performance.now();
     let promptTokens = 0;
-    let cachedTokens = 0;
     let completion = 0;
-    let prefillMs = 0;
     let firstTokenAt = 0;
+    let gen: Generation | null = null;
     const usage = (): Usage => {
       const decodeMs = performance.now() - firstTokenAt;
+      const cachedTokens = gen?.cachedTokens ?? 0;
+      const prefillMs = firstTokenAt - started;
       return {
         prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion,
-        ttft_ms: firstTokenAt ? firstTokenAt - started : 0,
-        prefill_tokens_per_s: prefillMs ? (promptTokens - cachedTokens) / (prefillMs / 1000) : 0,
+        ttft_ms: firstTokenAt ? prefillMs : 0,
+        prefill_tokens_per_s: firstTokenAt ? (promptTokens - cachedTokens) / (prefillMs / 1000) : 0,
         decode_tokens_per_s: completion > 1 ? (completion - 1) / (decodeMs / 1000) : 0,
         tpot_ms: completion > 1 ? decodeMs / (completion - 1) : 0,
         cached_prompt_tokens: cachedTokens,
@@ -298,47 +297,30 @@ export class Engine {
         return;
       }
       job.move("prefill");
-      if (job.grammar) mask = await (await this.grammarCompiler()).matcher(job.grammar);
-      const prompt = this.codec.encode(this.promptText(req));
+      const promptText = this.promptText(req);
+      const prompt = this.codec.encode(promptText);
       promptTokens = prompt.length;
-      const room = model.contextWindow - prompt.length;
+      const room = device.contextWindow - prompt.length;
       if (room < 1) {
-        throw new InvalidRequestError(`the prompt is ${prompt.length} tokens; the context window is ${model.contextWindow}`);
+        throw new InvalidRequestError(`the prompt is ${prompt.length} tokens; the context window is ${device.contextWindow}`);
       }
       const maxTokens = Math.min(req.max_tokens ?? room, room);
+      gen = await device.start({ prompt, promptText, params, grammar: job.grammar, maxTokens,
+        stopTokenIds: new Set([...this.stopTokenIds, ...(req.stop_token_ids ?? [])]) });
 
-      // Reuse the previous turn's KV entries for the shared prefix (at least one token is run).
-      let reuse = Math.min(commonPrefix(this.kvTokens, prompt), prompt.length - 1);
-      if (model.sequenceCount && reuse > 0) {
-        model.popTokens(SEQ, this.kvTokens.length - reuse);
-      } else {
-        model.removeSequence(SEQ);
-        model.addSequence(SEQ);
-        reuse = 0;
-      }
-      this.kvTokens = prompt.slice(0, reuse);
-      cachedTokens = reuse;
-      const t0 = performance.now();
-      let logits = await model.forward(SEQ, prompt.slice(reuse));
-      this.kvTokens = prompt.slice();
-      prefillMs = performance.now() - t0;
-
-      const detok = new StreamingDetokenizer(this.codec);
       let text = "";  // decoded so far (full characters only)
       let sent = 0;  // chars of text already handed out
       let finish: FinishReason | null = null;
       let pendingLogprobs: TokenLogprob[] = [];
       for (;;) {
         if (job.cancelled) { finish = "abort"; break; }
-        const s: Sampled = sampler.sample(logits, mask ? await mask.allowed() : undefined);
+        const step = await gen.next();
         if (!firstTokenAt) firstTokenAt = performance.now();
         if (job.state === "prefill") job.move("decode");
-        if (stopIds.has(s.token)) { finish = "stop"; break; }
+        if (!step) { finish = "stop"; break; }
         completion++;
-        sampler.accept(s.token);
-        mask?.accept(s.token);
-        if (params.topLogprobs >= 0) pendingLogprobs.push(this.logprobEntry(s));
-        text += detok.push(s.token);
+        if (step.logprob) pendingLogprobs.push(step.logprob);
+        text += step.text;
         const hit = stops.map((st) => text.indexOf(st, Math.max(0, sent - st.length))).filter((i) => i >= 0);
         if (hit.length) {
           text = text.slice(0, Math.min(...hit));
@@ -354,24 +336,17 @@ export class Engine {
           sent = safe;
           pendingLogprobs = [];
         }
-        logits = await model.forward(SEQ, [s.token]);
-        this.kvTokens.push(s.token);
       }
-      if (finish === "abort") {
-        job.move("cancelled");
-        this.release();
-      } else {
-        job.move("completed");
-      }
+      await gen.close(finish === "abort" ? "abort" : "done");
+      job.move(finish === "abort" ? "cancelled" : "completed");
       job.onEvent({ delta: text.slice(sent), tokens: completion, logprobs: pendingLogprobs.length ? pendingLogprobs : null,
         finish, usage: usage() });
     } catch (err) {
       job.move("failed");
-      this.release();
+      await gen?.close("error").catch(() => {});
       throw err instanceof LanternError || err instanceof Error ? err : new Error(String(err));
     } finally {
       this.running = null;
-      mask?.dispose();
     }
   }
 
@@ -382,64 +357,31 @@ export class Engine {
     return this.codec.renderChat(toolMessages(req.messages, tools));
   }
 
-  /** Free the conversation's KV pages (after a cancelled or failed request). */
-  private release(): void {
-    this.model?.removeSequence(SEQ);
-    this.kvTokens = [];
-  }
-
-  private logprobEntry(s: Sampled): TokenLogprob {
-    const entry = (id: number, lp: number) => {
-      const token = this.codec.decode([id]);
-      return { token, logprob: lp, bytes: Array.from(new TextEncoder().encode(token)) };
-    };
-    return { ...entry(s.token, s.logprob), top_logprobs: s.top.map(([id, lp]) => entry(id, lp)) };
-  }
-
   /** The prompt text the model's chat template makes of ``messages`` (the router continues from it). */
   renderPrompt(messages: ChatCompletionRequest["messages"]): string {
     return this.codec.renderChat(messages);
   }
 
+  private webgpu(what: string): WebGpuDevice {
+    const device = this.loaded();
+    if (!(device instanceof WebGpuDevice)) throw new InvalidRequestError(`${what} needs the webgpu device; this engine runs on ${device.kind}`);
+    return device;
+  }
+
   /**
-   * Measurements on raw token ids for `lantern validate`, queued like a request; they use the
-   * KV sequence afresh, so the cached conversation is dropped.
+   * Measurements on raw token ids for `lantern validate` (webgpu device), queued like a request;
+   * they use the KV sequence afresh, so the cached conversation is dropped.
    */
   debug(req: DebugOp): Promise<DebugResult> {
-    const turn = this.tail.then(async (): Promise<DebugResult> => {
-      const model = this.loaded();
-      this.release();
-      model.addSequence(SEQ);
-      try {
-        if (req.op === "nll") return { nll: await model.tokenNll(SEQ, req.tokens) };
-        if (req.op === "logits") return { logits: Array.from(await model.forward(SEQ, req.tokens)) };
-        const out: number[] = [];
-        const t0 = performance.now();
-        let logits = await model.forward(SEQ, req.prompt);
-        const t1 = performance.now();
-        let steps = 0;
-        while (out.length < req.maxTokens) {
-          let best = 0;
-          for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
-          if (this.stopTokenIds.has(best)) break;
-          out.push(best);
-          if (out.length < req.maxTokens) {
-            logits = await model.forward(SEQ, [best]);
-            steps++;
-          }
-        }
-        return { tokens: out, prefillMs: t1 - t0, decodeMs: performance.now() - t1, decodeSteps: steps };
-      } finally {
-        model.removeSequence(SEQ);
-      }
-    });
+    const device = this.webgpu("debug");
+    const turn = this.tail.then(() => device.debug(req));
     this.tail = turn.then(() => {}, () => {});
     return turn;
   }
 
   /** Test hook: destroy the GPU device, as a driver reset would; the next step fails with DeviceLostError. */
   debugLoseDevice(): void {
-    this.loaded().loseDevice("destroyed by debugLoseDevice()");
+    this.webgpu("debugLoseDevice").loseDevice();
   }
 
   /** Stop the running request at its next decode step (it finishes with finish_reason "abort"). */
@@ -448,20 +390,16 @@ export class Engine {
   }
 
   stats(): EngineStats {
-    const model = this.loaded();
-    return {
-      kvSequences: model.sequenceCount, kvAvailablePages: model.availablePages(), kvTotalPages: model.totalPages,
-      cachedTokens: this.kvTokens.length, queued: this.queued, library: this.library,
-      peakGpuBytes: model.peakGpuBytes, adapter: this.adapter, requests: { ...this.counts },
-      grammarCache: { entries: this.grammarsReady?.entries ?? 0, hits: this.grammarsReady?.hits ?? 0 },
-    };
+    const device = this.loaded();
+    return { device: device.kind, deviceLabel: device.label, library: device.library, queued: this.queued,
+      requests: { ...this.counts }, ...device.stats() };
   }
 
   async unload(): Promise<void> {
     this.interrupt();
     await this.tail;
-    this.model?.dispose();
-    this.model = null;
+    await this.device?.dispose();
+    this.device = null;
   }
 }
 

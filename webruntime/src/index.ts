@@ -1,10 +1,12 @@
 // Lantern's browser runtime: `createEngine` loads an artifact and answers OpenAI-style chat
-// requests on WebGPU, in a Web Worker by default; `createRouter` adds the cloud fallback.
+// requests on WebGPU or, without a usable GPU, on the CPU (llama.cpp in wasm), in a Web Worker by
+// default; `createRouter` adds the cloud fallback.
 export { WorkerEngine } from "./client";
 export { createEngine, type LanternEngine } from "./create";
 export { checkLibraryPipelines, type PipelineCheck } from "./checks";
-export { chooseLibrary, deviceLabel, isSoftwareAdapter, SCHEDULES } from "./library";
+export { autoDevice, chooseLibrary, deviceLabel, isSoftwareAdapter, SCHEDULES } from "./library";
 export { Engine } from "./engine";
+export { wasmLabel, wasmThreads } from "./wasm";
 export * from "./errors";
 export type * from "./protocol";
 export { CloudError, createRouter, Router, type Policy, type RouterEvent, type RouterOptions } from "./router";

@@ -57,3 +57,13 @@ export function deviceLabel(adapter: { vendor?: string; architecture?: string; f
   const name = `${vendor} ${adapter.architecture ?? ""}`.trim();
   return `WebGPU (${name || "GPU"})`;
 }
+
+/**
+ * The device `device: "auto"` takes: WebGPU on a real adapter; the CPU (wasm) when there is no
+ * adapter or only a software one and the artifact has a GGUF; WebGPU on a software adapter when it
+ * has none; null when nothing can run it here.
+ */
+export function autoDevice(adapter: { emulated: boolean } | null, hasGguf: boolean): "webgpu" | "wasm" | null {
+  if (adapter && (!adapter.emulated || !hasGguf)) return "webgpu";
+  return hasGguf ? "wasm" : null;
+}

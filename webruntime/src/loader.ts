@@ -25,6 +25,8 @@ export interface Manifest {
   memory: { estimated_gpu_bytes: number };
   weights: { bytes: number };
   files: Record<string, ManifestFile>;
+  // the GGUF the wasm device runs (llama.cpp split parts), when built with the gguf target
+  gguf?: { files: string[]; tensor_type: string; bytes: number } | null;
   // sampling defaults for requests that omit the field (older artifacts have none)
   generation?: GenerationDefaults;
 }

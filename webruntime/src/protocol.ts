@@ -92,8 +92,12 @@ export interface Usage {
 // Where a response was computed; the router sets it, `lantern serve` sends "cloud".
 export type Route = "local" | "cloud";
 
+// The browser device that computed a response (set by the engine on every response and chunk).
+export type DeviceName = "webgpu" | "wasm";
+
 export interface ChatCompletion {
   lantern_route?: Route;
+  lantern_device?: DeviceName;
   id: string;
   object: "chat.completion";
   created: number;
@@ -109,6 +113,7 @@ export interface ChatCompletion {
 
 export interface ChatCompletionChunk {
   lantern_route?: Route;
+  lantern_device?: DeviceName;
   // completion tokens generated so far (the router continues a failed stream from here)
   lantern_completion_tokens?: number;
   id: string;
@@ -124,7 +129,7 @@ export interface ChatCompletionChunk {
   usage?: Usage;
 }
 
-export type LoadPhase = "manifest" | "download" | "verify" | "gpu-upload" | "pipeline-compile" | "ready";
+export type LoadPhase = "manifest" | "download" | "verify" | "gpu-upload" | "pipeline-compile" | "wasm-load" | "ready";
 
 export interface LoadProgress {
   phase: LoadPhase;
@@ -147,17 +152,26 @@ export interface EngineOptions {
   cache?: CacheBackend;  // default "cache-api"
   parallelDownloads?: number;  // default 3
   retries?: number;  // HTTP retries per file, default 3
+  // "auto" (default): WebGPU on a real GPU, else the CPU (wasm) when the artifact has a GGUF
+  device?: "auto" | DeviceName;
+  // wasm device: llama.cpp threads (default: up to 4 on a cross-origin isolated page, else 1)
+  threads?: number;
+  // tokens of context (prompt + answer) to allocate; default: the model's on webgpu, at most 4096 on wasm
+  contextWindow?: number;
   onProgress?: (p: LoadProgress) => void;
 }
 
 export interface EngineStats {
-  kvSequences: number;  // sequences alive in the paged KV cache
-  kvAvailablePages: number;
-  kvTotalPages: number;
+  device: DeviceName;
+  deviceLabel: string;  // "WebGPU (software adapter, slow)", "CPU (wasm, 2 threads)"
+  kvSequences: number;  // sequences alive in the KV cache
+  kvAvailablePages: number | null;  // paged KV cache (webgpu); null on wasm
+  kvTotalPages: number | null;
   cachedTokens: number;  // conversation tokens kept for reuse by the next turn
   queued: number;
-  library: string;
-  peakGpuBytes: number;
+  library: string;  // the model library (webgpu) or GGUF (wasm) that runs
+  peakGpuBytes: number | null;  // null on wasm
+  // the WebGPU adapter; on wasm {vendor: "cpu", architecture: "wasm (N threads)"}
   adapter: { vendor: string; architecture: string; features: string[]; fallback: boolean };
   requests: Record<string, number>;  // terminal state -> count
   grammarCache: { entries: number; hits: number };  // compiled grammars kept, and requests that reused one

@@ -2,7 +2,7 @@
 // can, and on any OpenAI-compatible endpoint otherwise, or when the local path fails. A stream
 // that fails locally is continued on the cloud from the text already streamed.
 import type { CreateOptions } from "./engine";
-import { LanternError, NetworkError } from "./errors";
+import { LanternError, NetworkError, WebGPUUnavailableError } from "./errors";
 import { createEngine, type LanternEngine } from "./create";
 import { callsTools } from "./structured";
 import type {
@@ -135,19 +135,14 @@ export class Router {
       router.localUnavailable = "policy is cloud";
       return router;
     }
-    const gpu = (globalThis.navigator as Navigator & { gpu?: GPU }).gpu;
-    const adapter = gpu ? await gpu.requestAdapter().catch(() => null) : null;
-    if (!adapter) {
-      router.localUnavailable = "no-webgpu";
-      if (policy === "local") throw new LanternError("policy is local but this browser has no usable WebGPU");
-      return router;
-    }
+    // The engine picks its device (WebGPU, or the CPU when the artifact has a GGUF) or says why none runs.
     try {
       router.local = await createEngine(opts.local);
       router.localUnavailable = null;
     } catch (err) {
       if (policy === "local") throw err;
-      router.localUnavailable = `load-failed:${(err as Error).name}: ${(err as Error).message}`;
+      router.localUnavailable = err instanceof WebGPUUnavailableError ? `no-webgpu: ${err.message}`
+        : `load-failed:${(err as Error).name}: ${(err as Error).message}`;
     }
     return router;
   }

@@ -286,6 +286,41 @@ function listenToEngine(): void {
   };
 }
 
+// JSON on one line (no free whitespace, indent -1) with OpenAI's separators, in strict mode: the
+// same layout as the server's JSON_LAYOUT.
+const SEPARATORS: [string, string] = [", ", ": "];
+
+/** Run an xgrammar call on ``spec``; its failure is an InvalidRequestError with xgrammar's reason. */
+async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise<T> {
+  listenToEngine();
+  engineLine = "";
+  try {
+    return await call();
+  } catch (err) {
+    const what = spec.kind === "json_schema" ? "JSON schema" : spec.kind === "ebnf" ? "EBNF grammar" : "grammar";
+    throw new InvalidRequestError(`invalid ${what}: ${engineMessage(engineLine || err)}`);
+  }
+}
+
+/**
+ * xgrammar's grammar for ``spec``, printed, and the name of its root rule: what the `wasm` device
+ * translates for llama.cpp (gbnf.ts). The same calls and errors as GrammarCompiler.compile.
+ */
+export async function printGrammar(spec: GrammarSpec): Promise<{ text: string; root: string }> {
+  const G = xgr().Grammar;
+  const grammar = await engineCall(spec, () => (spec.kind === "json_schema"
+    ? G.fromJSONSchema(spec.source, false, -1, SEPARATORS, true)
+    : spec.kind === "ebnf" ? G.fromEBNF(spec.source) : G.fromStructuralTag(spec.source)));
+  try {
+    const text = grammar.toString();
+    // a structural tag's grammar prints its own root rule last
+    const names = [...text.matchAll(/^([A-Za-z_][\w.-]*) ::=/gm)].map((m) => m[1]);
+    return { text, root: spec.kind === "structural_tag" ? names[names.length - 1] : "root" };
+  } finally {
+    grammar.dispose();
+  }
+}
+
 export interface TokenizerJson {
   model: { vocab: Record<string, number> };
   added_tokens?: { id: number; content: string }[];
@@ -319,17 +354,9 @@ export class GrammarCompiler {
       this.hits++;
       return hit;
     }
-    let compiled: XGrammar.CompiledGrammar;
-    engineLine = "";
-    try {
-      // One line, OpenAI's separators (the same JSON layout as the server's JSON_LAYOUT).
-      if (spec.kind === "json_schema") compiled = await this.compiler.compileJSONSchema(spec.source, false, -1, [", ", ": "], true);
-      else if (spec.kind === "ebnf") compiled = await this.compiler.compileGrammar(spec.source);
-      else compiled = await this.compiler.compileStructuralTag(spec.source);
-    } catch (err) {
-      const what = spec.kind === "json_schema" ? "JSON schema" : spec.kind === "ebnf" ? "EBNF grammar" : "grammar";
-      throw new InvalidRequestError(`invalid ${what}: ${engineMessage(engineLine || err)}`);
-    }
+    const compiled = await engineCall(spec, () => (spec.kind === "json_schema"
+      ? this.compiler.compileJSONSchema(spec.source, false, -1, SEPARATORS, true)
+      : spec.kind === "ebnf" ? this.compiler.compileGrammar(spec.source) : this.compiler.compileStructuralTag(spec.source)));
     this.cache.set(key, compiled);
     return compiled;
   }

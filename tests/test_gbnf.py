@@ -1,0 +1,98 @@
+"""The wasm device's grammar: xgrammar's printed grammar translated to llama.cpp GBNF (gbnf.ts).
+
+Each translated grammar is read back by xgrammar (whose EBNF reads GBNF) and must accept exactly the
+strings the original accepts, over valid and invalid samples; and it may only use what llama.cpp's
+GBNF parser reads (rule names of letters, digits and '-'; its escapes). The browser tests
+(tests/test_wasm_device.py) run the same grammars inside llama.cpp.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import xgrammar as xgr
+from xgrammar.testing import _is_grammar_accept_string
+
+from test_structured import run_typescript
+
+SEPARATORS = (", ", ": ")
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "pattern": "^[a-z-]+$"}, "age": {"type": "integer", "minimum": 0},
+    "tags": {"type": "array", "items": {"enum": ["a", "b\"c", "é"]}, "maxItems": 2},
+    "score": {"type": ["number", "null"]}, "note": {"type": "string", "maxLength": 3}},
+    "required": ["name", "age"], "additionalProperties": False}
+SCHEMA_OK = ['{"name": "ab-c", "age": 0}', '{"name": "x", "age": 12, "tags": ["a", "b\\"c"]}',
+             '{"name": "x", "age": 1, "score": -1.5e3}', '{"name": "x", "age": 1, "score": null, "note": "é-a"}',
+             '{"name": "x", "age": 1, "tags": ["é"]}']
+SCHEMA_BAD = ['{"name": "AB", "age": 0}', '{"name": "x", "age": -1}', '{"name": "x", "age": 1, "tags": ["a", "a", "a"]}',
+              '{"name": "x"}', '{"name": "x", "age": 01}', '{"name": "x", "age": 1, "note": "abcd"}',
+              '{"name":"x", "age": 1}', '{"name": "x", "age": 1, "other": 1}', '{"name": "x\x01", "age": 1}']
+
+TOOL_TAG = {"type": "structural_tag", "format": {
+    "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": False, "stop_after_first": False,
+    "tags": [{"type": "tag", "begin": '<tool_call>{"name": "add", "arguments": ',
+              "content": {"type": "json_schema", "json_schema": {
+                  "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}},
+              "end": "}</tool_call>"}]}}
+TOOL_OK = ['<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
+           '<tool_call>{"name": "add", "arguments": { "a" :2 }}</tool_call>\n'
+           '<tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call>']
+TOOL_BAD = ['<tool_call>{"name": "sub", "arguments": {"a": 1}}</tool_call>',
+            '<tool_call>{"name": "add", "arguments": {"a": "1"}}</tool_call>']
+
+REGEX = {"type": "structural_tag", "format": {"type": "regex", "pattern": r"[A-Z][a-z\-\]]{2,4}\.x*"}}
+REGEX_OK = ["Abc.", "Q-]z.xx", "Zzzzz."]
+REGEX_BAD = ["abc.", "Ab.", "Abcdef.", "Abc"]
+
+EBNF = 'root ::= "say " word ("," word)*\nword ::= [^\\x00-\\x20,\\\\"]+ | "\\"" [a-c]? "\\""'
+EBNF_OK = ['say hi', 'say a,b,"c"', 'say é,""']
+EBNF_BAD = ['say ', 'say a b', 'say "d"', 'say a,']
+
+# what llama.cpp's GBNF parser reads: rule names and escapes
+GBNF_RULE = re.compile(r"^[A-Za-z0-9-]+ ::= ")
+GBNF_ESCAPES = re.compile(r'\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|[nrt\\"\[\]])')
+
+
+def printed(g: xgr.Grammar) -> str:
+    return str(g)
+
+
+def test_translated_grammars_accept_exactly_what_xgrammar_accepts():
+    cases = [
+        (xgr.Grammar.from_json_schema(json.dumps(SCHEMA), any_whitespace=False, indent=None,
+                                      separators=SEPARATORS, strict_mode=True), "root", SCHEMA_OK, SCHEMA_BAD),
+        (xgr.Grammar.from_structural_tag(json.dumps(TOOL_TAG)), None, TOOL_OK, TOOL_BAD),
+        (xgr.Grammar.from_structural_tag(json.dumps(REGEX)), None, REGEX_OK, REGEX_BAD),
+        (xgr.Grammar.from_ebnf(EBNF), "root", EBNF_OK, EBNF_BAD),
+    ]
+    texts = [printed(g) for g, *_ in cases]
+    roots = [root or re.findall(r"^(\S+) ::=", text, re.M)[-1] for (_, root, *_), text in zip(cases, texts)]
+    out = run_typescript("gbnf.ts", {"cases": [{"text": t, "root": r} for t, r in zip(texts, roots)]})["out"]
+    for (original, _, good, bad), got in zip(cases, out):
+        assert "error" not in got, got
+        gbnf = got["grammar"]
+        for line in gbnf.splitlines():
+            assert GBNF_RULE.match(line), line
+            # every backslash is one of llama.cpp's escapes
+            assert "\\" not in GBNF_ESCAPES.sub("", line), line
+            assert "(=" not in line
+        back = xgr.Grammar.from_ebnf(gbnf)
+        for s in good:
+            assert _is_grammar_accept_string(original, s), s  # the samples themselves are right
+            assert _is_grammar_accept_string(back, s), (s, gbnf)
+        for s in bad:
+            assert not _is_grammar_accept_string(original, s), s
+            assert not _is_grammar_accept_string(back, s), (s, gbnf)
+    # the tool calls' grammar is lazy: free text until the trigger, then the calls
+    assert out[1]["triggers"] == ["<tool_call>"]
+    assert out[0]["triggers"] is None and out[2]["triggers"] is None
+
+
+def test_a_trigger_inside_other_text_is_refused_by_name():
+    fmt = {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "}, TOOL_TAG["format"]]}}
+    text = printed(xgr.Grammar.from_structural_tag(json.dumps(fmt)))
+    [got] = run_typescript("gbnf.ts", {"cases": [{"text": text, "root": re.findall(r"^(\S+) ::=", text, re.M)[-1]}]})["out"]
+    assert got["error"].startswith("InvalidRequestError: this structural tag is not supported on the wasm device")

@@ -1,0 +1,213 @@
+"""The browser's `wasm` device: the artifact's GGUF on llama.cpp in wasm (wllama), behind the same
+engine API as the `webgpu` device, in real Chromium with WebGPU turned off (and, once, on
+SwiftShader, where "auto" must also choose the CPU).
+
+The page is `lantern serve`'s (cross-origin isolated, so llama.cpp gets its threads); references
+come from the same artifact's CPU library (tests/test_runtime.py's cpu_greedy).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from browser import launch, lantern_server
+from structured_cases import ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, request
+from test_runtime import cpu_greedy, open_page
+from test_smollm2 import PROMPTS
+
+from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
+
+pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
+
+PARIS = [{"role": "system", "content": "Answer briefly."},
+         {"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def session(smollm2_q4, playwright):
+    """Chromium without WebGPU, one engine loaded with device "auto"."""
+    with lantern_server([smollm2_q4.path]) as (base, seen):
+        browser = launch(playwright, webgpu=False)
+        page = open_page(browser, base)
+        stats = page.evaluate("(m) => load(m, { device: 'auto' })", f"/models/{smollm2_q4.path.name}/")
+        yield {"page": page, "stats": stats, "base": base, "browser": browser, "seen": seen}
+        browser.close()
+
+
+def chat(page, *requests: dict) -> list[dict]:
+    return page.evaluate("(reqs) => chat(reqs)", list(requests))
+
+
+def test_auto_picks_wasm_and_answers(session, smollm2_q4, report):
+    stats, page = session["stats"], session["page"]
+    assert stats["device"] == "wasm"
+    threads = page.evaluate("navigator.hardwareConcurrency")
+    assert stats["deviceLabel"] == f"CPU (wasm, {min(4, threads)} thread{'s' if min(4, threads) > 1 else ''})"
+    assert stats["library"].startswith(smollm2_q4.manifest["gguf"]["files"][0])
+    assert stats["peakGpuBytes"] is None and stats["kvTotalPages"] is None
+    # only the GGUF parts and the tokenizer/config files were fetched: no webgpu library, no shards
+    fetched = {p.rsplit("/", 1)[-1] for p, _ in session["seen"] if p.startswith("/models/")}
+    assert set(smollm2_q4.manifest["gguf"]["files"]) <= fetched
+    assert not any(f.endswith(".wasm") or f.endswith(".bin") for f in fetched), fetched
+    phases = page.evaluate("progress.map((p) => p.phase)")
+    assert "wasm-load" in phases and "gpu-upload" not in phases
+
+    plain, streamed = chat(page, {"messages": PARIS, "max_tokens": 24, "temperature": 0},
+                           {"messages": PARIS, "max_tokens": 24, "temperature": 0, "stream": True})
+    ChatCompletion.model_validate(plain)
+    text = plain["choices"][0]["message"]["content"]
+    assert "Paris" in text and plain["lantern_device"] == "wasm"
+    for c in streamed["chunks"]:
+        ChatCompletionChunk.model_validate(c)
+        assert c["lantern_device"] == "wasm"
+    assert streamed["text"] == text and streamed["finish"] == plain["choices"][0]["finish_reason"]
+    usage = streamed["chunks"][-1]["usage"]
+    assert usage["completion_tokens"] == plain["usage"]["completion_tokens"]
+
+    # the next turn reuses the conversation's KV entries (llama.cpp's prompt cache)
+    turn = [*PARIS, {"role": "assistant", "content": text}, {"role": "user", "content": "And of Italy?"}]
+    [second] = chat(page, {"messages": turn, "max_tokens": 16, "temperature": 0})
+    cached = second["usage"]["cached_prompt_tokens"]
+    assert cached >= plain["usage"]["prompt_tokens"], second["usage"]
+    report(f"wasm device: '{text}' ({plain['usage']['decode_tokens_per_s']:.1f} tok/s decode, "
+           f"{plain['usage']['prefill_tokens_per_s']:.1f} tok/s prefill, {stats['deviceLabel']}); "
+           f"second turn reused {cached}/{second['usage']['prompt_tokens']} prompt tokens")
+
+
+def test_greedy_tokens_match_the_cpu_library(session, smollm2_q4, report):
+    """Fidelity: greedy answers of llama.cpp on the GGUF against the artifact's CPU library (TVM)."""
+    same = total = 0
+    for prompt in PROMPTS[:3]:
+        messages = [{"role": "user", "content": prompt}]
+        [reply] = chat(session["page"], {"messages": messages, "max_tokens": 32, "temperature": 0})
+        ours = reply["choices"][0]["message"]["content"]
+        ref = cpu_greedy(smollm2_q4, messages, 32)
+        tok = smollm2_q4.tokenizer()
+        a, b = tok.encode(ours, add_special_tokens=False).ids, tok.encode(ref, add_special_tokens=False).ids
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        same += n
+        total += max(len(a), len(b))
+    report(f"wasm device vs CPU library, greedy: {same}/{total} tokens agree before the first difference "
+           f"({100 * same / total:.0f}%; Q4_0 with f16 scales vs the same weights in f32 kernels)")
+    assert same >= 0.5 * total
+
+
+def test_seed_sampling_fields_and_abort(session, smollm2_q4):
+    page = session["page"]
+    sample = {"messages": PARIS, "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "top_k": 40,
+              "frequency_penalty": 0.5, "seed": 11}
+    a, b = chat(page, sample, sample)
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    # logit_bias bans the greedy answer's first token; logprobs come with the ids' text
+    [greedy] = chat(page, {"messages": PARIS, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    first = greedy["choices"][0]["logprobs"]["content"][0]
+    assert len(first["top_logprobs"]) == 2 and first["token"] == first["top_logprobs"][0]["token"]
+    [first_id] = smollm2_q4.tokenizer().encode(first["token"], add_special_tokens=False).ids
+    [banned] = chat(page, {"messages": PARIS, "max_tokens": 4, "temperature": 0, "logprobs": True,
+                           "logit_bias": {str(first_id): -100}})
+    assert banned["choices"][0]["logprobs"]["content"][0]["token"] != first["token"]
+    # stop strings end the answer before the stop text
+    [stopped] = chat(page, {"messages": PARIS, "max_tokens": 24, "temperature": 0, "stop": ["Paris"]})
+    assert "Paris" not in stopped["choices"][0]["message"]["content"]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+
+    aborted = page.evaluate("(r) => chatAborted(r, 3)", {"messages": PARIS, "max_tokens": 64, "temperature": 0})
+    assert aborted["finish"] == "abort"
+    [after] = chat(page, {"messages": PARIS, "max_tokens": 24, "temperature": 0})
+    assert "Paris" in after["choices"][0]["message"]["content"]
+    stats = page.evaluate("engine.stats()")
+    assert stats["queued"] == 0 and stats["requests"]["cancelled"] >= 1
+
+
+def valid(page, schema, text: str) -> bool:
+    return page.evaluate("([s, t]) => ajvCheck(s, t)", [schema, text]) is None
+
+
+def test_structured_output_and_tools(session, report):
+    page = session["page"]
+    finished = cut = 0
+    for name, schema in SCHEMAS.items():
+        for seed, reply in zip(SEEDS, chat(page, *[request(name, seed) for seed in SEEDS])):
+            text = reply["choices"][0]["message"]["content"]
+            if reply["choices"][0]["finish_reason"] == "length":
+                cut += 1
+                continue
+            assert valid(page, schema, text), (name, seed, text)
+            finished += 1
+    report(f"structured (wasm): {finished} finished answers over {len(SCHEMAS)} schemas x {len(SEEDS)} seeds, "
+           f"100% valid (ajv); {cut} cut by max_tokens")
+    assert cut <= len(SCHEMAS) * len(SEEDS) // 5
+
+    ask = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 plus 3?"}]
+    base = {"messages": ask, "tools": TOOLS, "max_tokens": 48}
+    required, named, auto = chat(
+        page, {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
+        {**base, "tool_choice": {"type": "function", "function": {"name": "add"}}, "temperature": 0},
+        {**base, "tool_choice": "auto", "temperature": 0})
+    for reply in (required, named):
+        assert reply["choices"][0]["finish_reason"] == "tool_calls", reply
+    by_name = {t["function"]["name"]: t for t in TOOLS}
+    for reply in (required, named, auto):
+        for call in reply["choices"][0]["message"].get("tool_calls") or []:
+            tool = by_name[call["function"]["name"]]
+            assert valid(page, tool["function"]["parameters"], call["function"]["arguments"]), call
+    [call] = named["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == ADD["function"]["name"]
+    [streamed] = chat(page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
+                             "max_tokens": 48, "stream": True})
+    assert "<tool_call>" not in streamed["text"] and streamed["finish"] == "tool_calls"
+
+    # the same up-front errors as the webgpu device (one table, one grammar engine)
+    for bad, word in BAD_REQUESTS:
+        err = page.evaluate("(req) => errorOf(() => engine.chat.completions.create(req))",
+                            {"messages": MESSAGES, "max_tokens": 4, **bad})
+        assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
+
+
+def test_device_choice_and_bad_artifacts(session, smollm2_q4, tmp_path, playwright):
+    page, base = session["page"], session["base"]
+    # "webgpu" is obeyed: without WebGPU it fails instead of falling back
+    err = page.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'webgpu' }))",
+                        f"/models/{smollm2_q4.path.name}/")
+    assert err["name"] == "WebGPUUnavailableError", err
+
+    # a tampered GGUF part: IntegrityError naming it; an artifact without a GGUF: how to rebuild
+    tampered, plain = tmp_path / "tampered", tmp_path / "plain"
+    for d in (tampered, plain):
+        shutil.copytree(smollm2_q4.path, d, ignore=shutil.ignore_patterns("*.so", "*.bin", "*-webgpu*.wasm"))
+    part = tampered / smollm2_q4.manifest["gguf"]["files"][-1]
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    manifest = json.loads((plain / "lantern.json").read_text())
+    manifest["gguf"] = None
+    (plain / "lantern.json").write_text(json.dumps(manifest))
+    with lantern_server([tampered, plain]) as (base2, _):
+        browser = launch(playwright, webgpu=False)
+        try:
+            p = open_page(browser, base2)
+            err = p.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'wasm', cache: 'none' }))",
+                             "/models/tampered/")
+            assert err["name"] == "IntegrityError" and err["file"] == part.name, err
+            err = p.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'auto', cache: 'none' }))",
+                             "/models/plain/")
+            assert err["name"] == "WebGPUUnavailableError", err  # no GGUF to fall back on
+            err = p.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'wasm', cache: 'none' }))",
+                             "/models/plain/")
+            assert err["name"] == "ArtifactError" and "gguf target" in err["message"], err
+        finally:
+            browser.close()
+
+    # on a software WebGPU adapter (SwiftShader) "auto" also picks the CPU
+    browser = launch(playwright, webgpu=True)
+    try:
+        p = open_page(browser, base)
+        stats = p.evaluate("(m) => load(m, { device: 'auto' })", f"/models/{smollm2_q4.path.name}/")
+        assert stats["device"] == "wasm"
+        logs = p.evaluate("progress.at(-1)")
+        assert logs["device"].startswith("CPU (wasm")
+    finally:
+        browser.close()

@@ -1,0 +1,208 @@
+// The `wasm` device: the artifact's GGUF on llama.cpp compiled to wasm (npm @wllama/wllama), for
+// browsers without a usable GPU. llama.cpp runs the model and samples (its SIMD128 integer kernels
+// and threads are ~20x faster on a CPU than a software WebGPU adapter); Lantern keeps the rest.
+//
+// Why llama.cpp samples (and not Lantern's sampler): wllama 3.x exposes llama.cpp's server API,
+// which returns sampled tokens, not logits. What Lantern needs is in that API: the sampling fields,
+// a seed, logit_bias, logprobs with token ids, prefix reuse (cache_prompt), and a GBNF grammar,
+// which Lantern translates from the same xgrammar grammar the webgpu device enforces (gbnf.ts), so
+// both devices accept the same requests and produce the same language. Differences: see README.
+import { Wllama } from "@wllama/wllama";
+import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
+import { ArtifactError, EngineNotLoadedError, LanternError } from "./errors";
+import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
+import { fetchFiles, type Manifest } from "./loader";
+import type { EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
+import type { FileStore } from "./storage";
+import { printGrammar, type GrammarSpec } from "./structured";
+
+/** The wasm device's default context window (EngineOptions.contextWindow changes it). */
+export const WASM_CONTEXT = 4096;
+
+// llama.cpp's sampler chain in Lantern's order (sampler.ts): penalties, top_k, temperature, top_p.
+const SAMPLERS = ["penalties", "top_k", "temperature", "top_p"];
+
+interface LlamaLogprob { id: number; token: string; bytes: number[]; logprob: number; top_logprobs?: LlamaLogprob[] }
+interface LlamaChunk {
+  choices: { text: string; finish_reason: string | null; logprobs: { content: LlamaLogprob[] } | null }[];
+  usage?: { prompt_tokens_details?: { cached_tokens?: number } };
+  timings?: { predicted_n: number };
+}
+
+/** Threads llama.cpp may use: several only on a cross-origin isolated page (SharedArrayBuffer). */
+export function wasmThreads(requested: number | undefined): number {
+  if (!globalThis.crossOriginIsolated) return 1;
+  if (requested) return Math.max(1, Math.floor(requested));
+  return Math.max(1, Math.min(4, globalThis.navigator?.hardwareConcurrency ?? 1));
+}
+
+export function wasmLabel(threads: number): string {
+  return `CPU (wasm, ${threads} thread${threads === 1 ? "" : "s"})`;
+}
+
+export class WasmDevice implements Device {
+  readonly kind = "wasm" as const;
+  readonly label: string;
+  private wllama: Wllama | null;
+  private cached = 0;  // tokens of the last conversation llama.cpp keeps for reuse
+
+  private constructor(wllama: Wllama, readonly library: string, readonly contextWindow: number,
+                      private readonly threads: number) {
+    this.wllama = wllama;
+    this.label = wasmLabel(threads);
+  }
+
+  /** Download the GGUF parts (verified against lantern.json, cached) and load them into llama.cpp. */
+  static async open(modelUrl: string, manifest: Manifest, store: FileStore, options: EngineOptions,
+                    report: (p: LoadProgress) => void): Promise<WasmDevice> {
+    const parts = manifest.gguf?.files ?? [];
+    if (!parts.length) {
+      throw new ArtifactError("this artifact has no GGUF for the wasm device: rebuild it with the gguf target " +
+        "(`lantern build ... --targets webgpu,cpu,gguf`, the default)");
+    }
+    const threads = wasmThreads(options.threads);
+    const library = parts.length === 1 ? parts[0] : `${parts[0]} (+${parts.length - 1} parts)`;
+    const tell = (p: LoadProgress) => report({ ...p, library, device: wasmLabel(threads) });
+    const files = await fetchFiles(modelUrl, manifest, parts, {
+      store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
+      onProgress: (p) => tell({ ...p, progress: 0.9 * p.progress }),
+    });
+    const total = parts.reduce((s, f) => s + manifest.files[f].size, 0);
+    tell({ phase: "wasm-load", loadedBytes: 0, totalBytes: total, progress: 0.9 });
+    const wasmUrl = new URL("./wllama.wasm", import.meta.url).href;
+    const wllama = new Wllama({ default: wasmUrl }, { suppressNativeLog: true, logger: QUIET });
+    // llama.cpp allocates the whole KV cache up front (memory and load time grow with it), and a CPU
+    // prefills ~20 tokens/s: the default window is at most WASM_CONTEXT tokens
+    const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT, manifest.model.context_window);
+    try {
+      // n_gpu_layers 0: llama.cpp's CPU kernels (wllama would otherwise offload to WebGPU)
+      await wllama.loadModel(parts.map((f) => new Blob([files.get(f)!])),
+        { n_threads: threads, n_gpu_layers: 0, n_ctx: contextWindow, n_parallel: 1 });
+    } catch (err) {
+      throw new ArtifactError(`llama.cpp could not load ${parts[0]}: ${err instanceof Error ? err.message : err}`);
+    }
+    // wllama resolves a load that llama.cpp failed; the vocabulary size tells
+    const vocab = wllama.isModelLoaded() ? wllama.getLoadedContextInfo().n_vocab : 0;
+    if (vocab !== manifest.model.vocab_size) {
+      await wllama.exit().catch(() => {});
+      throw new ArtifactError(`llama.cpp did not load ${parts[0]} (vocabulary ${vocab}, lantern.json says ` +
+        `${manifest.model.vocab_size})`);
+    }
+    tell({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
+    return new WasmDevice(wllama, library, contextWindow, wllama.getNumThreads());
+  }
+
+  private loaded(): Wllama {
+    if (!this.wllama) throw new EngineNotLoadedError("the engine was unloaded");
+    return this.wllama;
+  }
+
+  async prepare(spec: GrammarSpec): Promise<LlamaGrammar> {
+    const { text, root } = await printGrammar(spec);
+    return toLlamaGrammar(text, root);
+  }
+
+  async start(req: GenerationRequest): Promise<Generation> {
+    const wllama = this.loaded();
+    const p = req.params;
+    const grammar = req.grammar as LlamaGrammar | null;
+    const ctrl = new AbortController();
+    const body: Record<string, unknown> = {
+      prompt: req.promptText, stream: true, abortSignal: ctrl.signal, max_tokens: req.maxTokens, cache_prompt: true,
+      temperature: p.temperature, top_k: p.topK, top_p: p.topP, min_p: 0, typical_p: 1, samplers: SAMPLERS,
+      repeat_penalty: p.repetitionPenalty, repeat_last_n: this.contextWindow,  // the penalty window: everything
+      presence_penalty: p.presencePenalty, frequency_penalty: p.frequencyPenalty,
+      logit_bias: [...p.logitBias],
+    };
+    // Token ids come only with logprobs, which cost llama.cpp a sort of the vocabulary per token: they
+    // are asked for when the request needs ids (logprobs, extra stop tokens); otherwise the running
+    // token count (timings_per_token) tells how many tokens each chunk's text holds.
+    const extraStops = [...req.stopTokenIds].some((id) => !wllama.isTokenEOG(id));
+    const wantIds = p.topLogprobs >= 0 || extraStops;
+    if (wantIds) body.n_probs = Math.max(1, p.topLogprobs);
+    else body.timings_per_token = true;
+    if (p.seed !== null) body.seed = Number(BigInt.asUintN(32, BigInt(p.seed)));
+    if (grammar) {
+      body.grammar = grammar.grammar;
+      if (grammar.triggers) Object.assign(body, { grammar_lazy: true, grammar_triggers: grammar.triggers.map((value) => ({ type: 1, value })) });
+    }
+    let chunks: AsyncIterable<LlamaChunk>;
+    try {
+      chunks = (await wllama.createCompletion(body as never)) as unknown as AsyncIterable<LlamaChunk>;
+    } catch (err) {
+      throw new LanternError(`llama.cpp did not start the request: ${err instanceof Error ? err.message : err}`);
+    }
+    const it = chunks[Symbol.asyncIterator]();
+    const ready: DeviceStep[] = [];
+    let done = false;  // the stream ended
+    let finished = false;  // llama.cpp ended the answer (its last chunks carry only usage)
+    let handedOut = 0;
+    let counted = 0;  // tokens llama.cpp reported so far (timings_per_token)
+    let cached = 0;  // llama.cpp reports it with the usage, after the last token
+    const device = this;
+    const wantLogprobs = p.topLogprobs >= 0;
+    const read = async (): Promise<void> => {
+      const { value, done: end } = await it.next();
+      if (end) { done = true; return; }
+      const choice = value.choices[0];
+      if (wantIds) {
+        const tokens = choice?.logprobs?.content ?? [];
+        tokens.forEach((t, i) => ready.push({ token: t.id, text: i === tokens.length - 1 ? choice.text : "",
+          logprob: wantLogprobs ? logprobEntry(t, p.topLogprobs) : null }));
+      } else if (choice?.finish_reason) {
+        // the last chunk's count includes a stop token, which has no text; text here is the last token's
+        if (choice.text) ready.push({ token: -1, text: choice.text, logprob: null });
+      } else if (value.timings) {
+        const n = value.timings.predicted_n - counted;
+        counted = value.timings.predicted_n;
+        for (let i = 0; i < n; i++) ready.push({ token: -1, text: i === n - 1 ? choice?.text ?? "" : "", logprob: null });
+      }
+      if (value.usage) cached = value.usage.prompt_tokens_details?.cached_tokens ?? 0;
+      if (choice?.finish_reason) finished = true;
+    };
+    const gen: Generation = {
+      get cachedTokens() { return cached; },
+      async next(): Promise<DeviceStep | null> {
+        while (!ready.length && !done) await read();
+        const step = ready.shift();
+        if (!step || req.stopTokenIds.has(step.token)) return null;
+        handedOut++;
+        return step;
+      },
+      async close(how): Promise<void> {
+        // llama.cpp stops by itself after a stop token or max_tokens; anything else is cut short
+        if (!finished && !(how === "done" && handedOut >= req.maxTokens)) ctrl.abort();
+        try {
+          while (!done) await read();
+        } catch {
+          // an aborted stream ends with an error
+        }
+        device.cached = how === "done" ? req.prompt.length : 0;
+      },
+    };
+    return gen;
+  }
+
+  stats(): DeviceStats {
+    this.loaded();
+    return {
+      kvSequences: 1, kvAvailablePages: null, kvTotalPages: null, cachedTokens: this.cached, peakGpuBytes: null,
+      adapter: { vendor: "cpu", architecture: `wasm (${this.threads} thread${this.threads === 1 ? "" : "s"})`,
+        features: [], fallback: false },
+      grammarCache: { entries: 0, hits: 0 },
+    };
+  }
+
+  async dispose(): Promise<void> {
+    await this.wllama?.exit();
+    this.wllama = null;
+  }
+}
+
+function logprobEntry(t: LlamaLogprob, top: number): TokenLogprob {
+  const plain = (x: LlamaLogprob) => ({ token: x.token, logprob: x.logprob, bytes: x.bytes });
+  return { ...plain(t), top_logprobs: (t.top_logprobs ?? []).slice(0, top).map(plain) };
+}
+
+// llama.cpp's own log lines stay in the worker; its warnings and errors reach the console.
+const QUIET = { debug: () => {}, log: () => {}, info: () => {}, warn: console.warn, error: console.error };

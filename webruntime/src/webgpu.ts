@@ -1,0 +1,215 @@
+// The `webgpu` device: the artifact's TVM library on a WebGPU adapter (model.ts), Lantern's own
+// sampler (sampler.ts) and xgrammar token masks (structured.ts), one KV sequence reused across turns.
+import type { CompiledGrammar } from "@mlc-ai/web-xgrammar";
+import { checkFits, type Gpu } from "./device";
+import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
+import { EngineNotLoadedError } from "./errors";
+import { chooseLibrary, deviceLabel } from "./library";
+import { fetchFiles, type Manifest } from "./loader";
+import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
+import type { DebugOp, DebugResult, EngineOptions, EngineStats, LoadProgress, TokenLogprob } from "./protocol";
+import { Sampler, type Sampled } from "./sampler";
+import type { FileStore } from "./storage";
+import { GrammarCompiler, type GrammarSpec, type TokenizerJson, type TokenMask } from "./structured";
+import { StreamingDetokenizer, type TextCodec } from "./text";
+
+// The one sequence the device keeps: the last finished conversation, for reuse by the next turn.
+const SEQ = 0;
+
+function commonPrefix(a: number[], b: number[]): number {
+  let n = 0;
+  while (n < a.length && n < b.length && a[n] === b[n]) n++;
+  return n;
+}
+
+export interface WebGpuLoad {
+  modelUrl: string;
+  manifest: Manifest;
+  gpu: Gpu;
+  store: FileStore;
+  options: EngineOptions;
+  codec: TextCodec;
+  tokenizerJson: ArrayBuffer;
+  chatConfig: { tokenizer_info?: { token_postproc_method?: string } };
+  stopTokenIds: Set<number>;
+  report: (p: LoadProgress) => void;
+}
+
+export class WebGpuDevice implements Device {
+  readonly kind = "webgpu" as const;
+  readonly label: string;
+  private model: TvmModel | null;
+  private kvTokens: number[] = [];
+  private grammars: Promise<GrammarCompiler> | null = null;
+  private grammarsReady: GrammarCompiler | null = null;  // the same, once made (for stats)
+
+  private constructor(model: TvmModel, readonly library: string, private readonly adapter: EngineStats["adapter"],
+                      private readonly load: WebGpuLoad) {
+    this.model = model;
+    this.label = deviceLabel(adapter);
+  }
+
+  /** Pick the adapter's library, download it and the weights (verified), upload and compile. */
+  static async open(load: WebGpuLoad): Promise<WebGpuDevice> {
+    const { modelUrl, manifest, gpu, store, options } = load;
+    const lib = chooseLibrary(manifest, gpu);
+    const adapter = { vendor: gpu.adapterInfo.vendor, architecture: gpu.adapterInfo.architecture,
+      features: [...gpu.features].sort(), fallback: gpu.emulated };
+    const report = (p: LoadProgress) => load.report({ ...p, library: lib.file, device: deviceLabel(adapter) });
+    const [indexBytes] = (await fetchFiles(modelUrl, manifest, ["tensor-cache.json"],
+      { store, parallel: 1, retries: options.retries ?? 3, onProgress: () => {} })).values();
+    const index: TensorCacheIndex = JSON.parse(new TextDecoder().decode(indexBytes));
+    const upcast = lib.param_upcast === "float16->float32";
+    checkFits(manifest, largestTensorBytes(index, upcast), gpu.device);
+
+    // Downloads are 90% of the bar; upload and pipeline compile share the rest.
+    const shardNames = index.records.map((r) => r.dataPath);
+    const files = await fetchFiles(modelUrl, manifest, [lib.file, ...shardNames], {
+      store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
+      onProgress: (p) => report({ ...p, progress: 0.9 * p.progress }),
+    });
+    const total = manifest.weights.bytes;
+    const model = await TvmModel.load(files.get(lib.file)!, gpu, index, files, {
+      upcast, contextWindow: options.contextWindow,
+      onUpload: (done, n) => report({ phase: "gpu-upload", loadedBytes: Math.round(total * done / n), totalBytes: total,
+        progress: 0.9 + 0.05 * done / n }),
+      onCompile: (done, n) => report({ phase: "pipeline-compile", loadedBytes: done, totalBytes: n,
+        progress: 0.95 + 0.05 * done / n }),
+    });
+    report({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
+    return new WebGpuDevice(model, lib.file, adapter, load);
+  }
+
+  get contextWindow(): number {
+    return this.loaded().contextWindow;
+  }
+
+  private loaded(): TvmModel {
+    if (!this.model) throw new EngineNotLoadedError("the engine was unloaded");
+    return this.model;
+  }
+
+  /** The grammar compiler for this model's vocabulary, made on the first structured request. */
+  private grammarCompiler(): Promise<GrammarCompiler> {
+    const { manifest, tokenizerJson, chatConfig, stopTokenIds } = this.load;
+    this.grammars ??= GrammarCompiler.create(JSON.parse(new TextDecoder().decode(tokenizerJson)) as TokenizerJson,
+      chatConfig.tokenizer_info?.token_postproc_method ?? "raw", manifest.model.vocab_size, [...stopTokenIds])
+      .then((g) => (this.grammarsReady = g));
+    return this.grammars;
+  }
+
+  async prepare(spec: GrammarSpec): Promise<CompiledGrammar> {
+    return (await this.grammarCompiler()).compile(spec);
+  }
+
+  async start(req: GenerationRequest): Promise<Generation> {
+    const model = this.loaded();
+    const mask: TokenMask | null = req.grammar
+      ? await (await this.grammarCompiler()).matcher(req.grammar as CompiledGrammar) : null;
+    const { prompt, params } = req;
+    // Reuse the previous turn's KV entries for the shared prefix (at least one token is run).
+    let reuse = Math.min(commonPrefix(this.kvTokens, prompt), prompt.length - 1);
+    if (model.sequenceCount && reuse > 0) {
+      model.popTokens(SEQ, this.kvTokens.length - reuse);
+    } else {
+      model.removeSequence(SEQ);
+      model.addSequence(SEQ);
+      reuse = 0;
+    }
+    this.kvTokens = prompt.slice(0, reuse);
+    let logits: Float32Array;
+    try {
+      logits = await model.forward(SEQ, prompt.slice(reuse));
+    } catch (err) {
+      mask?.dispose();
+      this.release();
+      throw err;
+    }
+    this.kvTokens = prompt.slice();
+    const sampler = new Sampler(params);
+    const detok = new StreamingDetokenizer(this.load.codec);
+    let last = -1;  // the token handed out last, not yet run through the model
+    return {
+      cachedTokens: reuse,
+      next: async (): Promise<DeviceStep | null> => {
+        if (last >= 0) {
+          logits = await model.forward(SEQ, [last]);
+          this.kvTokens.push(last);
+          last = -1;
+        }
+        const s = sampler.sample(logits, mask ? await mask.allowed() : undefined);
+        if (req.stopTokenIds.has(s.token)) return null;
+        sampler.accept(s.token);
+        mask?.accept(s.token);
+        last = s.token;
+        return { token: s.token, text: detok.push(s.token), logprob: params.topLogprobs >= 0 ? this.logprobEntry(s) : null };
+      },
+      close: async (how) => {
+        mask?.dispose();
+        if (how !== "done") this.release();
+      },
+    };
+  }
+
+  /** Free the conversation's KV pages (after a cancelled or failed request). */
+  private release(): void {
+    this.model?.removeSequence(SEQ);
+    this.kvTokens = [];
+  }
+
+  private logprobEntry(s: Sampled): TokenLogprob {
+    const entry = (id: number, lp: number) => {
+      const token = this.load.codec.decode([id]);
+      return { token, logprob: lp, bytes: Array.from(new TextEncoder().encode(token)) };
+    };
+    return { ...entry(s.token, s.logprob), top_logprobs: s.top.map(([id, lp]) => entry(id, lp)) };
+  }
+
+  /** Measurements on raw token ids for `lantern validate`; they use the KV sequence afresh. */
+  async debug(req: DebugOp): Promise<DebugResult> {
+    const model = this.loaded();
+    this.release();
+    model.addSequence(SEQ);
+    try {
+      if (req.op === "nll") return { nll: await model.tokenNll(SEQ, req.tokens) };
+      if (req.op === "logits") return { logits: Array.from(await model.forward(SEQ, req.tokens)) };
+      const out: number[] = [];
+      const t0 = performance.now();
+      let logits = await model.forward(SEQ, req.prompt);
+      const t1 = performance.now();
+      let steps = 0;
+      while (out.length < req.maxTokens) {
+        let best = 0;
+        for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+        if (this.load.stopTokenIds.has(best)) break;
+        out.push(best);
+        if (out.length < req.maxTokens) {
+          logits = await model.forward(SEQ, [best]);
+          steps++;
+        }
+      }
+      return { tokens: out, prefillMs: t1 - t0, decodeMs: performance.now() - t1, decodeSteps: steps };
+    } finally {
+      model.removeSequence(SEQ);
+    }
+  }
+
+  /** Test hook: destroy the GPU device, as a driver reset would; the next step fails with DeviceLostError. */
+  loseDevice(): void {
+    this.loaded().loseDevice("destroyed by debugLoseDevice()");
+  }
+
+  stats(): DeviceStats {
+    const model = this.loaded();
+    return {
+      kvSequences: model.sequenceCount, kvAvailablePages: model.availablePages(), kvTotalPages: model.totalPages,
+      cachedTokens: this.kvTokens.length, peakGpuBytes: model.peakGpuBytes, adapter: this.adapter,
+      grammarCache: { entries: this.grammarsReady?.entries ?? 0, hits: this.grammarsReady?.hits ?? 0 },
+    };
+  }
+
+  async dispose(): Promise<void> {
+    this.model?.dispose();
+    this.model = null;
+  }
+}
