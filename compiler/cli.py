@@ -269,9 +269,11 @@ def make_parser() -> argparse.ArgumentParser:
     b = sub.add_parser(
         "build", help="convert, quantize and compile a model into a browser artifact",
         description="Convert, quantize and compile a model into a folder that any static host can serve "
-                    "and `npm publish` accepts (WebGPU wasm library, CPU library, weights, manifest).",
+                    "and `npm publish` accepts (WebGPU wasm libraries, CPU library, weights, a GGUF for llama.cpp, "
+                    "manifest).",
         epilog=BUILD_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("source", help="a Hugging Face folder, a .gguf file, or a bundled name (smollm2)")
+    b.add_argument("source", help="a Hugging Face folder, a .gguf file (of a split GGUF: its first part), "
+                                  "or a bundled name (smollm2)")
     b.add_argument("--out", required=True, help="artifact folder to create (replaced atomically)")
     b.add_argument("--quant", default="q4f32_1", choices=list(QUANTIZATIONS),
                    help="weight format (default: q4f32_1, which runs on every WebGPU adapter)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -217,12 +218,33 @@ def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
     )
 
 
+_SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def _gguf_parts(path: Path) -> tuple[str, list[Path]]:
+    """(model name, files) of a GGUF: the file itself, or every part of a split GGUF (llama.cpp's
+    ``<name>-00001-of-0000N.gguf`` naming), given its first part."""
+    m = _SPLIT_GGUF.match(path.name)
+    if not m:
+        return path.stem, [path]
+    count = int(m["count"])
+    if int(m["no"]) != 1:
+        raise LanternError(f"{path.name} is part {int(m['no'])} of a split GGUF: give its first part, "
+                           f"{m['stem']}-00001-of-{m['count']}.gguf")
+    parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{m['count']}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise LanternError(f"the split GGUF {path.name} lacks its part(s) {', '.join(missing)} in {path.parent}")
+    return m["stem"], parts
+
+
 def import_gguf(path: Path, name: str | None = None) -> SourceModel:
-    reader = _open_gguf(path)
-    meta = _gguf_metadata(reader)
+    stem, parts = _gguf_parts(path)
+    readers = [_open_gguf(p) for p in parts]
+    meta = _gguf_metadata(readers[0])  # a split GGUF keeps its metadata in the first part
     family = models.family_for_gguf(str(meta.get("general.architecture", "?")))
     config = family.hf_config_from_gguf(meta)
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = {t.name: t for r in readers for t in r.tensors}
     embed = tensors.get("token_embd.weight")
     if embed is None:
         raise LanternError(f"corrupt GGUF file {path.name}: no token_embd.weight tensor")
@@ -233,7 +255,7 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
         import gguf
 
         raw = {}
-        for t in reader.tensors:
+        for t in tensors.values():
             try:
                 arr = gguf.quants.dequantize(t.data, t.tensor_type)
             except Exception as err:  # noqa: BLE001
@@ -241,7 +263,7 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
             raw[t.name] = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
         return family.hf_names_from_gguf(raw, config)
 
-    return SourceModel(name or path.stem, family, config, _hash_files([path]), load,
+    return SourceModel(name or stem, family, config, _hash_files(parts), load,
                        lambda: _gguf_tokenizer(path, meta))
 
 

@@ -15,10 +15,11 @@ import pytest
 
 from browser import wllama_complete
 from reference_weights import hf_weights_from_artifact
-from test_smollm2 import MAX_TOKENS, PROMPTS, eos_id, prompt_ids
+from test_smollm2 import MAX_TOKENS, PROMPTS, eos_id, prompt_ids, q0, weights_perplexity  # noqa: F401 (q0: a fixture)
 
 from lantern import gguf_export
 from lantern.artifact import Artifact
+from lantern.errors import LanternError
 from lantern.importer import import_gguf
 from lantern.models import llama
 from lantern.package import device_files, download_bytes
@@ -76,6 +77,14 @@ def test_the_gguf_read_back_is_the_artifacts_model(tiny_q4: Artifact, tmp_path):
         assert reader.fields["split.no"].contents() == i and reader.fields["split.count"].contents() == len(names)
         tensors += len(reader.tensors)
     assert tensors == len(gguf.GGUFReader(parts[0]).tensors)
+    # the importer reads a split GGUF from its first part; a missing part is named
+    split_back = import_gguf(stem / names[0]).load_weights()
+    assert all(np.array_equal(split_back[k], got[k]) for k in got)
+    (stem / names[-1]).unlink()
+    with pytest.raises(LanternError, match=names[-1]):
+        import_gguf(stem / names[0])
+    with pytest.raises(LanternError, match="give its first part"):
+        import_gguf(stem / names[1])
 
 
 @pytest.mark.parametrize("quant", ["q0f32", "q0f16"])
@@ -144,3 +153,29 @@ def test_llama_cpp_tokenizes_like_the_artifact_and_answers_like_its_cpu_library(
            f"answer to '{PROMPTS[0]}': {answers[0]['text']!r}")
     assert "Paris" in answers[0]["text"]
     assert same / total >= 0.5
+
+
+@pytest.mark.slow
+def test_the_gguf_keeps_the_librarys_perplexity_and_gptq_beats_llama_cpp_q4_0(smollm2_q4, q0, shakespeare_text,
+                                                                             report):
+    """Fidelity of the GGUF the wasm device runs: the held-out perplexity of its weights (split parts read
+    back by Lantern's GGUF importer and the gguf package) against the webgpu library's (the artifact's
+    q4 weights), and beside llama.cpp's own Q4_0 of the same source (`llama-quantize --pure Q4_0`:
+    round to nearest per 32 values, gguf-py's port of it). The same 384 held-out tokens and numpy
+    forward as test_smollm2's perplexity test."""
+    tokens = q0.tokenizer().encode(shakespeare_text, add_special_tokens=False).ids[:384]
+    cfg = json.loads((smollm2_q4.path / "mlc-chat-config.json").read_text())["model_config"]
+    library = weights_perplexity(hf_weights_from_artifact(smollm2_q4.params(), cfg, "q4f32_1"), cfg, tokens)
+    first = smollm2_q4.path / smollm2_q4.manifest["gguf"]["files"][0]
+    ours = weights_perplexity(import_gguf(first).load_weights(), cfg, tokens)
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    source = hf_weights_from_artifact(q0.params(), cfg, "q0f32")
+    rtn = {k: gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(w, np.float32), q4_0), q4_0)
+           if w.ndim == 2 else w for k, w in source.items()}
+    theirs = weights_perplexity(rtn, cfg, tokens)
+    base = weights_perplexity(source, cfg, tokens)
+    report(f"perplexity on {len(tokens)} held-out tokens: source (q0f32) {base:.3f}; webgpu library (q4f32_1, GPTQ) "
+           f"{library:.3f}; its GGUF (Q4_0, f16 scales) {ours:.3f} ({100 * (ours / library - 1):+.2f}%); "
+           f"llama.cpp's own Q4_0 of the source {theirs:.3f} ({100 * (theirs / base - 1):+.1f}% over the source, "
+           f"GPTQ's GGUF {100 * (ours / base - 1):+.1f}%)")
+    assert abs(ours / library - 1) <= 0.02

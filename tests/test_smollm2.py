@@ -94,7 +94,11 @@ def perplexity(art: Artifact, tokens: list[int]) -> float:
     same figure as the CPU library's to ~1e-6 (test_q4f32_greedy_matches_numpy_reference ties the two)
     in a tenth of the time on 2 cores."""
     cfg = json.loads((art.path / "mlc-chat-config.json").read_text())["model_config"]
-    weights = hf_weights_from_artifact(art.params(), cfg, art.manifest["quantization"])
+    return weights_perplexity(hf_weights_from_artifact(art.params(), cfg, art.manifest["quantization"]), cfg, tokens)
+
+
+def weights_perplexity(weights: dict[str, np.ndarray], cfg: dict, tokens: list[int]) -> float:
+    """Perplexity on ``tokens`` of HF-named float weights, by the numpy reference forward."""
     logits = numpy_llama.forward(weights, cfg, tokens[:-1]).astype(np.float64)
     logits -= logits.max(axis=1, keepdims=True)
     logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))

@@ -142,7 +142,14 @@ export class WasmDevice implements Device {
     const device = this;
     const wantLogprobs = p.topLogprobs >= 0;
     const read = async (): Promise<void> => {
-      const { value, done: end } = await it.next();
+      let step: IteratorResult<LlamaChunk>;
+      try {
+        step = await it.next();
+      } catch (err) {
+        if (ctrl.signal.aborted) throw err;
+        throw new LanternError(`llama.cpp failed during the request: ${err instanceof Error ? err.message : err}`);
+      }
+      const { value, done: end } = step;
       if (end) { done = true; return; }
       const choice = value.choices[0];
       if (wantIds) {
