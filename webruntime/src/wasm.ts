@@ -36,8 +36,10 @@ export function wasmThreads(requested: number | undefined): number {
   return Math.max(1, Math.min(4, globalThis.navigator?.hardwareConcurrency ?? 1));
 }
 
+const threadCount = (n: number) => `${n} thread${n === 1 ? "" : "s"}`;
+
 export function wasmLabel(threads: number): string {
-  return `CPU (wasm, ${threads} thread${threads === 1 ? "" : "s"})`;
+  return `CPU (wasm, ${threadCount(threads)})`;
 }
 
 export class WasmDevice implements Device {
@@ -194,7 +196,7 @@ export class WasmDevice implements Device {
     this.loaded();
     return {
       kvSequences: 1, kvAvailablePages: null, kvTotalPages: null, cachedTokens: this.cached, peakGpuBytes: null,
-      adapter: { vendor: "cpu", architecture: `wasm (${this.threads} thread${this.threads === 1 ? "" : "s"})`,
+      adapter: { vendor: "cpu", architecture: `wasm (${threadCount(this.threads)})`,
         features: [], fallback: false },
       grammarCache: { entries: 0, hits: 0 },
     };
