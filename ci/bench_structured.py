@@ -38,7 +38,7 @@ def request(constrained: bool, max_tokens: int) -> dict:
 
 
 def cpu(path: Path, max_tokens: int, reps: int) -> dict:
-    engine = ModelEngine(path)
+    engine = ModelEngine(path, "tvm")  # the CPU library, as the browser runs it
     prompt = engine.encode(engine.render_chat(MESSAGES))
     start = time.perf_counter()
     grammar = engine.compile_grammar(response_format_spec(FORMAT))

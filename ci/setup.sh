@@ -17,6 +17,21 @@ quiet() {  # quiet COMMAND...: run COMMAND; show its output only if it fails
   rm -f "$log"
 }
 
+# The llamacpp engine's bindings (the pyproject's `llamacpp` extra) compile llama.cpp: ~4 minutes of
+# both cores without the multimodal library. Start that first, in the background, while the steps
+# below mostly wait on downloads; the wheel stays in $wheels (and pip's cache) for later runs.
+llama_spec=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["llamacpp"][0])')
+wheels=.lantern-cache/wheels
+llama_pid=
+if ! { [ -x .venv/bin/python ] && .venv/bin/python -c "import llama_cpp" 2>/dev/null; }; then
+  echo "== building $llama_spec in the background"
+  mkdir -p "$wheels"
+  CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    python3 -m pip wheel --quiet --no-deps --find-links "$wheels" -w "$wheels" "$llama_spec" \
+    >"$wheels/build.log" 2>&1 &
+  llama_pid=$!
+fi
+
 need_apt=()
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v emcc >/dev/null || need_apt+=(emscripten)
@@ -35,6 +50,17 @@ echo "== pip install -e .[test]"
 quiet .venv/bin/pip install --upgrade pip
 quiet .venv/bin/pip install -e ".[test]"
 .venv/bin/python -c "import lantern, tvm, playwright" # fail early if the install did not take
+
+if [ -n "$llama_pid" ]; then
+  echo "== pip install $llama_spec (waiting for its build)"
+  if ! wait "$llama_pid"; then
+    cat "$wheels/build.log" >&2
+    echo "== failed: building $llama_spec" >&2
+    exit 1
+  fi
+  quiet .venv/bin/pip install --no-deps --find-links "$wheels" "$llama_spec"
+  .venv/bin/python -c "import llama_cpp"
+fi
 
 echo "== npm ci (webruntime)"
 (cd webruntime && quiet npm ci --no-audit --no-fund)

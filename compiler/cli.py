@@ -180,6 +180,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .server.app import Limits, ServerConfig, create_app
 
+    if args.parallel < 1:
+        raise LanternError(f"--parallel must be at least 1 (got {args.parallel})")
+    if args.threads is not None and args.threads < 1:
+        raise LanternError(f"--threads must be at least 1 (got {args.threads})")
     api_key = args.api_key or os.environ.get("LANTERN_API_KEY")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         raise LanternError(f"binding to {args.host} exposes the API beyond this machine: "
@@ -187,7 +191,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         [Path(d) for d in args.dirs], Path(args.site) if args.site else None, api_key=api_key,
         cors_origins=[o.strip() for o in (args.cors or "").split(",") if o.strip()],
-        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue),
+        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue), engine=args.engine,
+        parallel=args.parallel, threads=args.threads,
         log=lambda line: print(f"lantern serve: {line}", file=sys.stderr, flush=True))
     app = create_app(config)
     names = ", ".join(f"/models/{Path(d).resolve().name}/" for d in args.dirs)
@@ -315,7 +320,7 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "serve", help="OpenAI-compatible API on the CPU, plus the site, runtime and artifacts over HTTP",
         description="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) running "
-                    "each artifact's CPU library, /health and /metrics, and as static files the site at /, the "
+                    "each artifact on the CPU, /health and /metrics, and as static files the site at /, the "
                     "runtime at /runtime/lantern.js and /runtime/worker.js, and each artifact folder at "
                     "/models/<folder name>/ (the model's name in the API).")
     s.add_argument("dirs", nargs="+", metavar="DIR", help="artifact folders built by `lantern build`")
@@ -328,6 +333,14 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
     s.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait per model before new ones get HTTP 429 (default 16)")
+    s.add_argument("--engine", choices=("auto", "llamacpp", "tvm"), default="auto",
+                   help="llamacpp: the artifact's GGUF on llama.cpp, several requests decoded together, shared "
+                        "prompt prefixes reused (needs the llamacpp extra); tvm: the artifact's CPU library, one "
+                        "request at a time (the reference). auto (default): llamacpp when the artifact has a GGUF "
+                        "and llama-cpp-python is installed, else tvm; the log says which runs and why")
+    s.add_argument("--parallel", type=int, default=8,
+                   help="llamacpp engine: sequences decoded together per model (default 8)")
+    s.add_argument("--threads", type=int, help="llamacpp engine: CPU threads (default: all cores)")
     s.set_defaults(func=cmd_serve)
 
     v = sub.add_parser(

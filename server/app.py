@@ -1,13 +1,15 @@
-"""The `lantern serve` application: an OpenAI-compatible API over artifacts' CPU libraries, plus
+"""The `lantern serve` application: an OpenAI-compatible API over artifacts (engine.py), plus
 the site, the browser runtime and the artifacts as static files (static.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -41,7 +43,10 @@ class ServerConfig:
     api_key: str | None = None
     cors_origins: list[str] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
-    api: bool = True  # False: static files only, no CPU models loaded
+    api: bool = True  # False: static files only, no models loaded
+    engine: str = "auto"  # auto | llamacpp | tvm (engine.choose_engine)
+    parallel: int = 8  # llamacpp: sequences decoded together
+    threads: int | None = None  # llamacpp: CPU threads (None: all cores)
     log: Callable[[str], None] | None = None  # progress lines (`lantern serve` prints them)
 
 
@@ -58,18 +63,23 @@ def _error(status: int, body: ErrorBody) -> JSONResponse:
 class ModelSlot:
     """One model: its engine (loaded in the background) and the queue in front of it."""
 
-    def __init__(self, name: str, path: Path, log: Callable[[str], None] | None = None):
-        self.name, self.path, self.log = name, path, log or (lambda line: None)
+    def __init__(self, name: str, path: Path, config: "ServerConfig"):
+        self.name, self.path, self.log = name, path, config.log or (lambda line: None)
+        self.config = config
         self.engine: ModelEngine | None = None
         self.load_error: str | None = None
         self.waiting = 0
         self.ready = threading.Event()
+        # one thread per admitted request: the llamacpp engine decodes them together
+        self.executor = ThreadPoolExecutor(max_workers=config.limits.max_queue, thread_name_prefix=f"gen-{name}")
 
     def load(self) -> None:
         started = time.monotonic()
-        self.log(f"loading {self.name} (checking hashes, CPU library, weights)")
+        self.log(f"loading {self.name} (checking hashes, weights)")
         try:
-            self.engine = ModelEngine(self.path)
+            self.engine = ModelEngine(self.path, self.config.engine, slots=self.config.parallel,
+                                      threads=self.config.threads)
+            self.log(f"{self.name}: {self.engine.describe()}")
             self.log(f"{self.name} ready in {time.monotonic() - started:.1f} s")
         except Exception as err:  # reported on every request for this model
             self.load_error = f"{type(err).__name__}: {err}"
@@ -80,7 +90,7 @@ class ModelSlot:
 def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) -> FastAPI:
     config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
     folders = model_folders(config.model_dirs)
-    slots = {name: ModelSlot(name, path, config.log) for name, path in folders.items()} if config.api else {}
+    slots = {name: ModelSlot(name, path, config) for name, path in folders.items()} if config.api else {}
     metrics = Metrics()
     limits = config.limits
 
@@ -90,6 +100,10 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
         for slot in slots.values():
             threading.Thread(target=slot.load, daemon=True, name=f"load-{slot.name}").start()
         yield
+        for slot in slots.values():
+            slot.executor.shutdown(wait=False, cancel_futures=True)
+            if slot.engine:
+                slot.engine.close()
 
     app = FastAPI(title="Lantern", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
 
@@ -141,11 +155,13 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     @app.get("/health")
     def health() -> dict:
         states = {n: ("failed" if s.load_error else "ready" if s.engine else "loading") for n, s in slots.items()}
-        return {"status": "ok" if all(v == "ready" for v in states.values()) else "loading", "models": states}
+        return {"status": "ok" if all(v == "ready" for v in states.values()) else "loading", "models": states,
+                "engines": {n: s.engine.engine for n, s in slots.items() if s.engine}}
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics_text() -> str:
-        return metrics.render({n: s.waiting for n, s in slots.items()})
+        return metrics.render({n: s.waiting for n, s in slots.items()},
+                              {n: s.engine.decoder.peak_batch for n, s in slots.items() if s.engine})
 
     @app.get("/v1/models")
     def list_models() -> ModelList:
@@ -177,14 +193,15 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
 
     async def run(slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, cancelled: threading.Event,
                   **constraint):
-        """Generate on a worker thread (one at a time per model) for an admitted request."""
+        """Generate on a worker thread for an admitted request."""
         def step(s: Step) -> None:
             if s.usage is not None:  # the terminal step, also for a client that has gone away
                 metrics.observe(s.usage, s.finish)
             on_step(s)
 
         try:
-            await asyncio.to_thread(slot.engine.generate, prompt, req, cancelled, step, **constraint)
+            await asyncio.get_running_loop().run_in_executor(
+                slot.executor, functools.partial(slot.engine.generate, prompt, req, cancelled, step, **constraint))
         except InvalidRequest as err:
             raise ApiError(400, str(err)) from None
         finally:

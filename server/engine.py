@@ -1,24 +1,31 @@
-"""The server's model engine: an artifact's CPU library with the browser engine's semantics.
+"""The server's model engine: one artifact with the browser engine's semantics.
 
 Same chat template, tokenizer, sampler, stop handling and usage figures as
-webruntime/src/engine.ts. Generation is blocking numpy/TVM work, so it runs on one worker
-thread per model; the FastAPI layer queues requests in front of it.
+webruntime/src/engine.ts. The forward passes come from a decoder, the server's two engines:
+
+* ``tvm``: the artifact's CPU library (TVM), one sequence at a time, the reference;
+* ``llamacpp``: the artifact's GGUF on llama.cpp (llamacpp.py), several sequences batched together.
+
+Generation is blocking work, so each request runs on a worker thread; the FastAPI layer queues
+requests in front of the engine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..artifact import Artifact
 from ..chat_template import render
 from ..errors import LanternError
 from ..package import GENERATION_FIELDS
+from . import llamacpp
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .sampler import Sampled, Sampler, SamplingParams
 from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
@@ -67,12 +74,72 @@ def sampling_params(req: SamplingFields, vocab_size: int, defaults: dict) -> Sam
                           top_logprobs=(req.top_logprobs or 0) if req.logprobs else -1)
 
 
+ENGINES = ("auto", "llamacpp", "tvm")
+
+
+class TvmSession:
+    def __init__(self, model, prompt: list[int]):
+        self.started = time.perf_counter()
+        self.logits, self.cached = model.prefill_reusing(prompt)  # the browser engine reuses its cache alike
+        self.step = lambda token: model.prefill([token])
+
+
+class TvmDecoder:
+    """The artifact's CPU library: one sequence at a time; the next request reuses its cached prefix."""
+
+    name = "tvm"
+    peak_batch = 1
+
+    def __init__(self, art: Artifact):
+        self.library = art.library("cpu").name
+        self.model = art.cpu_model()
+        self.lock = threading.Lock()
+
+    def describe(self) -> str:
+        return f"tvm ({self.library}, one sequence at a time)"
+
+    @contextlib.contextmanager
+    def open(self, prompt: list[int]) -> Iterator[TvmSession]:
+        with self.lock:
+            yield TvmSession(self.model, prompt)
+
+    def close(self) -> None:
+        pass
+
+
+def choose_engine(art: Artifact, requested: str = "auto") -> tuple[str, str]:
+    """(engine, why) for an artifact: ``llamacpp`` when it has a GGUF and llama-cpp-python is
+    installed, else ``tvm``; an explicit request that cannot run is an error naming the fix."""
+    if requested not in ENGINES:
+        raise LanternError(f"unknown engine {requested!r} (choose from {', '.join(ENGINES)})")
+    gguf = (art.manifest.get("gguf") or {}).get("files")
+    if requested == "tvm":
+        return "tvm", "asked for"
+    if not gguf:
+        if requested == "llamacpp":
+            raise LanternError(f"artifact {art.path.name} has no GGUF for the llamacpp engine: "
+                               "rebuild it with the gguf target (lantern build --targets webgpu,cpu,gguf)")
+        return "tvm", "the artifact has no GGUF"
+    if not llamacpp.available():
+        if requested == "llamacpp":
+            raise LanternError(f"the llamacpp engine needs llama-cpp-python: {llamacpp.INSTALL_HINT}")
+        return "tvm", f"llama-cpp-python is not installed ({llamacpp.INSTALL_HINT})"
+    return "llamacpp", "asked for" if requested == "llamacpp" else "the artifact has a GGUF"
+
+
 class ModelEngine:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, engine: str = "auto", *, slots: int = 8, threads: int | None = None):
         self.art = Artifact.open(path)
         self.name = path.name
         self.created = int(path.joinpath("lantern.json").stat().st_mtime)
-        self.model = self.art.cpu_model()
+        self.engine, self.engine_reason = choose_engine(self.art, engine)
+        model = self.art.manifest["model"]
+        if self.engine == "llamacpp":
+            self.decoder = llamacpp.LlamaCppDecoder(
+                self.art.path / self.art.manifest["gguf"]["files"][0], vocab_size=model["vocab_size"],
+                context_window=model["context_window"], slots=slots, threads=threads)
+        else:
+            self.decoder = TvmDecoder(self.art)
         self.tokenizer = self.art.tokenizer()
         cfg = self.art.tokenizer_config()
         self.template = cfg.get("chat_template")
@@ -86,7 +153,6 @@ class ModelEngine:
         self.context_window = self.art.manifest["model"]["context_window"]
         self.generation = self.art.manifest.get("generation") or {}  # sampling defaults of the artifact
         self.token_postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")
-        self.lock = threading.Lock()  # one generation at a time per model
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
 
@@ -144,9 +210,8 @@ class ModelEngine:
         sampler = Sampler(params)
         mask: TokenMask | None = self.grammars.matcher(grammar) if grammar is not None else None
         holds = stops + ([hold_from] if hold_from else [])
-        with self.lock:
-            started = time.perf_counter()
-            logits, cached = self.model.prefill_reusing(prompt)  # the browser engine reuses its cache alike
+        with self.decoder.open(prompt) as seq:
+            logits, cached, started = seq.logits, seq.cached, seq.started
             prefill_s = time.perf_counter() - started
             ids: list[int] = []
             text, sent, finish, first_at = "", 0, None, 0.0
@@ -182,7 +247,7 @@ class ModelEngine:
                 if safe > sent:
                     on_step(Step(text[sent:safe], pending or None))
                     sent, pending = safe, []
-                logits = self.model.prefill([s.token])
+                logits = seq.step(s.token)
             decode_s = time.perf_counter() - first_at
             n = len(ids)
             usage = Usage(prompt_tokens=len(prompt), completion_tokens=n, total_tokens=len(prompt) + n,
@@ -191,6 +256,13 @@ class ModelEngine:
                           decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
                           tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0, cached_prompt_tokens=cached)
             on_step(Step(text[sent:], pending or None, finish, usage))
+
+
+    def describe(self) -> str:
+        return f"engine {self.decoder.describe()}: {self.engine_reason}"
+
+    def close(self) -> None:
+        self.decoder.close()
 
 
 def new_id(prefix: str) -> str:

@@ -55,7 +55,7 @@ class Metrics:
             self.tokens_in += usage.prompt_tokens
             self.tokens_out += usage.completion_tokens
 
-    def render(self, queue_depth: dict[str, int]) -> str:
+    def render(self, queue_depth: dict[str, int], peak_batch: dict[str, int]) -> str:
         with self.lock:
             lines = ["# TYPE lantern_requests_total counter"]
             lines += [f'lantern_requests_total{{path="{p}",status="{s}"}} {n}'
@@ -63,6 +63,8 @@ class Metrics:
             lines += self.ttft.lines("lantern_ttft_seconds") + self.tpot.lines("lantern_tpot_seconds")
             lines += ["# TYPE lantern_queue_depth gauge"]
             lines += [f'lantern_queue_depth{{model="{m}"}} {d}' for m, d in sorted(queue_depth.items())]
+            lines += ["# TYPE lantern_batch_sequences_max gauge"]  # most sequences decoded in one step
+            lines += [f'lantern_batch_sequences_max{{model="{m}"}} {d}' for m, d in sorted(peak_batch.items())]
             lines += ["# TYPE lantern_prompt_tokens_total counter", f"lantern_prompt_tokens_total {self.tokens_in}",
                       "# TYPE lantern_completion_tokens_total counter",
                       f"lantern_completion_tokens_total {self.tokens_out}",

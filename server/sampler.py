@@ -79,10 +79,11 @@ class Sampler:
     def sample(self, raw: np.ndarray, allowed: np.ndarray | None = None) -> Sampled:
         """Choose the next token; ``allowed`` (a grammar's mask) rules out the others before choosing."""
         p = self.p
-        logits = raw.astype(np.float32).copy()
+        logits = raw.astype(np.float32)  # a copy: the caller's logits stay as they were
         for i, b in p.logit_bias.items():
             logits[i] += np.float32(b)
-        for i, n in self.counts.items():
+        penalized = p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty
+        for i, n in self.counts.items() if penalized else ():
             v = float(logits[i])
             if p.repetition_penalty != 1:
                 v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty

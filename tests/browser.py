@@ -135,18 +135,19 @@ def wllama_complete(parts: list[Path], prompts: list[str], max_tokens: int, thre
 
 
 @contextlib.contextmanager
-def lantern_server(model_dirs, site: Path | None = None,
-                   customize=None) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+def lantern_server(model_dirs, site: Path | None = None, customize=None,
+                   engine: str = "auto") -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
     """``lantern serve``'s app on a free loopback port (real uvicorn, in a thread).
 
-    ``model_dirs`` is a list of artifact folders or a whole ``ServerConfig``.
+    ``model_dirs`` is a list of artifact folders (served by ``engine``) or a whole ``ServerConfig``.
     ``customize(app)`` may add middleware (fault injection). Yields the base URL and the
     requests the server saw, in order, as (path, Range header or None).
     """
     from lantern.server.app import ServerConfig, create_app
     from lantern.server.background import serve_in_thread
 
-    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
+    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site,
+                                                                                    engine=engine)
     if config.site is None:
         config.site = repo_root() / "tests" / "web"
     app = create_app(config)

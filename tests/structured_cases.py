@@ -82,10 +82,11 @@ BAD_REQUESTS = [
 
 
 @functools.cache
-def cpu_runs(artifact_path) -> dict[tuple[str, int], dict]:
-    """Every (schema, seed) of the suite through the server's CPU engine: text, finish, tokens.
+def cpu_runs(artifact_path, engine: str = "tvm") -> dict[tuple[str, int], dict]:
+    """Every (schema, seed) of the suite through one of the server's engines: text, finish, tokens.
 
-    Cached: the CPU test checks them and the browser test compares its own answers with them.
+    Cached: the CPU test checks them and the browser test compares its own answers with the tvm
+    engine's (the same library, compiled for WebGPU).
     """
     import threading
 
@@ -93,7 +94,7 @@ def cpu_runs(artifact_path) -> dict[tuple[str, int], dict]:
     from lantern.server.protocol import ChatCompletionRequest
     from lantern.server.structured import request_spec
 
-    engine = ModelEngine(artifact_path)
+    engine = ModelEngine(artifact_path, engine)
     out = {}
     for name in SCHEMAS:
         for seed in SEEDS:
@@ -105,4 +106,5 @@ def cpu_runs(artifact_path) -> dict[tuple[str, int], dict]:
             engine.generate(prompt, req, threading.Event(), steps.append, grammar=grammar)
             out[name, seed] = {"text": "".join(s.delta for s in steps), "finish": steps[-1].finish,
                                "tokens": steps[-1].usage.completion_tokens}
+    engine.close()
     return out

@@ -347,7 +347,7 @@ def test_router_without_webgpu_answers_from_the_cloud_with_the_same_shape(smollm
     plain = launch(playwright, webgpu=False)
     name = smollm2.path.name
     try:
-        with lantern_server([smollm2.path]) as (base, _):
+        with lantern_server([smollm2.path], engine="tvm") as (base, _):  # the CPU library: cpu_greedy's answer
             wait_until_ready(base)
             page = open_page(plain, base)
             # the local engine is asked for WebGPU (without it, "auto" would answer on the CPU)
@@ -366,7 +366,7 @@ def test_router_without_webgpu_answers_from_the_cloud_with_the_same_shape(smollm
 
 def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, browser):
     name = smollm2.path.name
-    with lantern_server([smollm2.path]) as (base, _):
+    with lantern_server([smollm2.path], engine="tvm") as (base, _):  # continues the local text exactly
         wait_until_ready(base)
         context = browser.new_context()
         page = open_page(context, base)

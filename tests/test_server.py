@@ -1,21 +1,25 @@
-"""`lantern serve`: the OpenAI-compatible API on the artifact's CPU library, over real HTTP (uvicorn),
-driven by the unmodified `openai` client and by raw requests for the error paths."""
+"""`lantern serve`: the OpenAI-compatible API over real HTTP (uvicorn), driven by the unmodified
+`openai` client and by raw requests for the error paths. The API tests run on both engines: `tvm`
+(the artifact's CPU library) and `llamacpp` (its GGUF on llama.cpp)."""
 
 from __future__ import annotations
 
 import contextlib
 import http.client
 import json
+import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from browser import lantern_server, wait_until_ready
 from test_runtime import cpu_greedy, user
-from test_smollm2 import PROMPTS
+from test_smollm2 import PROMPTS, eos_id
 
 from lantern.artifact import Artifact
+from lantern.chat_template import render
 from lantern.server.app import Limits, ServerConfig
 from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 from lantern.server.sampler import Rng, Sampler, SamplingParams
@@ -28,17 +32,27 @@ def smollm2(smollm2_q4) -> Artifact:
     return smollm2_q4
 
 
+ENGINES = ["tvm", "llamacpp"]
+
+
 @contextlib.contextmanager
 def served(art: Artifact, **config):
     cfg = ServerConfig([art.path], **config)
     with lantern_server(cfg) as (base, seen):
         wait_until_ready(base)
+        engines = json.loads(raw(base, "GET", "/health")[1])["engines"]
+        assert engines == {art.path.name: cfg.engine} or cfg.engine == "auto", engines  # it runs what was asked
         yield base, seen
 
 
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def server(smollm2):
-    with served(smollm2, limits=Limits(max_queue=16)) as (base, _):
+def server(smollm2, engine):
+    with served(smollm2, limits=Limits(max_queue=16), engine=engine) as (base, _):
         yield base
 
 
@@ -57,12 +71,36 @@ def raw(base: str, method: str, path: str, body: bytes | None = None, headers: d
     return resp.status, resp.read()
 
 
-def test_openai_client_greedy_equals_the_cpu_library_and_streams_the_same(client, smollm2):
+def llama_cpp_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> str:
+    """The greedy answer from llama-cpp-python's own `Llama` on the artifact's GGUF: one sequence,
+    evaluated token by token, argmax of its logits (flash attention, as the engine runs it)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    cfg = art.tokenizer_config()
+    ids = art.tokenizer().encode(render(cfg["chat_template"], messages), add_special_tokens=False).ids
+    llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=1024, flash_attn=True, logits_all=True,
+                verbose=False)
+    llm.eval(ids)
+    out = []
+    while len(out) < max_tokens:
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        if token == eos_id(art):
+            break
+        out.append(token)
+        llm.eval([token])
+    return art.tokenizer().decode(out)
+
+
+def test_openai_client_greedy_equals_the_engines_reference_and_streams_the_same(client, smollm2, engine):
+    """Greedy text equals the engine's own reference: the CPU library run directly (tvm), or
+    llama.cpp's own generate loop on the same GGUF (llamacpp)."""
     name = smollm2.path.name
     assert [m.id for m in client.models.list().data] == [name]
     reply = client.chat.completions.create(model=name, messages=user(PROMPTS[0]), max_tokens=32, temperature=0)
     text = reply.choices[0].message.content
-    assert text == cpu_greedy(smollm2, user(PROMPTS[0]), 32)
+    reference = cpu_greedy if engine == "tvm" else llama_cpp_greedy
+    assert text == reference(smollm2, user(PROMPTS[0]), 32)
     assert "Paris" in text
     ChatCompletion.model_validate(reply.model_dump())
     assert reply.usage.completion_tokens > 0 and reply.model_extra["lantern_route"] == "cloud"
@@ -120,10 +158,11 @@ def test_api_key_is_enforced(smollm2):
         assert status == 200
 
 
-def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot(smollm2):
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot(smollm2, engine_name):
     from openai import OpenAI, RateLimitError
 
-    with served(smollm2, limits=Limits(max_queue=16)) as (base, _):
+    with served(smollm2, limits=Limits(max_queue=16), engine=engine_name) as (base, _):
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         name = smollm2.path.name
         results, errors = [], []
@@ -157,6 +196,82 @@ def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot
         else:
             pytest.fail("the disconnected stream was not cancelled")
         assert 'lantern_queue_depth{model="%s"} 0' % name in raw(base, "GET", "/metrics")[1].decode()
+
+
+def test_llamacpp_decodes_concurrent_requests_together_and_exactly(smollm2):
+    """Five different prompts at once: decoded in shared steps, each answer what it is alone."""
+    from openai import OpenAI
+
+    with served(smollm2, engine="llamacpp") as (base, _):
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+        def ask(text: str) -> str:
+            return client.chat.completions.create(model=smollm2.path.name, messages=user(text), max_tokens=24,
+                                                  temperature=0).choices[0].message.content
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            together = list(pool.map(ask, PROMPTS))
+        peak = re.search(r"lantern_batch_sequences_max\{[^}]*\} (\d+)", raw(base, "GET", "/metrics")[1].decode())
+        assert int(peak.group(1)) >= 3  # they really shared llama_decode calls
+    for text, prompt in zip(together, PROMPTS):
+        assert text == llama_cpp_greedy(smollm2, user(prompt), 24), prompt
+
+
+def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smollm2, shakespeare_text):
+    """Requests sharing a long system prompt prefill only what differs, whether the prefix sits in an
+    idle slot's cache or in a sequence still generating, and answer as from scratch."""
+    from openai import OpenAI
+
+    system = {"role": "system", "content": "Answer in the style of this text.\n" + shakespeare_text[:1500]}
+    prefix = len(smollm2.tokenizer().encode(render(smollm2.tokenizer_config()["chat_template"], [system]),
+                                            add_special_tokens=False).ids)
+    assert prefix > 300
+    with served(smollm2, engine="llamacpp") as (base, _):
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+        def ask(question: str, max_tokens: int = 12, **kw):
+            return client.chat.completions.create(model=smollm2.path.name, messages=[system, *user(question)],
+                                                  max_tokens=max_tokens, temperature=0, **kw)
+        first = ask("Who speaks first?")
+        assert first.usage.model_extra["cached_prompt_tokens"] == 0
+        idle = ask("Name a city.")  # the first request's slot is idle: its prefix is reused in place
+        assert idle.usage.model_extra["cached_prompt_tokens"] >= prefix - 2
+        # a request arriving while another with the same prefix is generating: the prefix is copied over
+        stream = ask("Count to fifty.", max_tokens=200, stream=True)
+        next(iter(stream))
+        running = ask("Name a colour.")
+        stream.close()
+        assert running.usage.model_extra["cached_prompt_tokens"] >= prefix - 2
+    for reply, question in ((idle, "Name a city."), (running, "Name a colour.")):
+        assert reply.choices[0].message.content == llama_cpp_greedy(smollm2, [system, *user(question)], 12)
+
+
+def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(tiny_q4, tiny_hf, build_artifact,
+                                                                            monkeypatch, capsys):
+    from lantern.cli import main
+    from lantern.errors import LanternError
+    from lantern.server import llamacpp
+    from lantern.server.engine import ModelEngine, choose_engine
+
+    no_gguf = Artifact.open(build_artifact(tiny_hf[0], "q0f32"))  # the CPU library only
+    assert choose_engine(tiny_q4) == ("llamacpp", "the artifact has a GGUF")
+    assert choose_engine(tiny_q4, "tvm") == ("tvm", "asked for")
+    assert choose_engine(no_gguf) == ("tvm", "the artifact has no GGUF")
+    with pytest.raises(LanternError, match="has no GGUF.*--targets webgpu,cpu,gguf"):
+        choose_engine(no_gguf, "llamacpp")
+    with pytest.raises(LanternError, match="unknown engine 'vllm'"):
+        choose_engine(tiny_q4, "vllm")
+    engine = ModelEngine(tiny_q4.path, slots=2, threads=1)
+    assert engine.describe().startswith("engine llamacpp (") and "2 parallel sequences, 1 threads" in engine.describe()
+    engine.close()
+    for flag in ("--parallel", "--threads"):
+        assert main(["serve", str(tiny_q4.path), flag, "0"]) == 1
+        assert f"{flag} must be at least 1" in capsys.readouterr().err
+    # without the llamacpp extra (a fault this machine cannot have): tvm, saying what to install
+    monkeypatch.setattr(llamacpp, "available", lambda: False)
+    engine, why = choose_engine(tiny_q4)
+    assert engine == "tvm" and "pip install 'lantern-llm[llamacpp]'" in why
+    with pytest.raises(LanternError, match=r"needs llama-cpp-python: pip install 'lantern-llm\[llamacpp\]'"):
+        choose_engine(tiny_q4, "llamacpp")
 
 
 def test_python_and_browser_samplers_agree(smollm2):

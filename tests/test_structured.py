@@ -145,13 +145,14 @@ def _run_bundle(bundle: str, payload: dict) -> dict:
 # ---- the CPU engine (the server's) ----------------------------------------------------------------
 
 @pytest.mark.slow
-def test_every_schema_validates_for_two_seeds_on_the_cpu(smollm2_q4, report):
-    runs = cpu_runs(smollm2_q4.path)
+@pytest.mark.parametrize("engine", ["tvm", "llamacpp"])
+def test_every_schema_validates_for_two_seeds_on_the_cpu(smollm2_q4, report, engine):
+    runs = cpu_runs(smollm2_q4.path, engine)
     for (name, seed), run in runs.items():
         assert run["finish"] == "stop", (name, seed, run["text"])
         jsonschema.validate(json.loads(run["text"]), SCHEMAS[name], format_checker=jsonschema.FormatChecker())
     tokens = sum(r["tokens"] for r in runs.values())
-    report(f"structured (CPU): {len(runs)} generations over {len(SCHEMAS)} schemas, 100% valid JSON; "
+    report(f"structured (server, {engine} engine): {len(runs)} generations over {len(SCHEMAS)} schemas, 100% valid JSON; "
            f"{tokens / len(runs):.1f} tokens per answer")
 
 
@@ -165,12 +166,13 @@ def test_a_repeated_schema_is_compiled_once(smollm2_q4):
     hits = engine.grammars.hits
     assert engine.compile_grammar(spec) is first
     assert engine.grammars.hits == hits + 1
+    engine.close()
 
 
-@pytest.fixture(scope="module")
-def client(smollm2_q4):
+@pytest.fixture(scope="module", params=["tvm", "llamacpp"])
+def client(smollm2_q4, request):
     openai = pytest.importorskip("openai")
-    with lantern_server([smollm2_q4.path]) as (base, _):
+    with lantern_server([smollm2_q4.path], engine=request.param) as (base, _):
         wait_until_ready(base)
         yield openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 

@@ -1,0 +1,330 @@
+"""The `llamacpp` engine: the artifact's GGUF on llama.cpp (PyPI `llama-cpp-python`, its C API).
+
+llama.cpp runs the forward passes; everything a request sees stays Lantern's (engine.py: template,
+tokenizer, sampler, grammar masks, stops), so both engines answer alike. What this module adds:
+
+* **Continuous batching.** One scheduler thread owns the llama.cpp context. Each step it puts the
+  next token of every running sequence, then prompt chunks of newly admitted ones, into one
+  `llama_batch` (up to ``batch_tokens``), calls `llama_decode` once, and hands each sequence its
+  logits row. A request thread samples its token and is back before the next step.
+* **Prefix reuse.** Up to ``slots`` sequences (llama.cpp seq ids) keep their tokens in a unified KV
+  cache after their request ends. A new prompt takes the idle slot sharing its longest prefix and
+  prefills only the rest; when a running sequence shares a longer prefix, that prefix is copied
+  (`llama_memory_seq_cp`, cells shared, no compute) into the idle slot first.
+
+Why the C API and not `llama_cpp.Llama`: that class runs one sequence and samples inside llama.cpp;
+batching and Lantern's own sampler and xgrammar masks need the logits of several sequences per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import LanternError
+
+# How long the scheduler waits for sequences that just got logits to send their next token before it
+# decodes without them. Sampling takes well under a millisecond; a grammar mask or a slow thread more.
+GATHER_S = 0.01
+INSTALL_HINT = "pip install 'lantern-llm[llamacpp]' (compiles llama.cpp, ~10 minutes on 2 cores)"
+
+
+def available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class _Seq:
+    """One request's sequence while it is open: what is left to feed and where its answer goes."""
+    slot: int = -1
+    todo: list[int] = field(default_factory=list)  # tokens to decode next (prompt rest, or the sampled one)
+    prompt: list[int] = field(default_factory=list)
+    cached: int = 0  # prompt tokens found in the KV cache
+    started: float = 0.0  # when its prefill was first scheduled
+    logits: np.ndarray | None = None
+    error: Exception | None = None
+    closed: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Session:
+    """An open sequence, as engine.ModelEngine.generate uses it: the prompt's last logits, how many
+    prompt tokens were reused, and ``step(token)`` for the next logits."""
+
+    def __init__(self, owner: "LlamaCppDecoder", seq: _Seq):
+        self._owner, self._seq = owner, seq
+        self.logits, self.cached, self.started = seq.logits, seq.cached, seq.started
+
+    def step(self, token: int) -> np.ndarray:
+        return self._owner._feed(self._seq, [token])
+
+
+class LlamaCppDecoder:
+    """llama.cpp over one GGUF, shared by up to ``slots`` concurrent sequences."""
+
+    name = "llamacpp"
+
+    def __init__(self, gguf: Path, *, vocab_size: int, context_window: int, slots: int = 8,
+                 threads: int | None = None, kv_tokens: int | None = None, batch_tokens: int = 512):
+        try:
+            import llama_cpp as lc
+        except ImportError:
+            raise LanternError(f"the llamacpp engine needs llama-cpp-python: {INSTALL_HINT}") from None
+        self.lc = lc
+        self.gguf, self.slots, self.context_window = gguf, slots, context_window
+        self.threads = threads or os.cpu_count() or 1
+        # one pool of KV cells for all slots; a single request may still use the whole context window
+        self.kv_tokens = kv_tokens or min(slots * context_window, max(context_window, 16384))
+        self.batch_tokens = batch_tokens
+        _quiet_logs(lc)
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
+        if not self.model:
+            raise LanternError(f"llama.cpp could not load {gguf.name} (is it a GGUF llama.cpp supports?)")
+        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
+        if n_vocab != vocab_size:
+            lc.llama_model_free(self.model)
+            raise LanternError(f"{gguf.name} has {n_vocab} tokens, the artifact's tokenizer {vocab_size}: "
+                               "rebuild the artifact")
+        self.vocab_size = n_vocab
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = self.kv_tokens, batch_tokens, batch_tokens
+        cp.n_seq_max, cp.kv_unified = slots, True
+        cp.n_threads = cp.n_threads_batch = self.threads
+        # flash attention: each query row attends on its own, so a sequence's logits do not depend on
+        # which other sequences share its batch (plain attention's batched KQ product does: greedy
+        # answers drifted between alone and together)
+        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        self.ctx = lc.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            lc.llama_model_free(self.model)
+            raise LanternError(f"llama.cpp could not create a context of {self.kv_tokens} tokens for {gguf.name}")
+        self.mem = lc.llama_get_memory(self.ctx)
+        self.batch = lc.llama_batch_init(batch_tokens, 0, 1)
+        self.kv: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens in the KV cache
+        self.busy: list[_Seq | None] = [None] * slots
+        self.last_used = [0.0] * slots
+        self.waiting: deque[_Seq] = deque()
+        self.sampling: set[int] = set()  # ids of sequences holding fresh logits, choosing their next token
+        self.decoded_at = 0.0
+        self.cv = threading.Condition()
+        self.stopped = False
+        self.peak_batch = 0  # most sequences one llama_decode call has served (/metrics)
+        self.thread = threading.Thread(target=self._run, daemon=True, name="llamacpp-scheduler")
+        self.thread.start()
+
+    def describe(self) -> str:
+        return (f"llamacpp ({self.gguf.name}, {self.slots} parallel sequences, {self.threads} threads, "
+                f"{self.kv_tokens}-token KV cache)")
+
+    # -- request side (any thread) --------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def open(self, prompt: list[int]) -> Iterator[Session]:
+        """Admit ``prompt`` (waits for a free slot), prefill what the cache lacks, yield the session;
+        leaving frees the slot and keeps its tokens cached for the next prompt that shares them."""
+        seq = _Seq(prompt=list(prompt))
+        with self.cv:
+            self.waiting.append(seq)
+            self.cv.notify()
+        try:
+            self._wait(seq)
+            yield Session(self, seq)
+        finally:
+            with self.cv:
+                seq.closed = True
+                self.sampling.discard(id(seq))
+                self.cv.notify()
+
+    def _feed(self, seq: _Seq, tokens: list[int]) -> np.ndarray:
+        with self.cv:
+            seq.todo = list(tokens)
+            seq.done.clear()
+            self.sampling.discard(id(seq))
+            self.cv.notify()
+        return self._wait(seq)
+
+    def _wait(self, seq: _Seq) -> np.ndarray:
+        seq.done.wait()
+        if seq.error is not None:
+            raise seq.error
+        return seq.logits
+
+    def close(self) -> None:
+        with self.cv:
+            self.stopped = True
+            self.cv.notify()
+        self.thread.join(10)
+        lc = self.lc
+        lc.llama_batch_free(self.batch)
+        lc.llama_free(self.ctx)
+        lc.llama_model_free(self.model)
+
+    # -- scheduler thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cv:
+                    while not self.stopped and not self._ready():
+                        self.cv.wait(self._patience())
+                    if self.stopped:
+                        self._fail_all(LanternError("the server is shutting down"))
+                        return
+                    self._release_closed()
+                    self._admit()
+                    plan = self._plan()
+                if plan:
+                    self._decode(plan)
+        except Exception as err:  # never leave a request waiting on a dead scheduler
+            with self.cv:
+                self.stopped = True
+                self._fail_all(LanternError(f"llama.cpp scheduler failed: {type(err).__name__}: {err}"))
+            raise
+
+    def _fail_all(self, error: Exception) -> None:
+        for seq in [*self.busy, *self.waiting]:
+            if seq is not None:
+                seq.error = error
+                seq.done.set()
+
+    def _ready(self) -> bool:
+        """Work to do, and every sequence that just got logits has chosen its next token (or took too
+        long): waiting for them is what keeps each llama_decode call batched."""
+        return self._has_work() and (not self.sampling or time.perf_counter() - self.decoded_at > GATHER_S)
+
+    def _patience(self) -> float | None:
+        return max(0.0, GATHER_S - (time.perf_counter() - self.decoded_at)) + 1e-4 if self.sampling else None
+
+    def _has_work(self) -> bool:
+        return any(s is not None and (s.closed or s.todo) for s in self.busy) or (
+            bool(self.waiting) and (None in self.busy or any(s is not None and s.closed for s in self.busy)))
+
+    def _release_closed(self) -> None:
+        for i, seq in enumerate(self.busy):
+            if seq is not None and seq.closed:
+                self.busy[i] = None
+                self.last_used[i] = time.monotonic()
+        while self.waiting and self.waiting[0].closed:
+            self.waiting.popleft()
+
+    def _admit(self) -> None:
+        """Give waiting prompts free slots, reusing the longest cached prefix."""
+        lc = self.lc
+        while self.waiting and None in self.busy:
+            seq = self.waiting.popleft()
+            if seq.closed:
+                continue
+            prompt = seq.prompt
+            free = [i for i, s in enumerate(self.busy) if s is None]
+            shared = [_common_prefix(self.kv[i], prompt) for i in range(self.slots)]
+            slot = max(free, key=lambda i: (shared[i], -self.last_used[i]))
+            donor = max(range(self.slots), key=lambda i: shared[i])
+            if shared[donor] > shared[slot]:  # a running sequence holds more of this prompt: share its cells
+                lc.llama_memory_seq_rm(self.mem, slot, -1, -1)
+                lc.llama_memory_seq_cp(self.mem, donor, slot, 0, shared[donor])
+                self.kv[slot] = self.kv[donor][:shared[donor]]
+                shared[slot] = shared[donor]
+            keep = min(shared[slot], len(prompt) - 1)  # the last prompt token always runs, for its logits
+            if not lc.llama_memory_seq_rm(self.mem, slot, keep, -1):
+                lc.llama_memory_seq_rm(self.mem, slot, -1, -1)
+                keep = 0
+            del self.kv[slot][keep:]
+            seq.slot, seq.cached, seq.todo = slot, keep, prompt[keep:]
+            self.busy[slot] = seq
+
+    def _plan(self) -> list[tuple[_Seq, list[int]]]:
+        """This step's batch: every running sequence's next token first, then prompt chunks."""
+        room, plan = self.batch_tokens, []
+        running = [s for s in self.busy if s is not None and not s.closed and s.todo]
+        for seq in sorted(running, key=lambda s: len(s.todo) > 1):
+            take = seq.todo[:room]
+            if not take:
+                break
+            del seq.todo[:len(take)]
+            seq.started = seq.started or time.perf_counter()
+            plan.append((seq, take))
+            room -= len(take)
+        return plan
+
+    def _decode(self, plan: list[tuple[_Seq, list[int]]]) -> None:
+        lc, b = self.lc, self.batch
+        n, outputs = 0, []
+        for seq, tokens in plan:
+            pos = len(self.kv[seq.slot])
+            for j, tok in enumerate(tokens):
+                b.token[n], b.pos[n], b.n_seq_id[n] = tok, pos + j, 1
+                b.seq_id[n][0] = seq.slot
+                last = j == len(tokens) - 1 and not seq.todo
+                b.logits[n] = last
+                if last:
+                    outputs.append((seq, n))
+                n += 1
+        b.n_tokens = n
+        self.peak_batch = max(self.peak_batch, len(plan))
+        rc = lc.llama_decode(self.ctx, b)
+        if rc == 1:  # no room in the KV cache: drop idle slots' cached tokens and try once more
+            with self.cv:
+                for i, s in enumerate(self.busy):
+                    if s is None and self.kv[i]:
+                        lc.llama_memory_seq_rm(self.mem, i, -1, -1)
+                        self.kv[i] = []
+            rc = lc.llama_decode(self.ctx, b)
+        with self.cv:
+            if rc != 0:
+                why = ("the KV cache is full (too many long requests at once)" if rc == 1
+                       else f"llama_decode returned {rc}")
+                for seq, _ in plan:  # these sequences' state is unknown now: end them and forget their cache
+                    lc.llama_memory_seq_rm(self.mem, seq.slot, -1, -1)
+                    self.kv[seq.slot] = []
+                    seq.todo = []
+                    seq.error = LanternError(f"llama.cpp could not decode: {why}")
+                    seq.done.set()
+                return
+            for seq, tokens in plan:
+                self.kv[seq.slot].extend(tokens)
+            for seq, row in outputs:
+                ptr = lc.llama_get_logits_ith(self.ctx, row)
+                seq.logits = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+                if not seq.closed:
+                    self.sampling.add(id(seq))
+                seq.done.set()
+            self.decoded_at = time.perf_counter()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+_LOG_CALLBACK = None
+
+
+def _quiet_logs(lc) -> None:
+    """llama.cpp prints every load step to stderr; keep only its errors."""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        def log(level, text, _user):
+            if level == 4:  # GGML_LOG_LEVEL_ERROR (not the loader's progress dots)
+                os.write(2, text)
+        _LOG_CALLBACK = lc.llama_log_callback(log)
+        lc.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
