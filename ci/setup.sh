@@ -58,7 +58,7 @@ if [ -n "$llama_pid" ]; then
     echo "== failed: building $llama_spec" >&2
     exit 1
   fi
-  quiet .venv/bin/pip install --no-deps --find-links "$wheels" "$llama_spec"
+  quiet .venv/bin/pip install --find-links "$wheels" "$llama_spec"
   .venv/bin/python -c "import llama_cpp"
 fi
 
