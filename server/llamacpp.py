@@ -166,14 +166,18 @@ class LlamaCppDecoder:
         return seq.logits
 
     def close(self) -> None:
+        """Fail what is still open, stop the scheduler and free llama.cpp's memory (once)."""
         with self.cv:
             self.stopped = True
             self.cv.notify()
         self.thread.join(10)
+        if self.ctx is None:
+            return
         lc = self.lc
         lc.llama_batch_free(self.batch)
         lc.llama_free(self.ctx)
         lc.llama_model_free(self.model)
+        self.ctx = None
 
     # -- scheduler thread ----------------------------------------------------------------------
 

@@ -85,8 +85,9 @@ BAD_REQUESTS = [
 def cpu_runs(artifact_path, engine: str = "tvm") -> dict[tuple[str, int], dict]:
     """Every (schema, seed) of the suite through one of the server's engines: text, finish, tokens.
 
-    Cached: the CPU test checks them and the browser test compares its own answers with the tvm
-    engine's (the same library, compiled for WebGPU).
+    Cached (pass ``engine`` explicitly: the cache keys on the arguments as given): the CPU test
+    checks them and the browser test compares its own answers with the tvm engine's (the same
+    library, compiled for WebGPU).
     """
     import threading
 

@@ -35,7 +35,7 @@ def chat(page, *requests: dict) -> list[dict]:
 
 
 def test_every_schema_validates_for_two_seeds_in_the_browser(page, smollm2_q4, report):
-    cpu = cpu_runs(smollm2_q4.path)
+    cpu = cpu_runs(smollm2_q4.path, "tvm")  # the same key as test_structured.py: computed once
     same, total, tokens, tok_s = 0, 0, 0, []
     for name, schema in SCHEMAS.items():
         replies = chat(page, *[request(name, seed) for seed in SEEDS])
