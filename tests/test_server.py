@@ -94,7 +94,7 @@ def llama_cpp_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> st
 
 def test_openai_client_greedy_equals_the_engines_reference_and_streams_the_same(client, smollm2, engine):
     """Greedy text equals the engine's own reference: the CPU library run directly (tvm), or
-    llama.cpp's own generate loop on the same GGUF (llamacpp)."""
+    llama-cpp-python's own `Llama` on the same GGUF (llamacpp)."""
     name = smollm2.path.name
     assert [m.id for m in client.models.list().data] == [name]
     reply = client.chat.completions.create(model=name, messages=user(PROMPTS[0]), max_tokens=32, temperature=0)
