@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from . import __version__
+from . import __version__, models
 from .errors import LanternError
+from .importer import GGUF_INPUT_TYPES
 from .lower import SCHEDULE_CHOICES
 from .package import GENERATION_FIELDS, check_generation_defaults
 from .quantize import QUANTIZATIONS
@@ -22,6 +23,10 @@ BUILD_EXAMPLES = """examples:
   lantern build model.gguf --quant q4f16_1 --out dist/m                 GGUF file
   lantern build ./base --lora ./adapter --quant q4f16_1 --out dist/m    PEFT LoRA merged at build
   lantern build ./my-finetune --calibration train-sample.txt --out dist/m  GPTQ on your own text
+
+model families (config.json "architectures" / GGUF general.architecture):
+""" + "".join(f"  {f.name:8} {', '.join(f.architectures)} / {f.gguf.architecture}\n" for f in models.FAMILIES) + f"""
+GGUF tensor types read (dequantized, then quantized by Lantern): {', '.join(GGUF_INPUT_TYPES)}
 """
 
 

@@ -503,7 +503,8 @@ def _q4_linear(func: tirx.PrimFunc) -> tuple | None:
     residual = "T_add" in blocks
     if len(params) != (5 if residual else 4):
         return None
-    if residual and not any(r.source.same_as(params[3]) for r in blocks["T_add"].reads):
+    if residual and (not any(r.source.same_as(params[3]) for r in blocks["T_add"].reads)
+                     or len(params[3].shape) != 3):  # a bias row is not a residual: dlight schedules that one
         return None
     build = q4_gemv if _ints(x.shape[:2]) == [1, 1] else q4_matmul
     return (build.__name__, f"k{int(k)}", "res" if residual else "plain"), lambda gpu: build(int(k), residual, gpu)

@@ -8,8 +8,8 @@ The weights are the ones the WebGPU and CPU libraries run, not a second quantiza
   ``q' = 15 - q`` and ``d = -s``, exact but for ``d`` rounding to f16. GPTQ's choices carry over.
 * q0f32 and q0f16 become F32 and F16 tensors. Norms are F32 in every case, as llama.cpp keeps them.
 
-The family folder says which parameter rows make which llama.cpp tensor (``gguf_tensors``), its
-``<arch>.*`` keys (``gguf_metadata``) and what it cannot write yet (``gguf_unsupported``). The
+The family's ``GGUFLayout`` says which parameter rows make which llama.cpp tensor, its
+``<arch>.*`` keys and what it cannot write yet. The
 tokenizer becomes ``tokenizer.ggml.*`` from the artifact's own tokenizer.json, so both devices
 split text into the same tokens.
 """
@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from .errors import LanternError
+from .models.family import Family
 
 # A part at most this big: small enough to cache and verify in a browser, as the weight shards are.
 PART_BYTES = 64 * 2**20
@@ -82,17 +82,15 @@ def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
     return {"model": "gpt2", "pre": _PRE_TOKENIZERS[pre_json], "tokens": tokens, "types": types, "merges": merges}
 
 
-def check(family: ModuleType, config, tokenizer_json: str) -> None:
+def check(family: Family, config, tokenizer_json: str) -> None:
     """Raise GGUFUnsupported (one line, why) when this model cannot become a GGUF llama.cpp runs."""
-    if not hasattr(family, "gguf_tensors"):
-        raise GGUFUnsupported(f"the {family.__name__.rsplit('.', 1)[-1]} family has no GGUF writer yet")
-    reason = family.gguf_unsupported(config)
+    reason = family.gguf.unsupported(config)
     if reason:
         raise GGUFUnsupported(reason)
     _tokenizer_fields(json.loads(tokenizer_json), config.vocab_size)
 
 
-def write(out: Path, stem: str, params: dict[str, np.ndarray], family: ModuleType, config, quant: str,
+def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, config, quant: str,
           tokenizer_json: str, chat_template: str | None, bos_id: int | None, eos_id: int | None,
           add_bos: bool, part_bytes: int = PART_BYTES) -> list[str]:
     """Write ``<stem>.gguf`` (or ``<stem>-0000i-of-0000n.gguf`` parts) into ``out`` from the stored
@@ -101,13 +99,14 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: ModuleTyp
 
     tok = _tokenizer_fields(json.loads(tokenizer_json), config.vocab_size)
     logging.getLogger("gguf").setLevel(logging.ERROR)  # it logs "not splitting" for a one-part model
-    writer = gguf.GGUFWriter(out / f"{stem}.gguf", family.GGUF_ARCHITECTURE, split_max_size=part_bytes)
+    layout = family.gguf
+    writer = gguf.GGUFWriter(out / f"{stem}.gguf", layout.architecture, split_max_size=part_bytes)
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(stem)
     writer.add_file_type({"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16,
                           "F32": gguf.LlamaFileType.ALL_F32}[tensor_type(quant)])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for key, value in family.gguf_metadata(config).items():
+    for key, value in layout.metadata(config).items():
         (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
     writer.add_tokenizer_model(tok["model"])
     writer.add_tokenizer_pre(tok["pre"])
@@ -122,22 +121,23 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: ModuleTyp
     if chat_template:
         writer.add_chat_template(chat_template)
 
-    for name, stem_name, first, rows, heads in family.gguf_tensors(config):
-        if f"{stem_name}.q_weight" in params:
-            qw = params[f"{stem_name}.q_weight"][first:first + rows]
-            qs = params[f"{stem_name}.q_scale"][first:first + rows]
-            if heads:
-                qw, qs = family.permute_for_gguf(qw, heads), family.permute_for_gguf(qs, heads)
-            writer.add_tensor(f"{name}.weight", q4_to_q4_0(qw, qs), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    for t in layout.tensors(config):
+        stem_name = t.param[: -len(".weight")] if t.param.endswith(".weight") else None
+        if stem_name and f"{stem_name}.q_weight" in params:
+            qw = params[f"{stem_name}.q_weight"][t.first:t.first + t.rows]
+            qs = params[f"{stem_name}.q_scale"][t.first:t.first + t.rows]
+            if t.rope_heads:
+                qw, qs = layout.permute(qw, t.rope_heads), layout.permute(qs, t.rope_heads)
+            writer.add_tensor(t.name, q4_to_q4_0(qw, qs), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
             continue
-        w = params.get(f"{stem_name}.weight")
+        w = params.get(t.param)
         if w is None:
-            raise LanternError(f"gguf: the artifact has no parameter '{stem_name}' for tensor '{name}'")
-        w = w[first:first + rows] if w.ndim == 2 else w
-        if heads:
-            w = family.permute_for_gguf(w, heads)
+            raise LanternError(f"gguf: the artifact has no parameter '{t.param}' for tensor '{t.name}'")
+        w = w[t.first:t.first + t.rows]
+        if t.rope_heads:
+            w = layout.permute(w, t.rope_heads)
         w = w.astype(np.float16 if quant == "q0f16" and w.ndim == 2 else np.float32)
-        writer.add_tensor(f"{name}.weight", np.ascontiguousarray(w))
+        writer.add_tensor(t.name, np.ascontiguousarray(w))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -19,13 +19,13 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Callable
 
 import numpy as np
 
 from . import models
 from .errors import LanternError
+from .models.family import Family
 from .package import GENERATION_FIELDS
 
 BUNDLED = {
@@ -52,7 +52,7 @@ class SourceModel:
     """Loading weights and the tokenizer is deferred: a cache hit needs neither."""
 
     name: str
-    family: ModuleType
+    family: Family
     hf_config: dict
     source_hash: str
     load_weights: Callable[[], dict[str, np.ndarray]] = field(repr=False)
@@ -218,6 +218,11 @@ def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
     )
 
 
+# The GGUF tensor types a model is read from (each dequantized by gguf-py, then quantized by Lantern);
+# tests/test_gguf_inputs.py holds each to its type's error against llama.cpp's own quantizer.
+GGUF_INPUT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                    "Q6_K")
+
 _SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -243,11 +248,15 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
     readers = [_open_gguf(p) for p in parts]
     meta = _gguf_metadata(readers[0])  # a split GGUF keeps its metadata in the first part
     family = models.family_for_gguf(str(meta.get("general.architecture", "?")))
-    config = family.hf_config_from_gguf(meta)
     tensors = {t.name: t for r in readers for t in r.tensors}
+    config = family.gguf.config_from_metadata(meta, set(tensors))
     embed = tensors.get("token_embd.weight")
     if embed is None:
         raise LanternError(f"corrupt GGUF file {path.name}: no token_embd.weight tensor")
+    for t in tensors.values():
+        if t.tensor_type.name not in GGUF_INPUT_TYPES:
+            raise LanternError(f"GGUF tensor '{t.name}' in {path.name} has type {t.tensor_type.name}, which Lantern "
+                               f"does not read (supported: {', '.join(GGUF_INPUT_TYPES)})")
     config.setdefault("vocab_size", int(embed.shape[-1]))
     config["tie_word_embeddings"] = "output.weight" not in tensors
 
@@ -261,7 +270,7 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
             except Exception as err:  # noqa: BLE001
                 raise LanternError(f"corrupt GGUF file {path.name}: tensor '{t.name}': {err}") from None
             raw[t.name] = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
-        return family.hf_names_from_gguf(raw, config)
+        return family.gguf.names_from_gguf(raw, config)
 
     return SourceModel(name or stem, family, config, _hash_files(parts), load,
                        lambda: _gguf_tokenizer(path, meta))

@@ -38,7 +38,7 @@ class Exported:
 
 def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata: dict) -> Exported:
     """Instantiate the family's model for ``target`` and export its entry points to Relax."""
-    model: nn.Module = family.Model(config, spec, target)
+    model: nn.Module = family.model(config, spec, target)
     mod, named = model.export_tvm(spec=model.get_default_spec())
     if target.kind.name != "llvm":
         mod = replace_racy_kernels(mod, spec.model_dtype)

@@ -210,7 +210,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
             if manifest.get("gguf_skipped"):
                 reporter.log(f"warning: skipping the gguf target: {manifest['gguf_skipped']}")
             return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
-        config = src.family.Config.from_hf(src.hf_config)
+        config = src.family.config.from_hf(src.hf_config)
         src.tokenizer  # noqa: B018 - convert (and so check) the tokenizer within the import stage
         if "gguf" in opts.targets:
             try:
@@ -224,11 +224,11 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
             weights = merge_lora(weights, opts.lora)
         calibration = None
         if calibration_hash is not None:
-            if hasattr(src.family, "calibration_forward"):
+            if src.family.calibration_forward is not None:
                 calibration = gptq.load_calibration(opts.calibration, src.tokenizer.tokenizer_json,
                                                      config.context_window_size)
             else:
-                reporter.log(f"the {src.family.__name__} family has no calibration pass; rounding to nearest")
+                reporter.log(f"the {src.family.name} family has no calibration pass; rounding to nearest")
     times["import"] = time.perf_counter() - t0
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -258,6 +258,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     t0 = time.perf_counter()
     float_params = src.family.to_lantern(weights, config)
     del weights
+    n_params = sum(int(w.size) for w in float_params.values())
     quantized = config.quantized_weights() if spec.quantized else set()
     calibrated = bool(quantized) and calibration is not None
     with reporter.stage("quantize", total=len(quantized) or None):
@@ -277,10 +278,10 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     times["quantize"] = time.perf_counter() - t0
 
     metadata = {
-        "model_type": src.hf_config.get("model_type", "llama"),
+        "model_type": src.hf_config.get("model_type", src.family.name),
         "quantization": spec.name,
         "context_window_size": config.context_window_size,
-        "sliding_window_size": -1,
+        "sliding_window_size": config.sliding_window_size,
         "attention_sink_size": -1,
         "prefill_chunk_size": config.prefill_chunk_size,
         "tensor_parallel_shards": 1,
@@ -343,11 +344,10 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                     "bytes": sum((tmp / p).stat().st_size for p in parts)}
             reporter.advance(1, f"{len(parts)} GGUF part(s)")
         weight_bytes = cache_index["metadata"]["ParamBytes"]
-        n_params = _count_parameters(config)
         manifest = {
             "format": "lantern-artifact",
             "manifest_version": package.MANIFEST_VERSION,
-            "model": {"name": name, "family": src.family.__name__.rsplit(".", 1)[-1],
+            "model": {"name": name, "family": src.family.name,
                       "architecture": (src.hf_config.get("architectures") or ["?"])[0],
                       "parameters": n_params, "context_window": config.context_window_size,
                       "prefill_chunk_size": config.prefill_chunk_size, "vocab_size": config.vocab_size},
@@ -399,14 +399,6 @@ def _library_builds(name: str, spec: QuantSpec, opts: BuildOptions) -> list[tupl
     return builds
 
 
-def _count_parameters(cfg) -> int:
-    h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim * h
-    per_layer = qkv + cfg.num_attention_heads * cfg.head_dim * h + 3 * h * i + 2 * h
-    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
-    return cfg.vocab_size * h + layers * per_layer + h + head
-
-
 def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec,
                                  libraries: list[package.Library], reporter: Reporter) -> tuple[int | None, int | None]:
     tok = src.tokenizer
@@ -433,12 +425,12 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
     webgpu = [lib for lib in libraries if lib.target == "webgpu"]
     chat_config = {
         "version": "0.1.0",
-        "model_type": src.hf_config.get("model_type", "llama"),
+        "model_type": src.hf_config.get("model_type", src.family.name),
         "quantization": spec.name,
         "model_config": dataclasses.asdict(config),
         "vocab_size": config.vocab_size,
         "context_window_size": config.context_window_size,
-        "sliding_window_size": -1,
+        "sliding_window_size": config.sliding_window_size,
         "prefill_chunk_size": config.prefill_chunk_size,
         "attention_sink_size": -1,
         "tensor_parallel_shards": 1,

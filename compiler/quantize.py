@@ -160,10 +160,11 @@ def _matmul_transposed(x: te.Tensor, w: te.Tensor) -> te.Tensor:
 class GroupQuantLinear(nn.Module):
     """``y = x @ W.T`` with W stored group-quantized; dequantize is fused into the matmul."""
 
-    def __init__(self, in_features: int, out_features: int, spec: QuantSpec):
+    def __init__(self, in_features: int, out_features: int, spec: QuantSpec, bias: bool = False):
         self.in_features, self.out_features, self.spec = in_features, out_features, spec
         self.q_weight = nn.Parameter((out_features, in_features // spec.per_uint32), "uint32")
         self.q_scale = nn.Parameter((out_features, in_features // spec.group_size), spec.model_dtype)
+        self.bias = nn.Parameter((out_features,), spec.model_dtype) if bias else None
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         spec, in_dim, dtype = self.spec, self.in_features, x.dtype
@@ -173,7 +174,8 @@ class GroupQuantLinear(nn.Module):
         def fused(x_te: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
             return _matmul_transposed(x_te, _te_dequantize(qw, qs, spec, in_dim, dtype))
 
-        return op.tensor_expr_op(fused, "dequantize_matmul", [x, self.q_weight, self.q_scale])
+        y = op.tensor_expr_op(fused, "dequantize_matmul", [x, self.q_weight, self.q_scale])
+        return y if self.bias is None else y + self.bias  # biases stay unquantized (a float row)
 
 
 class GroupQuantEmbedding(nn.Module):
@@ -212,12 +214,14 @@ class PlainLinear(nn.Module):
     kernel that rewrites every weight matrix on every call.
     """
 
-    def __init__(self, in_features: int, out_features: int, dtype: str):
+    def __init__(self, in_features: int, out_features: int, dtype: str, bias: bool = False):
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter((out_features, in_features), dtype)
+        self.bias = nn.Parameter((out_features,), dtype) if bias else None
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        return op.tensor_expr_op(_matmul_transposed, "linear", [x, self.weight])
+        y = op.tensor_expr_op(_matmul_transposed, "linear", [x, self.weight])
+        return y if self.bias is None else y + self.bias
 
 
 class PlainEmbedding(nn.Embedding):
@@ -227,10 +231,11 @@ class PlainEmbedding(nn.Embedding):
         return op.tensor_expr_op(_matmul_transposed, "lm_head", [x, self.weight])
 
 
-def make_linear(in_features: int, out_features: int, spec: QuantSpec) -> nn.Module:
+def make_linear(in_features: int, out_features: int, spec: QuantSpec, bias: bool = False) -> nn.Module:
+    """``y = x @ W.T (+ b)``; ``W`` in ``spec``'s layout, the bias (if any) in the model dtype."""
     if spec.quantized:
-        return GroupQuantLinear(in_features, out_features, spec)
-    return PlainLinear(in_features, out_features, spec.model_dtype)
+        return GroupQuantLinear(in_features, out_features, spec, bias)
+    return PlainLinear(in_features, out_features, spec.model_dtype, bias)
 
 
 def make_embedding(vocab_size: int, hidden_size: int, spec: QuantSpec) -> nn.Module:

@@ -1,32 +1,30 @@
-"""Model families. Each family is one folder exposing the same names:
-``ARCHITECTURES`` (HF ``architectures`` values), ``GGUF_ARCHITECTURE``, ``Config``
-(``from_hf``, ``quantized_weights``), ``Model`` (relax nn module), ``to_lantern``
-(HF state dict -> parameters), ``hf_names_from_gguf``, ``hf_config_from_gguf``,
-``calibration_forward`` (a numpy forward that shows GPTQ each quantized matrix's inputs), and for
-the ``gguf`` target ``gguf_tensors``, ``gguf_metadata``, ``permute_for_gguf`` and ``gguf_unsupported``.
-Adding a family means adding a folder and one line in ``FAMILIES``.
-"""
+"""Model families: one folder each, behind one typed record (``family.Family``).
 
-from types import ModuleType
+Adding a family means adding a folder that defines ``FAMILY`` and one line in ``FAMILIES``; the
+compiler reads nothing family-specific from anywhere else.
+"""
 
 from lantern.errors import LanternError
 
-from . import llama
+from .family import Family
+from .llama import FAMILY as LLAMA
+from .qwen2 import FAMILY as QWEN2
+from .qwen3 import FAMILY as QWEN3
 
-FAMILIES: tuple[ModuleType, ...] = (llama,)
+FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3)
 
 
-def family_for_architecture(arch: str) -> ModuleType:
+def family_for_architecture(arch: str) -> Family:
     for fam in FAMILIES:
-        if arch in fam.ARCHITECTURES:
+        if arch in fam.architectures:
             return fam
-    known = ", ".join(a for f in FAMILIES for a in f.ARCHITECTURES)
+    known = ", ".join(a for f in FAMILIES for a in f.architectures)
     raise LanternError(f"unsupported architecture '{arch}' (supported: {known})")
 
 
-def family_for_gguf(arch: str) -> ModuleType:
+def family_for_gguf(arch: str) -> Family:
     for fam in FAMILIES:
-        if fam.GGUF_ARCHITECTURE == arch:
+        if fam.gguf.architecture == arch:
             return fam
-    known = ", ".join(f.GGUF_ARCHITECTURE for f in FAMILIES)
+    known = ", ".join(f.gguf.architecture for f in FAMILIES)
     raise LanternError(f"unsupported GGUF architecture '{arch}' (supported: {known})")

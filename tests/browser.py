@@ -8,7 +8,12 @@ import http.server
 import shutil
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from lantern.artifact import Artifact
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -175,3 +180,36 @@ def wait_until_ready(base: str) -> None:
             return
         time.sleep(0.1)
     raise TimeoutError("the server's CPU models did not load")
+
+
+# --------------------------------------------------------------------------- the WebGPU library probe
+
+
+def probe(art: Artifact, steps: list[list[int]], lib: str | None = None, upcast: bool = False) -> list[np.ndarray]:
+    """Run the steps (prefill or decode each) on WebGPU; return each step's last logits.
+
+    ``lib`` defaults to the library a device without optional features runs; ``upcast`` loads float16
+    weights as float32 (what a runtime does for an f16 artifact's fallback library).
+    """
+    lib = lib or art.library("webgpu").name
+    with probe_page(art.path) as (page, model_url):
+        result = page.evaluate("([u, l, s, up]) => runProbe(u, l, s.map(t => ({tokens: t})), up)",
+                               [model_url, lib, steps, upcast])
+    return [np.array(x, dtype=np.float32) for x in result["logits"]]
+
+
+def multi_turn_steps(seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    draw = lambda n: [int(t) for t in rng.integers(0, 49152, n)]  # noqa: E731
+    # first prefill, two decodes, then a second prefill on top of the history (a new chat turn)
+    return [draw(21), draw(1), draw(1), draw(13)]
+
+
+def check_against_cpu(art: Artifact, steps, rtol: float, report, lib: str) -> None:
+    cpu = art.cpu_model()
+    expected = [cpu.prefill(s) for s in steps]
+    got = probe(art, steps, lib=lib)
+    for i, (e, g) in enumerate(zip(expected, got)):
+        err = np.abs(e - g).max() / np.abs(e).max()
+        report(f"{lib} WebGPU vs CPU, step {i} ({len(steps[i])} tokens): logit error {err:.1e} (relative)")
+        assert err < rtol, f"step {i} ({len(steps[i])} tokens): relative logit error {err:.2e}"

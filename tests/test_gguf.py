@@ -53,7 +53,7 @@ def test_the_gguf_read_back_is_the_artifacts_model(tiny_q4: Artifact, tmp_path):
     assert download_bytes(art.manifest, "wasm") < sum(f["size"] for f in art.manifest["files"].values())
 
     back = import_gguf(parts[0])  # Lantern's own GGUF importer, as for a downloaded GGUF
-    config = back.family.Config.from_hf(back.hf_config)
+    config = back.family.config.from_hf(back.hf_config)
     chat = json.loads((art.path / "mlc-chat-config.json").read_text())
     assert {k: getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                             "num_key_value_heads", "head_dim", "vocab_size")} == \
@@ -68,7 +68,7 @@ def test_the_gguf_read_back_is_the_artifacts_model(tiny_q4: Artifact, tmp_path):
     # split into parts by llama.cpp's naming, each a GGUF with the split keys
     stem = tmp_path / "split"
     stem.mkdir()
-    names = gguf_export.write(stem, "m", art.params(), llama, config, "q4f32_1", (art.path / "tokenizer.json").read_text(),
+    names = gguf_export.write(stem, "m", art.params(), back.family, config, "q4f32_1", (art.path / "tokenizer.json").read_text(),
                               None, chat["bos_token_id"], chat["eos_token_id"], False, part_bytes=1_000_000)
     assert len(names) > 1 and names[0] == f"m-00001-of-{len(names):05d}.gguf"
     tensors = 0
@@ -90,10 +90,10 @@ def test_the_gguf_read_back_is_the_artifacts_model(tiny_q4: Artifact, tmp_path):
 @pytest.mark.parametrize("quant", ["q0f32", "q0f16"])
 def test_unquantized_builds_become_f32_or_f16_tensors(tiny_hf, real_tokenizer_dir, tmp_path, quant):
     folder, weights, cfg = tiny_hf
-    config = llama.Config.from_hf(cfg)
+    config = llama.LlamaConfig.from_hf(cfg)
     spec = get_quantization(quant)
     stored = quantize_params(llama.to_lantern(weights, config), set(), spec)  # as the build stores them
-    names = gguf_export.write(tmp_path, "m", stored, llama, config, quant,
+    names = gguf_export.write(tmp_path, "m", stored, llama.FAMILY, config, quant,
                               (real_tokenizer_dir / "tokenizer.json").read_text(), None, 1, 2, False)
     reader = gguf.GGUFReader(tmp_path / names[0])
     types = {t.name: t.tensor_type.name for t in reader.tensors}

@@ -63,7 +63,7 @@ def test_inputs_that_never_fire_are_harmless():
 def tiny_model():
     cfg = dict(TINY_CONFIG, vocab_size=512)
     hf = {k: v.astype(np.float32) for k, v in random_llama_weights(cfg).items()}
-    conf = llama.Config.from_hf(cfg)
+    conf = llama.LlamaConfig.from_hf(cfg)
     return cfg, hf, conf
 
 

@@ -158,7 +158,8 @@ def test_api_key_is_enforced(smollm2):
         assert status == 200
 
 
-@pytest.mark.parametrize("engine_name", ENGINES)
+# Queueing, 429 and cancellation are the server's, not an engine's: run on the fast engine (tvm: +27 s).
+@pytest.mark.parametrize("engine_name", ["llamacpp"])
 def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot(smollm2, engine_name):
     from openai import OpenAI, RateLimitError
 

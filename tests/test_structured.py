@@ -199,6 +199,7 @@ def test_openai_client_gets_json_schema_output(client):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("client", ["llamacpp"], indirect=True)  # engine-independent code: the fast engine (tvm: +90 s)
 def test_openai_client_tool_calls_required_named_and_round_trip(client):
     for seed in (1, 2, 3):
         reply = chat(client, "What is the weather in Paris?", tools=TOOLS, tool_choice="required", seed=seed,

@@ -3,41 +3,11 @@
 import numpy as np
 import pytest
 
-from browser import probe_page
+from browser import check_against_cpu, multi_turn_steps, probe
 
 from lantern.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
-
-
-def probe(art: Artifact, steps: list[list[int]], lib: str | None = None, upcast: bool = False) -> list[np.ndarray]:
-    """Run the steps (prefill or decode each) on WebGPU; return each step's last logits.
-
-    ``lib`` defaults to the library a device without optional features runs; ``upcast`` loads float16
-    weights as float32 (what a runtime does for an f16 artifact's fallback library).
-    """
-    lib = lib or art.library("webgpu").name
-    with probe_page(art.path) as (page, model_url):
-        result = page.evaluate("([u, l, s, up]) => runProbe(u, l, s.map(t => ({tokens: t})), up)",
-                               [model_url, lib, steps, upcast])
-    return [np.array(x, dtype=np.float32) for x in result["logits"]]
-
-
-def multi_turn_steps(seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    draw = lambda n: [int(t) for t in rng.integers(0, 49152, n)]  # noqa: E731
-    # first prefill, two decodes, then a second prefill on top of the history (a new chat turn)
-    return [draw(21), draw(1), draw(1), draw(13)]
-
-
-def check_against_cpu(art: Artifact, steps, rtol: float, report, lib: str) -> None:
-    cpu = art.cpu_model()
-    expected = [cpu.prefill(s) for s in steps]
-    got = probe(art, steps, lib=lib)
-    for i, (e, g) in enumerate(zip(expected, got)):
-        err = np.abs(e - g).max() / np.abs(e).max()
-        report(f"{lib} WebGPU vs CPU, step {i} ({len(steps[i])} tokens): logit error {err:.1e} (relative)")
-        assert err < rtol, f"step {i} ({len(steps[i])} tokens): relative logit error {err:.2e}"
 
 
 @pytest.mark.parametrize("emulated", [False, True], ids=["gpu", "cpu-emulated"])

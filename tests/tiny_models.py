@@ -56,3 +56,44 @@ def write_hf_folder(folder: Path, tokenizer_dir: Path, *, seed: int = 0, **overr
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
     return weights
+
+
+# Odd shapes on purpose: head_dim != hidden / heads (Qwen3), a GQA ratio of 4, an intermediate size
+# that is not a power of two; every input dimension still splits into q4 groups of 32. No head_dim
+# of 16: with a GQA ratio of 4, TVM 0.27's WebGPU sliding-window prefill and tree-attention kernels
+# fail to build at that size (no real model of these families has it; theirs are 64-256).
+FAMILY_CONFIGS = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "tie_word_embeddings": False}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 32, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 256, "tie_word_embeddings": True}),
+}
+
+
+def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: int = 0):
+    """A random tiny model of ``family`` made by transformers' own config and model classes, saved as
+    an HF folder with the real tokenizer; returns the torch model. Biases and norm weights are drawn
+    at random too (transformers starts them at 0 and 1, which would hide a missing bias or norm)."""
+    import torch
+    import transformers
+
+    config_class, model_class, fields = FAMILY_CONFIGS[family]
+    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    config = getattr(transformers, config_class)(vocab_size=len(tok["model"]["vocab"]), initializer_range=0.06,
+                                                 **fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.3)
+            elif "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(str(folder))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
+    return model

@@ -1,13 +1,22 @@
-"""Llama family: SmolLM2, Llama 2/3, Mistral (no sliding window)."""
+"""Llama family: Llama 1/2/3.x, SmolLM2, and Mistral checkpoints without a sliding window."""
+
+from lantern.models.family import Family
 
 from .calibration import calibration_forward
-from .loader import (GGUF_ARCHITECTURE, gguf_metadata, gguf_tensors, gguf_unsupported, hf_config_from_gguf, hf_names_from_gguf,
-                     permute_for_gguf, to_lantern)
+from .loader import gguf_layout, permute_for_gguf, to_lantern
 from .model import LlamaConfig, LlamaForCausalLM
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-Config = LlamaConfig
-Model = LlamaForCausalLM
 
-__all__ = ["ARCHITECTURES", "GGUF_ARCHITECTURE", "Config", "Model", "calibration_forward", "gguf_metadata",
-           "gguf_tensors", "gguf_unsupported", "hf_config_from_gguf", "hf_names_from_gguf", "permute_for_gguf", "to_lantern"]
+def decoder_family(name: str, architectures: tuple[str, ...], config: type, gguf_architecture: str,
+                   rope_permuted: bool) -> Family:
+    """A family that is this folder's decoder with its own config reading (``config.from_hf`` sets the
+    switches): the network, loader and calibration pass are shared."""
+    return Family(name=name, architectures=architectures, config=config, model=LlamaForCausalLM,
+                  to_lantern=to_lantern, gguf=gguf_layout(gguf_architecture, architectures[0], rope_permuted),
+                  calibration_forward=calibration_forward)
+
+
+FAMILY = decoder_family("llama", ("LlamaForCausalLM", "MistralForCausalLM"), LlamaConfig, "llama", rope_permuted=True)
+
+__all__ = ["FAMILY", "LlamaConfig", "LlamaForCausalLM", "calibration_forward", "decoder_family", "permute_for_gguf",
+           "to_lantern"]

@@ -35,12 +35,20 @@ def _rope(x: np.ndarray, theta: float) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
 
 
-def _attention(h: np.ndarray, qkv_weight: np.ndarray, cfg: LlamaConfig) -> np.ndarray:
-    """Causal grouped-query self-attention of one sequence; returns the o_proj input [seq, heads * dim]."""
+def _attention(h: np.ndarray, params: dict[str, np.ndarray], p: str, cfg: LlamaConfig) -> np.ndarray:
+    """Causal grouped-query self-attention of one sequence in layer ``p``; returns the o_proj input
+    [seq, heads * dim]. Applies the q/k/v bias and the per-head q/k norms where the config has them."""
     seq, heads, kv, dim = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q, k, v = np.split(h @ qkv_weight.T, [heads * dim, (heads + kv) * dim], axis=1)
-    q = _rope(q.reshape(seq, heads, dim), cfg.rope_theta)
-    k = np.repeat(_rope(k.reshape(seq, kv, dim), cfg.rope_theta), heads // kv, axis=1)
+    qkv = h @ params[f"{p}.self_attn.qkv_proj.weight"].T
+    if cfg.attention_bias:
+        qkv = qkv + params[f"{p}.self_attn.qkv_proj.bias"]
+    q, k, v = np.split(qkv, [heads * dim, (heads + kv) * dim], axis=1)
+    q, k = q.reshape(seq, heads, dim), k.reshape(seq, kv, dim)
+    if cfg.qk_norm:
+        q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
+        k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
+    q = _rope(q, cfg.rope_theta)
+    k = np.repeat(_rope(k, cfg.rope_theta), heads // kv, axis=1)
     v = np.repeat(v.reshape(seq, kv, dim), heads // kv, axis=1)
     scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(dim)
     scores += np.triu(np.full((seq, seq), -np.inf, dtype=np.float32), k=1)
@@ -64,7 +72,7 @@ def calibration_forward(params: dict[str, np.ndarray], cfg: LlamaConfig, sequenc
         p = f"model.layers.{i}"
         hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]
         observe(f"{p}.self_attn.qkv_proj.weight", hs)
-        attn = [_attention(h, params[f"{p}.self_attn.qkv_proj.weight"], cfg) for h in hs]
+        attn = [_attention(h, params, p, cfg) for h in hs]
         observe(f"{p}.self_attn.o_proj.weight", attn)
         xs = [x + a @ params[f"{p}.self_attn.o_proj.weight"].T for x, a in zip(xs, attn)]
         hs = [_rms_norm(x, params[f"{p}.post_attention_layernorm.weight"], eps) for x in xs]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from lantern.errors import LanternError
+from lantern.models.family import GGUFLayout, GGUFTensor
 
 from .model import LlamaConfig
 
@@ -18,7 +19,7 @@ GGUF_ARCHITECTURE = "llama"
 
 
 def to_lantern(hf: dict[str, np.ndarray], cfg: LlamaConfig) -> dict[str, np.ndarray]:
-    """Map a Hugging Face Llama state dict (float arrays) to the model's float parameters."""
+    """Map a Hugging Face Llama-shaped state dict (float arrays) to the model's float parameters."""
     out: dict[str, np.ndarray] = {}
 
     def take(name: str) -> np.ndarray:
@@ -34,6 +35,12 @@ def to_lantern(hf: dict[str, np.ndarray], cfg: LlamaConfig) -> dict[str, np.ndar
         p = f"model.layers.{i}"
         out[f"{p}.self_attn.qkv_proj.weight"] = np.concatenate(
             [take(f"{p}.self_attn.{x}_proj.weight") for x in ("q", "k", "v")], axis=0)
+        if cfg.attention_bias:
+            out[f"{p}.self_attn.qkv_proj.bias"] = np.concatenate(
+                [take(f"{p}.self_attn.{x}_proj.bias") for x in ("q", "k", "v")], axis=0)
+        if cfg.qk_norm:
+            out[f"{p}.self_attn.q_norm.weight"] = take(f"{p}.self_attn.q_norm.weight")
+            out[f"{p}.self_attn.k_norm.weight"] = take(f"{p}.self_attn.k_norm.weight")
         out[f"{p}.self_attn.o_proj.weight"] = take(f"{p}.self_attn.o_proj.weight")
         out[f"{p}.mlp.gate_up_proj.weight"] = np.concatenate(
             [take(f"{p}.mlp.gate_proj.weight"), take(f"{p}.mlp.up_proj.weight")], axis=0)
@@ -43,13 +50,32 @@ def to_lantern(hf: dict[str, np.ndarray], cfg: LlamaConfig) -> dict[str, np.ndar
     for name, w in out.items():
         if not np.all(np.isfinite(w)):
             raise LanternError(f"tensor '{name}' holds NaN or infinite values")
+    _check_shapes(hf, cfg)
     return out
+
+
+def _check_shapes(hf: dict[str, np.ndarray], cfg: LlamaConfig) -> None:
+    """Every layer's matrices have the shapes the config implies (a GGUF's metadata or a config.json
+    that contradicts its tensors fails here, naming the tensor)."""
+    q, kv, h, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, \
+        cfg.hidden_size, cfg.intermediate_size
+    shapes = {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
+              "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
+              "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
+    checks = [("model.embed_tokens.weight", (cfg.vocab_size, h))]
+    if not cfg.tie_word_embeddings:
+        checks.append(("lm_head.weight", (cfg.vocab_size, h)))
+    checks += [(f"model.layers.{n}.{name}", shape) for n in range(cfg.num_hidden_layers) for name, shape in shapes.items()]
+    for name, shape in checks:
+        if tuple(hf[name].shape) != shape:
+            raise LanternError(f"tensor '{name}' has shape {list(hf[name].shape)}, but the config implies {list(shape)}")
 
 
 _GGUF_LAYER = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 
 
@@ -66,27 +92,35 @@ def permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(cfg: LlamaConfig) -> list[tuple[str, str, int, int, int | None]]:
-    """How the model's parameters become llama.cpp's tensors: (GGUF name, parameter stem, first row,
-    rows, heads whose rows are permuted for llama.cpp's RoPE or None). The fused q/k/v and gate/up
-    matrices are split back into their parts by rows."""
+def gguf_tensors(cfg: LlamaConfig, rope_permuted: bool = True) -> list[GGUFTensor]:
+    """How the model's parameters become llama.cpp's tensors. The fused q/k/v and gate/up matrices
+    are split back into their parts by rows; llama.cpp's ``llama`` architecture keeps q and k rows
+    permuted for its RoPE (``rope_permuted``), its Qwen architectures do not."""
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    i, h = cfg.intermediate_size, cfg.hidden_size
-    out = [("token_embd", "model.embed_tokens", 0, cfg.vocab_size, None),
-           ("output_norm", "model.norm", 0, h, None)]
+    i, h, d = cfg.intermediate_size, cfg.hidden_size, cfg.head_dim
+    q_heads = cfg.num_attention_heads if rope_permuted else None
+    kv_heads = cfg.num_key_value_heads if rope_permuted else None
+    out = [GGUFTensor("token_embd.weight", "model.embed_tokens.weight", 0, cfg.vocab_size),
+           GGUFTensor("output_norm.weight", "model.norm.weight", 0, h)]
     if not cfg.tie_word_embeddings:
-        out.append(("output", "lm_head", 0, cfg.vocab_size, None))
+        out.append(GGUFTensor("output.weight", "lm_head.weight", 0, cfg.vocab_size))
     for n in range(cfg.num_hidden_layers):
         p, b = f"model.layers.{n}", f"blk.{n}"
-        out += [(f"{b}.attn_norm", f"{p}.input_layernorm", 0, h, None),
-                (f"{b}.attn_q", f"{p}.self_attn.qkv_proj", 0, q, cfg.num_attention_heads),
-                (f"{b}.attn_k", f"{p}.self_attn.qkv_proj", q, kv, cfg.num_key_value_heads),
-                (f"{b}.attn_v", f"{p}.self_attn.qkv_proj", q + kv, kv, None),
-                (f"{b}.attn_output", f"{p}.self_attn.o_proj", 0, h, None),
-                (f"{b}.ffn_norm", f"{p}.post_attention_layernorm", 0, h, None),
-                (f"{b}.ffn_gate", f"{p}.mlp.gate_up_proj", 0, i, None),
-                (f"{b}.ffn_up", f"{p}.mlp.gate_up_proj", i, i, None),
-                (f"{b}.ffn_down", f"{p}.mlp.down_proj", 0, h, None)]
+        qkv = [(f"{b}.attn_q", 0, q, q_heads), (f"{b}.attn_k", q, kv, kv_heads), (f"{b}.attn_v", q + kv, kv, None)]
+        out += [GGUFTensor(f"{b}.attn_norm.weight", f"{p}.input_layernorm.weight", 0, h)]
+        out += [GGUFTensor(f"{t}.weight", f"{p}.self_attn.qkv_proj.weight", first, rows, heads)
+                for t, first, rows, heads in qkv]
+        if cfg.attention_bias:
+            out += [GGUFTensor(f"{t}.bias", f"{p}.self_attn.qkv_proj.bias", first, rows, heads)
+                    for t, first, rows, heads in qkv]
+        if cfg.qk_norm:
+            out += [GGUFTensor(f"{b}.attn_q_norm.weight", f"{p}.self_attn.q_norm.weight", 0, d),
+                    GGUFTensor(f"{b}.attn_k_norm.weight", f"{p}.self_attn.k_norm.weight", 0, d)]
+        out += [GGUFTensor(f"{b}.attn_output.weight", f"{p}.self_attn.o_proj.weight", 0, h),
+                GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
+                GGUFTensor(f"{b}.ffn_gate.weight", f"{p}.mlp.gate_up_proj.weight", 0, i),
+                GGUFTensor(f"{b}.ffn_up.weight", f"{p}.mlp.gate_up_proj.weight", i, i),
+                GGUFTensor(f"{b}.ffn_down.weight", f"{p}.mlp.down_proj.weight", 0, h)]
     return out
 
 
@@ -98,9 +132,9 @@ def gguf_unsupported(cfg: LlamaConfig) -> str | None:
     return None
 
 
-def gguf_metadata(cfg: LlamaConfig) -> dict[str, int | float]:
-    """llama.cpp's ``llama.*`` keys for this config; the inverse of ``hf_config_from_gguf``."""
-    a = GGUF_ARCHITECTURE
+def gguf_metadata(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> dict[str, int | float]:
+    """llama.cpp's ``<arch>.*`` keys for this config; the inverse of ``hf_config_from_gguf``."""
+    a = arch
     return {f"{a}.context_length": cfg.context_window_size, f"{a}.embedding_length": cfg.hidden_size,
             f"{a}.block_count": cfg.num_hidden_layers, f"{a}.feed_forward_length": cfg.intermediate_size,
             f"{a}.attention.head_count": cfg.num_attention_heads,
@@ -111,8 +145,10 @@ def gguf_metadata(cfg: LlamaConfig) -> dict[str, int | float]:
             f"{a}.vocab_size": cfg.vocab_size}
 
 
-def hf_names_from_gguf(tensors: dict[str, np.ndarray], hf_config: dict) -> dict[str, np.ndarray]:
-    """Rename llama.cpp tensors to Hugging Face names (and undo the q/k permutation)."""
+def hf_names_from_gguf(tensors: dict[str, np.ndarray], hf_config: dict, rope_permuted: bool = True,
+                       arch: str = GGUF_ARCHITECTURE) -> dict[str, np.ndarray]:
+    """Rename llama.cpp tensors to Hugging Face names (and undo the q/k permutation where the
+    architecture has one)."""
     out: dict[str, np.ndarray] = {}
     for name, w in tensors.items():
         parts = name.split(".")
@@ -122,28 +158,29 @@ def hf_names_from_gguf(tensors: dict[str, np.ndarray], hf_config: dict) -> dict[
             out["model.norm.weight"] = w
         elif name == "output.weight":
             out["lm_head.weight"] = w
-        elif parts[0] == "blk" and parts[2] in _GGUF_LAYER:
-            if parts[2] == "attn_q":
+        elif len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER and parts[3] in ("weight", "bias"):
+            if rope_permuted and parts[2] == "attn_q":
                 w = _unpermute(w, hf_config["num_attention_heads"])
-            elif parts[2] == "attn_k":
+            elif rope_permuted and parts[2] == "attn_k":
                 w = _unpermute(w, hf_config["num_key_value_heads"])
             out[f"model.layers.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{parts[3]}"] = w
         elif name == "rope_freqs.weight":
             continue  # llama3 RoPE factors: recomputed from rope_scaling
         else:
-            raise LanternError(f"GGUF tensor '{name}' is not part of a llama model")
+            raise LanternError(f"GGUF tensor '{name}' is not part of a {arch} model")
     return out
 
 
-def hf_config_from_gguf(meta: dict) -> dict:
-    """Build a config.json-like dict from GGUF ``llama.*`` metadata."""
-    a = GGUF_ARCHITECTURE
+def hf_config_from_gguf(meta: dict, tensor_names: set[str], arch: str = GGUF_ARCHITECTURE,
+                        hf_architecture: str = "LlamaForCausalLM") -> dict:
+    """Build a config.json-like dict from GGUF ``<arch>.*`` metadata (and which tensors exist)."""
+    a = arch
     try:
         heads = int(meta[f"{a}.attention.head_count"])
         hidden = int(meta[f"{a}.embedding_length"])
         cfg = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+            "architectures": [hf_architecture],
+            "model_type": arch,
             "hidden_size": hidden,
             "intermediate_size": int(meta[f"{a}.feed_forward_length"]),
             "num_hidden_layers": int(meta[f"{a}.block_count"]),
@@ -158,4 +195,20 @@ def hf_config_from_gguf(meta: dict) -> dict:
         raise LanternError(f"GGUF metadata is missing '{err.args[0]}'") from None
     if f"{a}.vocab_size" in meta:
         cfg["vocab_size"] = int(meta[f"{a}.vocab_size"])
+    cfg["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     return cfg
+
+
+def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool) -> GGUFLayout:
+    """The GGUF side of a Llama-shaped family: llama.cpp's architecture name, whether it permutes
+    q/k rows, and the HF architecture a GGUF of it reads back as."""
+    return GGUFLayout(
+        architecture=arch,
+        tensors=lambda cfg: gguf_tensors(cfg, rope_permuted),
+        metadata=lambda cfg: gguf_metadata(cfg, arch),
+        unsupported=gguf_unsupported,
+        config_from_metadata=lambda meta, names: hf_config_from_gguf(meta, names, arch, hf_architecture),
+        names_from_gguf=lambda tensors, cfg: hf_names_from_gguf(tensors, cfg, rope_permuted, arch),
+        permute=permute_for_gguf,
+    )
+

@@ -1,4 +1,4 @@
-"""The Llama architecture (SmolLM2, Llama 2/3, Mistral without sliding window) in relax nn.
+"""The Llama-shaped decoder in relax nn: Llama 1-3 and SmolLM2, and with one switch each Qwen2 and Qwen3.
 
 This file is the architecture and nothing else: checkpoint names live in
 ``loader.py``, weight layouts in ``lantern.compiler.quantize``. Attention and
@@ -21,8 +21,65 @@ from lantern.errors import LanternError
 from lantern.quantize import QuantSpec, make_embedding, make_linear
 
 
+# config.json fields that change the architecture in ways no family here implements: refused by name
+# rather than compiled into a silently different model.
+UNSUPPORTED_FIELDS = {
+    "num_local_experts": "mixture-of-experts layers", "num_experts": "mixture-of-experts layers",
+    "vision_config": "a vision tower", "audio_config": "an audio tower",
+    "attn_logit_softcapping": "attention-logit soft-capping",
+    "final_logit_softcapping": "final-logit soft-capping",
+}
+
+
+def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The fields every Llama-shaped decoder reads from config.json (HF names and defaults)."""
+    for key, what in UNSUPPORTED_FIELDS.items():
+        if cfg.get(key):
+            raise LanternError(f"config.json field '{key}' asks for {what}, which the "
+                               f"{cfg.get('model_type', '?')} family here does not implement")
+    if cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or ()):
+        key = "use_sliding_window" if cfg.get("use_sliding_window") else "layer_types"
+        raise LanternError(f"config.json field '{key}': sliding-window attention is not supported yet")
+    heads = cfg["num_attention_heads"]
+    # transformers >= 5 writes `rope_parameters` (theta inside); older configs `rope_scaling`
+    rope_scaling = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope_theta = float(rope_scaling.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if "type" in rope_scaling and "rope_type" not in rope_scaling:
+        rope_scaling["rope_type"] = rope_scaling.pop("type")
+    if rope_scaling.get("rope_type") in ("default", None):
+        rope_scaling = {}
+    if rope_scaling.get("rope_type") not in (None, "llama3", "yarn", "longrope", "linear"):
+        key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+        raise LanternError(f"config.json field '{key}': unsupported rope_type "
+                           f"'{rope_scaling.get('rope_type')}' (supported: default, linear, llama3, yarn, longrope)")
+    if rope_scaling.get("rope_type") == "linear" and float(rope_scaling["factor"]) != int(rope_scaling["factor"]):
+        # TVM's KV cache divides positions by an integer rope_scale
+        raise LanternError(f"linear rope_scaling needs an integer factor, got {rope_scaling['factor']}")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise LanternError(f"config.json field 'hidden_act': '{cfg['hidden_act']}' is not supported here (silu)")
+    context = cfg.get("max_position_embeddings", 4096)
+    return dict(
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        context_window_size=context,
+        rope_scaling=rope_scaling,
+        prefill_chunk_size=min(512, context),
+    )
+
+
 @dataclass
 class LlamaConfig:
+    """A Llama-shaped decoder. Qwen2 (``attention_bias``) and Qwen3 (``qk_norm``) are the same
+    network with one switch each; their folders own how a checkpoint sets them."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -36,40 +93,18 @@ class LlamaConfig:
     context_window_size: int
     rope_scaling: dict[str, Any] = field(default_factory=dict)
     prefill_chunk_size: int = 512
+    attention_bias: bool = False  # biases on q, k and v (Qwen2)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    sliding_window_size: int = -1
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "LlamaConfig":
-        heads = cfg["num_attention_heads"]
-        # transformers >= 5 writes `rope_parameters` (theta inside); older configs `rope_scaling`
-        rope_scaling = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        rope_theta = float(rope_scaling.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-        if "type" in rope_scaling and "rope_type" not in rope_scaling:
-            rope_scaling["rope_type"] = rope_scaling.pop("type")
-        if rope_scaling.get("rope_type") in ("default", None):
-            rope_scaling = {}
-        if rope_scaling.get("rope_type") not in (None, "llama3", "yarn", "longrope", "linear"):
-            raise LanternError(f"unsupported rope_scaling type '{rope_scaling.get('rope_type')}'")
-        if rope_scaling.get("rope_type") == "linear" and float(rope_scaling["factor"]) != int(rope_scaling["factor"]):
-            # TVM's KV cache divides positions by an integer rope_scale
-            raise LanternError(f"linear rope_scaling needs an integer factor, got {rope_scaling['factor']}")
         if cfg.get("sliding_window"):
-            raise LanternError("sliding-window attention is not supported yet (config.json sets sliding_window)")
-        context = cfg.get("max_position_embeddings", 4096)
-        return cls(
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=rope_theta,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            context_window_size=context,
-            rope_scaling=rope_scaling,
-            prefill_chunk_size=min(512, context),
-        )
+            raise LanternError("config.json field 'sliding_window': sliding-window attention is not supported yet")
+        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+            field_name = "attention_bias" if cfg.get("attention_bias") else "mlp_bias"
+            raise LanternError(f"config.json field '{field_name}': Llama layers with biases are not supported")
+        return cls(**decoder_fields(cfg))
 
     def quantized_weights(self) -> set[str]:
         """Names of the ``*.weight`` matrices that become quantized layers."""
@@ -88,12 +123,19 @@ class LlamaAttention(nn.Module):
         self.num_q_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         qkv_out = (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
-        self.qkv_proj = make_linear(cfg.hidden_size, qkv_out, spec)
+        self.qkv_proj = make_linear(cfg.hidden_size, qkv_out, spec, bias=cfg.attention_bias)
         self.o_proj = make_linear(self.num_q_heads * self.head_dim, cfg.hidden_size, spec)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+            self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
 
     def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int) -> nn.Tensor:
         b, s, _ = x.shape
         qkv = op.reshape(self.qkv_proj(x), (b, s, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim))
+        if self.qk_norm:  # RoPE runs inside the KV cache, so the norms go before it here
+            q, k, v = op.split(qkv, [self.num_q_heads, self.num_q_heads + self.num_kv_heads], axis=2)
+            qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=2)
         out = kv_cache.attention_with_fused_qkv(layer_id, qkv, self.num_q_heads, sm_scale=self.head_dim**-0.5)
         return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))
 

@@ -1,0 +1,74 @@
+"""The typed contract every model family folder fills in (one ``Family`` record each).
+
+The compiler asks the record, never a module attribute: how to read a config (from Hugging Face's
+config.json or from GGUF metadata), which relax model to build, how checkpoint names map to the
+model's parameters, the numpy forward GPTQ calibrates on, and how the parameters become llama.cpp's
+tensors for the ``gguf`` target. What the runtimes need to know about a model (its sliding window,
+vocabulary, RoPE) is on the config object the record's ``config.from_hf`` returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+Observe = Callable[[str, list[np.ndarray]], None]
+
+
+class FamilyConfig(Protocol):
+    """What the compiler and the runtimes read from every family's config."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    context_window_size: int
+    prefill_chunk_size: int
+    tie_word_embeddings: bool
+    sliding_window_size: int  # -1: every layer attends to the whole context
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "FamilyConfig": ...
+
+    def quantized_weights(self) -> set[str]: ...
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One llama.cpp tensor cut from a model parameter: rows ``first .. first + rows`` of ``param``
+    (a float parameter name: ``...weight`` may be stored quantized), with each head's rows permuted
+    for llama.cpp's RoPE layout when ``rope_heads`` is set."""
+
+    name: str
+    param: str
+    first: int
+    rows: int
+    rope_heads: int | None = None
+
+
+@dataclass(frozen=True)
+class GGUFLayout:
+    """How a family is written as a GGUF for llama.cpp (the ``gguf`` target) and read back."""
+
+    architecture: str  # general.architecture, the prefix of every metadata key
+    tensors: Callable[[Any], list[GGUFTensor]]
+    metadata: Callable[[Any], dict[str, int | float]]
+    unsupported: Callable[[Any], str | None]  # why llama.cpp could not run this config, or None
+    config_from_metadata: Callable[[dict, set[str]], dict]  # (metadata, tensor names) -> a config.json-like dict
+    names_from_gguf: Callable[[dict[str, np.ndarray], dict], dict[str, np.ndarray]]  # -> HF names
+    permute: Callable[[np.ndarray, int], np.ndarray] = lambda w, heads: w
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    architectures: tuple[str, ...]  # config.json "architectures" values
+    config: type  # a FamilyConfig
+    model: type  # relax nn.Module: model(config, QuantSpec, Target), MLC's model-library contract
+    to_lantern: Callable[[dict[str, np.ndarray], Any], dict[str, np.ndarray]]  # HF state dict -> params
+    gguf: GGUFLayout
+    calibration_forward: Callable[[dict[str, np.ndarray], Any, list[list[int]], Observe], list[np.ndarray]] | None = None
