@@ -265,11 +265,10 @@ def write_manifest(out: Path, manifest: dict) -> dict:
 
 
 def estimate_gpu_bytes(weight_bytes: int, cfg, dtype: str, context: int) -> int:
-    """Weights + the KV cache (the full context, or the sliding window where the config has one) +
-    activation workspace for one prefill chunk + one position's logits (prefill computes only the last)."""
+    """Weights + a full-context KV cache + activation workspace for one prefill chunk + one position's
+    logits (prefill computes only the last)."""
     elt = 2 if dtype == "float16" else 4
-    window = cfg.sliding_window_size if cfg.sliding_window_size > 0 else context
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * min(context, window) * elt
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * context * elt
     act = cfg.prefill_chunk_size * (4 * cfg.hidden_size + 2 * cfg.intermediate_size) * 4
     logits = cfg.vocab_size * 4
     return int(weight_bytes + kv + act + logits)

@@ -281,7 +281,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
         "model_type": src.hf_config.get("model_type", src.family.name),
         "quantization": spec.name,
         "context_window_size": config.context_window_size,
-        "sliding_window_size": config.sliding_window_size,
+        "sliding_window_size": -1,  # MLC's cache-level window (eviction, attention sinks): not used
         "attention_sink_size": -1,
         "prefill_chunk_size": config.prefill_chunk_size,
         "tensor_parallel_shards": 1,
@@ -430,7 +430,7 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
         "model_config": dataclasses.asdict(config),
         "vocab_size": config.vocab_size,
         "context_window_size": config.context_window_size,
-        "sliding_window_size": config.sliding_window_size,
+        "sliding_window_size": -1,  # MLC's cache-level window (eviction, attention sinks): not used
         "prefill_chunk_size": config.prefill_chunk_size,
         "attention_sink_size": -1,
         "tensor_parallel_shards": 1,
