@@ -9,6 +9,8 @@ a template that does not fit the flat format is reported, not guessed.
 
 from __future__ import annotations
 
+import json
+
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -27,12 +29,19 @@ def render(template: str, messages: list[dict], *, add_generation_prompt: bool =
         raise jinja2.exceptions.TemplateError(message)
 
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = _tojson
     try:
         return env.from_string(template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=bos_token, eos_token=eos_token, tools=tools)
     except jinja2.TemplateError as err:
         raise LanternError(f"chat template failed to render: {err}") from None
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' ``tojson``: keys in their given order, nothing HTML-escaped (Jinja's own filter
+    sorts keys and escapes ``<>&'``, so a tool list would render differently from the model's training)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _common_prefix(a: str, b: str) -> str:

@@ -30,9 +30,15 @@ PART_BYTES = 64 * 2**20
 
 # tokenizer.json pre-tokenizers -> the llama.cpp pre-tokenizer that splits text the same way.
 # Only what has been checked against llama.cpp is listed; anything else skips the target.
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _PRE_TOKENIZERS = {
     json.dumps({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
                sort_keys=True): "gpt-2",
+    json.dumps({"type": "Sequence", "pretokenizers": [  # Qwen2, Qwen2.5, Qwen3
+        {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
+        sort_keys=True): "qwen2",
 }
 
 _TOKEN_NORMAL, _TOKEN_UNUSED, _TOKEN_CONTROL, _TOKEN_USER = 1, 5, 3, 4

@@ -8,10 +8,11 @@ from lantern.errors import LanternError
 
 from .family import Family
 from .llama import FAMILY as LLAMA
+from .phi3 import FAMILY as PHI3
 from .qwen2 import FAMILY as QWEN2
 from .qwen3 import FAMILY as QWEN3
 
-FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3)
+FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3, PHI3)
 
 
 def family_for_architecture(arch: str) -> Family:

@@ -29,7 +29,6 @@ class FamilyConfig(Protocol):
     context_window_size: int
     prefill_chunk_size: int
     tie_word_embeddings: bool
-    sliding_window_size: int  # -1: every layer attends to the whole context
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "FamilyConfig": ...

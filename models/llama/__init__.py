@@ -1,4 +1,4 @@
-"""Llama family: Llama 1/2/3.x, SmolLM2, and Mistral checkpoints without a sliding window."""
+"""Llama family: Llama 1/2/3.x, SmolLM2 and Mistral (its sliding window caps the context)."""
 
 from lantern.models.family import Family
 

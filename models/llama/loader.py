@@ -92,6 +92,15 @@ def permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def gguf_outer_tensors(cfg: LlamaConfig) -> list[GGUFTensor]:
+    """The tensors outside the blocks, as every Llama-shaped llama.cpp architecture names them."""
+    out = [GGUFTensor("token_embd.weight", "model.embed_tokens.weight", 0, cfg.vocab_size),
+           GGUFTensor("output_norm.weight", "model.norm.weight", 0, cfg.hidden_size)]
+    if not cfg.tie_word_embeddings:
+        out.append(GGUFTensor("output.weight", "lm_head.weight", 0, cfg.vocab_size))
+    return out
+
+
 def gguf_tensors(cfg: LlamaConfig, rope_permuted: bool = True) -> list[GGUFTensor]:
     """How the model's parameters become llama.cpp's tensors. The fused q/k/v and gate/up matrices
     are split back into their parts by rows; llama.cpp's ``llama`` architecture keeps q and k rows
@@ -100,10 +109,7 @@ def gguf_tensors(cfg: LlamaConfig, rope_permuted: bool = True) -> list[GGUFTenso
     i, h, d = cfg.intermediate_size, cfg.hidden_size, cfg.head_dim
     q_heads = cfg.num_attention_heads if rope_permuted else None
     kv_heads = cfg.num_key_value_heads if rope_permuted else None
-    out = [GGUFTensor("token_embd.weight", "model.embed_tokens.weight", 0, cfg.vocab_size),
-           GGUFTensor("output_norm.weight", "model.norm.weight", 0, h)]
-    if not cfg.tie_word_embeddings:
-        out.append(GGUFTensor("output.weight", "lm_head.weight", 0, cfg.vocab_size))
+    out = gguf_outer_tensors(cfg)
     for n in range(cfg.num_hidden_layers):
         p, b = f"model.layers.{n}", f"blk.{n}"
         qkv = [(f"{b}.attn_q", 0, q, q_heads), (f"{b}.attn_k", q, kv, kv_heads), (f"{b}.attn_v", q + kv, kv, None)]
@@ -146,7 +152,7 @@ def gguf_metadata(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> dict[str, 
 
 
 def hf_names_from_gguf(tensors: dict[str, np.ndarray], hf_config: dict, rope_permuted: bool = True,
-                       arch: str = GGUF_ARCHITECTURE) -> dict[str, np.ndarray]:
+                       arch: str = GGUF_ARCHITECTURE, layer_names: dict[str, str] = _GGUF_LAYER) -> dict[str, np.ndarray]:
     """Rename llama.cpp tensors to Hugging Face names (and undo the q/k permutation where the
     architecture has one)."""
     out: dict[str, np.ndarray] = {}
@@ -158,12 +164,12 @@ def hf_names_from_gguf(tensors: dict[str, np.ndarray], hf_config: dict, rope_per
             out["model.norm.weight"] = w
         elif name == "output.weight":
             out["lm_head.weight"] = w
-        elif len(parts) == 4 and parts[0] == "blk" and parts[2] in _GGUF_LAYER and parts[3] in ("weight", "bias"):
+        elif len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names and parts[3] in ("weight", "bias"):
             if rope_permuted and parts[2] == "attn_q":
                 w = _unpermute(w, hf_config["num_attention_heads"])
             elif rope_permuted and parts[2] == "attn_k":
                 w = _unpermute(w, hf_config["num_key_value_heads"])
-            out[f"model.layers.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{parts[3]}"] = w
+            out[f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"] = w
         elif name == "rope_freqs.weight":
             continue  # llama3 RoPE factors: recomputed from rope_scaling
         else:
@@ -199,16 +205,18 @@ def hf_config_from_gguf(meta: dict, tensor_names: set[str], arch: str = GGUF_ARC
     return cfg
 
 
-def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool) -> GGUFLayout:
+def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool, tensors=None,
+                layer_names: dict[str, str] = _GGUF_LAYER) -> GGUFLayout:
     """The GGUF side of a Llama-shaped family: llama.cpp's architecture name, whether it permutes
-    q/k rows, and the HF architecture a GGUF of it reads back as."""
+    q/k rows, and the HF architecture a GGUF of it reads back as. A family whose llama.cpp tensors
+    are cut differently (Phi-3's fused ones) passes its own ``tensors`` and ``layer_names``."""
     return GGUFLayout(
         architecture=arch,
-        tensors=lambda cfg: gguf_tensors(cfg, rope_permuted),
+        tensors=tensors or (lambda cfg: gguf_tensors(cfg, rope_permuted)),
         metadata=lambda cfg: gguf_metadata(cfg, arch),
         unsupported=gguf_unsupported,
         config_from_metadata=lambda meta, names: hf_config_from_gguf(meta, names, arch, hf_architecture),
-        names_from_gguf=lambda tensors, cfg: hf_names_from_gguf(tensors, cfg, rope_permuted, arch),
+        names_from_gguf=lambda tensors, cfg: hf_names_from_gguf(tensors, cfg, rope_permuted, arch, layer_names),
         permute=permute_for_gguf,
     )
 

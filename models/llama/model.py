@@ -31,19 +31,31 @@ UNSUPPORTED_FIELDS = {
 }
 
 
+def sliding_window(cfg: dict[str, Any]) -> int | None:
+    """The attention window a config turns on (Mistral 7B v0.1: 4096, Phi-3 4k: 2047), or None. Qwen
+    configs carry a size that ``use_sliding_window: false`` leaves off."""
+    size = cfg.get("sliding_window")
+    if not size or cfg.get("use_sliding_window") is False:
+        return None
+    if cfg.get("layer_types") is not None and "sliding_attention" not in cfg["layer_types"]:
+        return None
+    return int(size)
+
+
 def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """The fields every Llama-shaped decoder reads from config.json (HF names and defaults)."""
     for key, what in UNSUPPORTED_FIELDS.items():
         if cfg.get(key):
             raise LanternError(f"config.json field '{key}' asks for {what}, which the "
                                f"{cfg.get('model_type', '?')} family here does not implement")
-    if cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or ()):
-        key = "use_sliding_window" if cfg.get("use_sliding_window") else "layer_types"
-        raise LanternError(f"config.json field '{key}': sliding-window attention is not supported yet")
     heads = cfg["num_attention_heads"]
     # transformers >= 5 writes `rope_parameters` (theta inside); older configs `rope_scaling`
     rope_scaling = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     rope_theta = float(rope_scaling.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    partial = float(rope_scaling.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 1.0)
+    if partial != 1.0:
+        raise LanternError(f"config.json field 'partial_rotary_factor': RoPE on {partial:g} of each head is not "
+                           "supported (only on all of it)")
     if "type" in rope_scaling and "rope_type" not in rope_scaling:
         rope_scaling["rope_type"] = rope_scaling.pop("type")
     if rope_scaling.get("rope_type") in ("default", None):
@@ -58,6 +70,11 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("hidden_act", "silu") != "silu":
         raise LanternError(f"config.json field 'hidden_act': '{cfg['hidden_act']}' is not supported here (silu)")
     context = cfg.get("max_position_embeddings", 4096)
+    window = sliding_window(cfg)
+    if window is not None and window < context:
+        # A sequence no longer than the window attends to every position in every layer, windowed or
+        # not: capping the context there makes the model exact without a windowed KV cache.
+        context = window
     return dict(
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
@@ -95,12 +112,9 @@ class LlamaConfig:
     prefill_chunk_size: int = 512
     attention_bias: bool = False  # biases on q, k and v (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
-    sliding_window_size: int = -1
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "LlamaConfig":
-        if cfg.get("sliding_window"):
-            raise LanternError("config.json field 'sliding_window': sliding-window attention is not supported yet")
         if cfg.get("attention_bias") or cfg.get("mlp_bias"):
             field_name = "attention_bias" if cfg.get("attention_bias") else "mlp_bias"
             raise LanternError(f"config.json field '{field_name}': Llama layers with biases are not supported")

@@ -290,6 +290,30 @@ function listenToEngine(): void {
 // same layout as the server's JSON_LAYOUT.
 const SEPARATORS: [string, string] = [", ", ": "];
 
+/**
+ * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
+ * above. xgrammar's structural tags put free whitespace inside JSON, where a small model can loop
+ * until max_tokens; response_format's JSON has none. The twin of structured.py's tight_structural_tag.
+ */
+async function tightStructuralTag(source: string): Promise<string> {
+  const visit = async (node: unknown): Promise<unknown> => {
+    if (Array.isArray(node)) return Promise.all(node.map(visit));
+    if (!isObject(node)) return node;
+    if (node.type === "json_schema" && "json_schema" in node) {
+      const grammar = await xgr().Grammar.fromJSONSchema(JSON.stringify(node.json_schema), false, -1, SEPARATORS, true);
+      try {
+        return { type: "grammar", grammar: grammar.toString() };
+      } finally {
+        grammar.dispose();
+      }
+    }
+    const out: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(node)) out[k] = await visit(v);
+    return out;
+  };
+  return JSON.stringify(await visit(JSON.parse(source)));
+}
+
 /** Run an xgrammar call on ``spec``; its failure is an InvalidRequestError with xgrammar's reason. */
 async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise<T> {
   listenToEngine();
@@ -310,7 +334,7 @@ export async function printGrammar(spec: GrammarSpec): Promise<{ text: string; r
   const G = xgr().Grammar;
   const grammar = await engineCall(spec, () => (spec.kind === "json_schema"
     ? G.fromJSONSchema(spec.source, false, -1, SEPARATORS, true)
-    : spec.kind === "ebnf" ? G.fromEBNF(spec.source) : G.fromStructuralTag(spec.source)));
+    : spec.kind === "ebnf" ? G.fromEBNF(spec.source) : tightStructuralTag(spec.source).then((tag) => G.fromStructuralTag(tag))));
   try {
     const text = grammar.toString();
     // a structural tag's grammar prints its own root rule last
@@ -356,7 +380,8 @@ export class GrammarCompiler {
     }
     const compiled = await engineCall(spec, () => (spec.kind === "json_schema"
       ? this.compiler.compileJSONSchema(spec.source, false, -1, SEPARATORS, true)
-      : spec.kind === "ebnf" ? this.compiler.compileGrammar(spec.source) : this.compiler.compileStructuralTag(spec.source)));
+      : spec.kind === "ebnf" ? this.compiler.compileGrammar(spec.source)
+        : tightStructuralTag(spec.source).then((tag) => this.compiler.compileStructuralTag(tag))));
     this.cache.set(key, compiled);
     return compiled;
   }

@@ -1,0 +1,89 @@
+"""Phi-3 (mini 4k): the Llama-shaped decoder, whose checkpoint already stores q/k/v and gate/up
+fused, as the model computes them. llama.cpp's ``phi3`` architecture keeps them fused too
+(``attn_qkv``, and ``ffn_up`` holding gate then up).
+
+Phi-3's 2047-token sliding window caps the context (``decoder_fields``). Its longrope scaling
+(Phi-3.5-mini, the 128k models: short and long factors switched by length) is not supported yet
+and is refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from lantern.errors import LanternError
+from lantern.models.family import Family, GGUFTensor
+from lantern.models.llama import LlamaForCausalLM, calibration_forward
+from lantern.models.llama import to_lantern as llama_to_lantern
+from lantern.models.llama.loader import gguf_layout, gguf_outer_tensors
+from lantern.models.llama.model import LlamaConfig, decoder_fields
+
+
+class Phi3Config(LlamaConfig):
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "Phi3Config":
+        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        kind = scaling.get("rope_type") or scaling.get("type")
+        if kind not in (None, "default"):
+            key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+            raise LanternError(f"config.json field '{key}': Phi-3's {kind} RoPE (Phi-3.5, the 128k models) is not "
+                               "supported yet")
+        return cls(**decoder_fields(cfg))
+
+
+def to_lantern(hf: dict[str, np.ndarray], cfg: Phi3Config) -> dict[str, np.ndarray]:
+    """Phi-3's fused checkpoint split into the Llama names, then the Llama loader (which fuses them
+    back in the model's order: q, k, v and gate, up) with its shape and finiteness checks."""
+    q, kv, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    split = dict(hf)
+    for n in range(cfg.num_hidden_layers):
+        p = f"model.layers.{n}"
+        for fused in (f"{p}.self_attn.qkv_proj.weight", f"{p}.mlp.gate_up_proj.weight"):
+            if fused not in split:
+                raise LanternError(f"checkpoint is missing tensor '{fused}'")
+        qkv = split.pop(f"{p}.self_attn.qkv_proj.weight")
+        if qkv.shape[0] != q + 2 * kv:
+            raise LanternError(f"tensor '{p}.self_attn.qkv_proj.weight' has {qkv.shape[0]} rows, but the config "
+                               f"implies {q + 2 * kv}")
+        for name, part in zip("qkv", np.split(qkv, [q, q + kv])):
+            split[f"{p}.self_attn.{name}_proj.weight"] = part
+        gate_up = split.pop(f"{p}.mlp.gate_up_proj.weight")
+        if gate_up.shape[0] != 2 * i:
+            raise LanternError(f"tensor '{p}.mlp.gate_up_proj.weight' has {gate_up.shape[0]} rows, but the config "
+                               f"implies {2 * i}")
+        split[f"{p}.mlp.gate_proj.weight"], split[f"{p}.mlp.up_proj.weight"] = gate_up[:i], gate_up[i:]
+    return llama_to_lantern(split, cfg)
+
+
+def gguf_unsupported(cfg: Phi3Config) -> str:
+    """llama.cpp's phi3 looks Phi-3's special tokens up in the vocabulary it loads, and the GGUF writer
+    does not write Phi-3's SentencePiece-style one yet (a GGUF of Phi-3 from elsewhere reads fine)."""
+    return "llama.cpp's phi3 needs Phi-3's own vocabulary, which the GGUF writer does not write yet"
+
+
+def gguf_tensors(cfg: Phi3Config) -> list[GGUFTensor]:
+    """llama.cpp's phi3 tensors: the model's fused matrices whole."""
+    q, kv, i, h = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim,
+                   cfg.intermediate_size, cfg.hidden_size)
+    out = gguf_outer_tensors(cfg)
+    for n in range(cfg.num_hidden_layers):
+        p, b = f"model.layers.{n}", f"blk.{n}"
+        out += [GGUFTensor(f"{b}.attn_norm.weight", f"{p}.input_layernorm.weight", 0, h),
+                GGUFTensor(f"{b}.attn_qkv.weight", f"{p}.self_attn.qkv_proj.weight", 0, q + 2 * kv),
+                GGUFTensor(f"{b}.attn_output.weight", f"{p}.self_attn.o_proj.weight", 0, h),
+                GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
+                GGUFTensor(f"{b}.ffn_up.weight", f"{p}.mlp.gate_up_proj.weight", 0, 2 * i),
+                GGUFTensor(f"{b}.ffn_down.weight", f"{p}.mlp.down_proj.weight", 0, h)]
+    return out
+
+
+_PHI3_LAYER = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+               "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+
+FAMILY = Family(name="phi3", architectures=("Phi3ForCausalLM",), config=Phi3Config, model=LlamaForCausalLM,
+                to_lantern=to_lantern, calibration_forward=calibration_forward,
+                gguf=dataclasses.replace(gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors,
+                                                     layer_names=_PHI3_LAYER), unsupported=gguf_unsupported))
