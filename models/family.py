@@ -3,7 +3,7 @@
 The compiler asks the record, never a module attribute: how to read a config (from Hugging Face's
 config.json or from GGUF metadata), which relax model to build, how checkpoint names map to the
 model's parameters, the numpy forward GPTQ calibrates on, and how the parameters become llama.cpp's
-tensors for the ``gguf`` target. What the runtimes need to know about a model (its sliding window,
+tensors for the ``gguf`` target. What the runtimes need to know about a model (context window,
 vocabulary, RoPE) is on the config object the record's ``config.from_hf`` returns.
 """
 

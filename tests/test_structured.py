@@ -21,7 +21,7 @@ from browser import lantern_server, repo_root, wait_until_ready
 from structured_cases import ADD, BAD_REQUESTS, SCHEMAS, TOOLS, WEATHER, cpu_runs, request
 
 from lantern.server.structured import (JSON_LAYOUT, StructuredOutputError, check_schema, parse_tool_calls,
-                                       request_spec)
+                                       request_spec, tight_structural_tag)
 
 WEBRUNTIME = repo_root() / "webruntime"
 
@@ -71,6 +71,27 @@ def test_date_and_ipv4_only_allow_valid_strings():
             assert _is_grammar_accept_string(grammar, json.dumps(text)) == checker.conforms(text, fmt), text
 
 
+TIGHT_SAMPLES = [
+    '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 100}}</tool_call>',
+    '<tool_call>{"name": "add", "arguments": { "a": 2, "b": 3}}</tool_call>',
+    '<tool_call>{"name": "add", "arguments": {"a":2, "b": 3}}</tool_call>',
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}</tool_call>',
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "' + "x" * 21 + '", "unit": "celsius"}}</tool_call>',
+    'Sure. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>',
+    "no calls here",
+    "ab@cd.com",  # the regex response_format, also a structural tag
+]
+
+
+def _without_grammars(node):
+    """A structural tag with each embedded grammar's text left out (its place and kind kept)."""
+    if isinstance(node, list):
+        return [_without_grammars(v) for v in node]
+    if isinstance(node, dict):
+        return {k: "<grammar>" if k == "grammar" else _without_grammars(v) for k, v in node.items()}
+    return node
+
+
 def test_typescript_and_python_build_the_same_grammars():
     requests = [request(name, 1) for name in SCHEMAS]
     requests += [{"messages": [], **bad} for bad, _ in BAD_REQUESTS]
@@ -111,6 +132,17 @@ def test_typescript_and_python_build_the_same_grammars():
             assert ts["spec"]["kind"] == py["spec"]["kind"], req
             parse = json.loads if py["spec"]["kind"] != "ebnf" else str
             assert parse(ts["spec"]["source"]) == parse(py["spec"]["source"]), req
+    # Structural tags are compiled with their JSON tightened (no free whitespace). The two xgrammar builds
+    # print a bounded repeat differently (maxLength), so the grammars are held equal by what they accept.
+    tightened = [(req, tight) for req, ts, tight in zip(requests, out["specs"], out["tight"]) if tight is not None]
+    assert len(tightened) >= 6
+    for req, tight in tightened:
+        ts_tag, py_tag = json.loads(tight), json.loads(tight_structural_tag(python_spec(req)["source"]))
+        assert _without_grammars(ts_tag) == _without_grammars(py_tag), req
+        ts_grammar, py_grammar = (xgrammar.Grammar.from_structural_tag(json.dumps(t)) for t in (ts_tag, py_tag))
+        accepted = [_is_grammar_accept_string(py_grammar, text) for text in TIGHT_SAMPLES]
+        assert [_is_grammar_accept_string(ts_grammar, text) for text in TIGHT_SAMPLES] == accepted, req
+        assert any(accepted) and not accepted[1] and not accepted[2], req  # 1, 2: whitespace off the layout
     for (name, schema), web_ebnf in zip(SCHEMAS.items(), out["ebnf"]):
         py_ebnf = xgrammar.testing._json_schema_to_ebnf(json.dumps(check_schema(schema)), **JSON_LAYOUT)
         assert web_ebnf == py_ebnf, name

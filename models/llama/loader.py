@@ -206,15 +206,16 @@ def hf_config_from_gguf(meta: dict, tensor_names: set[str], arch: str = GGUF_ARC
 
 
 def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool, tensors=None,
-                layer_names: dict[str, str] = _GGUF_LAYER) -> GGUFLayout:
+                layer_names: dict[str, str] = _GGUF_LAYER, unsupported=gguf_unsupported) -> GGUFLayout:
     """The GGUF side of a Llama-shaped family: llama.cpp's architecture name, whether it permutes
     q/k rows, and the HF architecture a GGUF of it reads back as. A family whose llama.cpp tensors
-    are cut differently (Phi-3's fused ones) passes its own ``tensors`` and ``layer_names``."""
+    are cut differently (Phi-3's fused ones) passes its own ``tensors`` and ``layer_names``, one that
+    llama.cpp cannot run from Lantern's GGUF its own ``unsupported``."""
     return GGUFLayout(
         architecture=arch,
         tensors=tensors or (lambda cfg: gguf_tensors(cfg, rope_permuted)),
         metadata=lambda cfg: gguf_metadata(cfg, arch),
-        unsupported=gguf_unsupported,
+        unsupported=unsupported,
         config_from_metadata=lambda meta, names: hf_config_from_gguf(meta, names, arch, hf_architecture),
         names_from_gguf=lambda tensors, cfg: hf_names_from_gguf(tensors, cfg, rope_permuted, arch, layer_names),
         permute=permute_for_gguf,

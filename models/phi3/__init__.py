@@ -9,7 +9,6 @@ and is refused by name.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -25,13 +24,12 @@ from lantern.models.llama.model import LlamaConfig, decoder_fields
 class Phi3Config(LlamaConfig):
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "Phi3Config":
-        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-        kind = scaling.get("rope_type") or scaling.get("type")
-        if kind not in (None, "default"):
-            key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
-            raise LanternError(f"config.json field '{key}': Phi-3's {kind} RoPE (Phi-3.5, the 128k models) is not "
-                               "supported yet")
-        return cls(**decoder_fields(cfg))
+        fields = decoder_fields(cfg)  # its rope_scaling is {} for plain RoPE
+        if fields["rope_scaling"]:
+            key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+            raise LanternError(f"config.json field '{key}': Phi-3's {fields['rope_scaling']['rope_type']} RoPE "
+                               "(Phi-3.5, the 128k models) is not supported yet")
+        return cls(**fields)
 
 
 def to_lantern(hf: dict[str, np.ndarray], cfg: Phi3Config) -> dict[str, np.ndarray]:
@@ -85,5 +83,5 @@ _PHI3_LAYER = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj",
 
 FAMILY = Family(name="phi3", architectures=("Phi3ForCausalLM",), config=Phi3Config, model=LlamaForCausalLM,
                 to_lantern=to_lantern, calibration_forward=calibration_forward,
-                gguf=dataclasses.replace(gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors,
-                                                     layer_names=_PHI3_LAYER), unsupported=gguf_unsupported))
+                gguf=gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors,
+                                 layer_names=_PHI3_LAYER, unsupported=gguf_unsupported))

@@ -1,11 +1,12 @@
 // Runs the browser's structured-output code (webruntime/src/structured.ts) under Node for
 // tests/test_structured.py, which compares every answer with the Python twin's.
 // Input (stdin): {requests: ChatCompletionRequest[], schemas: unknown[]}.
-// Output (stdout): {specs: ({spec} | {error})[], ebnf: string[]} -- ebnf from web-xgrammar for each schema.
+// Output (stdout): {specs: ({spec} | {error})[], ebnf: string[], tight: (string | null)[], calls} -- ebnf from
+// web-xgrammar for each schema, tight: each structural tag spec as it is compiled.
 import { readFileSync } from "node:fs";
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
-import { checkSchema, parseToolCalls, requestSpec } from "../../webruntime/src/structured";
+import { checkSchema, parseToolCalls, requestSpec, tightStructuralTag } from "../../webruntime/src/structured";
 import type { ChatCompletionRequest } from "../../webruntime/src/protocol";
 
 const xgr = (globalThis as unknown as { xgrammar: typeof XGrammar }).xgrammar;
@@ -21,8 +22,13 @@ const ebnf: string[] = [];
 for (const schema of input.schemas) {
   ebnf.push(await xgr.Testings._jsonSchemaToEBNF(JSON.stringify(checkSchema(schema)), false, -1, [", ", ": "], true));
 }
+const tight: (string | null)[] = [];
+for (const s of specs) {
+  const spec = "spec" in s ? s.spec : null;
+  tight.push(spec?.kind === "structural_tag" ? await tightStructuralTag(spec.source) : null);
+}
 const calls = input.texts.map((t) => {
   const { content, calls } = parseToolCalls(t);
   return { content, calls: calls.map((c) => c.function) };
 });
-process.stdout.write(JSON.stringify({ specs, ebnf, calls }));
+process.stdout.write(JSON.stringify({ specs, ebnf, tight, calls }));

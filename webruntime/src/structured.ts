@@ -295,7 +295,7 @@ const SEPARATORS: [string, string] = [", ", ": "];
  * above. xgrammar's structural tags put free whitespace inside JSON, where a small model can loop
  * until max_tokens; response_format's JSON has none. The twin of structured.py's tight_structural_tag.
  */
-async function tightStructuralTag(source: string): Promise<string> {
+export async function tightStructuralTag(source: string): Promise<string> {
   const visit = async (node: unknown): Promise<unknown> => {
     if (Array.isArray(node)) return Promise.all(node.map(visit));
     if (!isObject(node)) return node;
