@@ -152,17 +152,19 @@ def search_scale(groups: np.ndarray, importance: np.ndarray, spec: QuantSpec) ->
     return best
 
 
+ROW_CHUNK = 4096  # output rows swept at a time: GPTQ treats rows independently, and a chunk's arrays stay in cache
+
+
 def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
                 block: int = 128) -> tuple[np.ndarray, np.ndarray]:
     """Quantize ``w[out, in]`` against input statistics ``hessian[in, in]``; same result type as
-    ``quantize.quantize_weight``."""
+    ``quantize.quantize_weight``. Every output row is quantized on its own (the statistics are
+    shared), so a tall matrix (a 262,144-row output head) goes ``ROW_CHUNK`` rows at a time, the
+    chunks spread over the cores; the result does not depend on the chunking."""
     out_dim, in_dim = w.shape
     g = spec.group_size
     h = hessian.astype(np.float64).copy()
     diag = np.diag(h).copy()
-    w = w.astype(np.float32)
-    scale = search_scale(w.reshape(out_dim, in_dim // g, g), diag.reshape(in_dim // g, g), spec)[..., 0]
-
     dead = diag <= 0  # an input that never fires: any code does, keep the plain rounding
     h[dead, dead] = 1.0
     h += DAMPING * np.mean(np.diag(h)) * np.eye(in_dim)
@@ -174,13 +176,28 @@ def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
     except np.linalg.LinAlgError:
         raise LanternError(f"GPTQ: the calibration statistics of a {out_dim}x{in_dim} matrix are not "
                            "positive definite") from None
+    importance = diag.reshape(in_dim // g, g)
+    starts = range(0, out_dim, ROW_CHUNK)
+    with ThreadPoolExecutor(max(1, min(len(starts), os.cpu_count() or 1))) as pool:  # numpy drops the GIL
+        chunks = list(pool.map(lambda r: _sweep(w[r:r + ROW_CHUNK].astype(np.float32), importance, u, order, spec,
+                                                block), starts))
+    codes = np.concatenate([c for c, _ in chunks])
+    scale = np.concatenate([s for _, s in chunks])
+    return pack_codes(codes, scale, spec)
 
+
+def _sweep(w: np.ndarray, importance: np.ndarray, u: np.ndarray, order: np.ndarray, spec: QuantSpec,
+           block: int) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ's column sweep over some rows of a matrix: (codes [rows, in] in input order, scales)."""
+    rows, in_dim = w.shape
+    g = spec.group_size
+    scale = search_scale(w.reshape(rows, in_dim // g, g), importance, spec)[..., 0]
     work = w[:, order].copy()
-    col_scale = scale[:, order // g]  # [out, in] in sweep order
-    codes = np.zeros((out_dim, in_dim), np.float32)
+    col_scale = scale[:, order // g]  # [rows, in] in sweep order
+    codes = np.zeros((rows, in_dim), np.float32)
     for b0 in range(0, in_dim, block):
         b1 = min(b0 + block, in_dim)
-        errors = np.zeros((out_dim, b1 - b0), np.float32)
+        errors = np.zeros((rows, b1 - b0), np.float32)
         for j in range(b0, b1):
             col, s = work[:, j], col_scale[:, j]
             codes[:, j] = round_to_grid(col, s, spec)
@@ -188,5 +205,4 @@ def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
             work[:, j:b1] -= np.outer(err, u[j, j:b1])
             errors[:, j - b0] = err
         work[:, b1:] -= errors @ u[b0:b1, b1:]
-    inverse = np.argsort(order)
-    return pack_codes(codes[:, inverse], scale, spec)
+    return codes[:, np.argsort(order)], scale
