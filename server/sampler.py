@@ -101,22 +101,52 @@ class Sampler:
             lp = _log_softmax(logits)
             logprob = float(lp[token])
             if p.top_logprobs > 0:
-                order = np.argsort(-lp, kind="stable")[: p.top_logprobs]
-                top = [(int(i), float(lp[i])) for i in order]
+                top = [(int(i), float(lp[i])) for i in _best(lp, p.top_logprobs)]
         return Sampled(token, logprob, top)
 
     def _draw(self, logits: np.ndarray) -> int:
+        """Temperature, top-k, top-p, draw, without sorting the vocabulary (262,144 entries for
+        Gemma 3): top-k and top-p rank only the best candidates (``_best``); with neither, the draw
+        walks the distribution in token order. The browser's ``draw`` is this function step for step."""
         p = self.p
-        ids = np.lexsort((np.arange(len(logits)), -logits.astype(np.float64)))  # best first, ties: lower id
-        if p.top_k > 0:
-            ids = ids[: p.top_k]
-        vals = logits[ids].astype(np.float64)
-        weights = np.exp((vals - vals[0]) / p.temperature)
-        cum = np.cumsum(weights)  # sequential sums, as the browser adds them
-        keep = len(ids)
-        if p.top_p < 1:
-            hit = np.nonzero(cum / cum[-1] >= p.top_p)[0]
-            keep = int(hit[0]) + 1 if len(hit) else len(ids)
-        u = self.rng.next() * cum[keep - 1]
-        k = int(np.searchsorted(cum[:keep], u, side="right"))
-        return int(ids[min(k, keep - 1)])
+        x = logits.astype(np.float64)
+        if p.top_k == 0 and p.top_p >= 1:  # the whole distribution: any fixed order draws the same law
+            cum = np.cumsum(np.exp((x - _ranked(x).max()) / p.temperature))  # sequential, as the browser adds
+            return min(int(np.searchsorted(cum, self.rng.next() * cum[-1], side="right")), len(x) - 1)
+        n = p.top_k if p.top_k > 0 else NUCLEUS_START
+        total = None
+        while True:
+            ids = _best(x, n)
+            cum = np.cumsum(np.exp((x[ids] - x[ids[0]]) / p.temperature))
+            if total is None:  # top-p's share is of the top-k's weight, or of every token's (in token order)
+                total = cum[-1] if p.top_k > 0 else np.cumsum(np.exp((x - x[ids[0]]) / p.temperature))[-1]
+            keep = len(ids)
+            if p.top_p < 1:
+                hit = np.nonzero(cum / total >= p.top_p)[0]
+                if len(hit):
+                    keep = int(hit[0]) + 1
+                elif p.top_k == 0 and n < len(x):
+                    n *= 8  # the nucleus is wider than the candidates ranked so far
+                    continue
+            u = self.rng.next() * cum[keep - 1]
+            k = int(np.searchsorted(cum[:keep], u, side="right"))
+            return int(ids[min(k, keep - 1)])
+
+
+NUCLEUS_START = 64  # candidates ranked first for top-p; eight times more while the nucleus is wider
+
+
+def _ranked(values: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(values), -np.inf, values).astype(np.float64)  # NaN ranks last
+
+
+def _best(values: np.ndarray, n: int) -> np.ndarray:
+    """The ids of the ``n`` largest values, best first, ties broken by the lower id: a partial
+    selection, then a sort of the selected only."""
+    ranked = _ranked(values)
+    if n < len(ranked):
+        kth = np.partition(ranked, len(ranked) - n)[len(ranked) - n]
+        idx = np.flatnonzero(ranked >= kth)  # ties at the threshold included, cut below
+    else:
+        idx = np.arange(len(ranked))
+    return idx[np.lexsort((idx, -ranked[idx]))][:n]

@@ -276,49 +276,58 @@ def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(tiny
 
 
 def test_python_and_browser_samplers_agree(smollm2):
-    """Same seed, same draws: the Python sampler against the runtime's, on identical logits."""
+    """Same seed, same draws: the Python sampler against the runtime's, on identical logits, at a
+    small vocabulary and at Gemma 3's 262,144 (where neither sorts it: top-p's nucleus is ranked
+    64 candidates at a time, growing eightfold, and a plain draw walks the tokens in order)."""
     import numpy as np
     from browser import chromium
 
     rng = np.random.default_rng(0)
-    logits = (rng.standard_normal(512) * 3).astype(np.float32)
-    allowed = sorted(rng.choice(512, 40, replace=False).tolist())  # a grammar's mask
     cases = [dict(temperature=0.8, seed=7), dict(temperature=1.2, top_p=0.9, seed=11),
              dict(temperature=0.7, top_k=20, seed=3, repetition_penalty=1.3, presence_penalty=0.5),
-             dict(temperature=0.9, seed=5, mask=allowed), dict(temperature=0, mask=allowed),
-             dict(temperature=0, mask=allowed, nan=True), dict(temperature=0.9, seed=5, mask=allowed, nan=True)]
+             dict(temperature=0.5, top_p=0.5, top_k=300, seed=2),
+             dict(temperature=0.9, seed=5, mask=True), dict(temperature=0, mask=True),
+             dict(temperature=0, mask=True, nan=True), dict(temperature=0.9, seed=5, mask=True, nan=True),
+             dict(temperature=1.0, top_p=0.95, seed=9, mask=True, nan=True)]
+    vocabularies = []
+    for size, spread in ((512, 3.0), (262144, 2.0)):
+        logits = (rng.standard_normal(size) * spread).astype(np.float32)
+        vocabularies.append((logits, sorted(rng.choice(size, 40, replace=False).tolist())))  # a grammar's mask
     py = []
-    for c in cases:
-        s = Sampler(SamplingParams(**{k: v for k, v in c.items() if k not in ("mask", "nan")}))
-        mask = None
-        if "mask" in c:
-            mask = np.zeros(512, bool)
-            mask[c["mask"]] = True
-        source = np.full(512, np.nan, np.float32) if c.get("nan") else logits
-        toks = []
-        for _ in range(20):
-            t = s.sample(source, mask).token
-            s.accept(t)
-            toks.append(t)
-        if "mask" in c:
-            assert set(toks) <= set(c["mask"])  # a broken model's NaNs included
-        py.append(toks)
+    for logits, allowed in vocabularies:
+        for c in cases:
+            s = Sampler(SamplingParams(**{k: v for k, v in c.items() if k not in ("mask", "nan")}))
+            mask = None
+            if c.get("mask"):
+                mask = np.zeros(len(logits), bool)
+                mask[allowed] = True
+            source = np.full(len(logits), np.nan, np.float32) if c.get("nan") else logits
+            toks = []
+            for _ in range(20):
+                t = s.sample(source, mask).token
+                s.accept(t)
+                toks.append(t)
+            if c.get("mask"):
+                assert set(toks) <= set(allowed)  # a broken model's NaNs included
+            py.append(toks)
     with lantern_server([smollm2.path]) as (base, _), chromium() as browser:
         page = browser.new_page()
         page.goto(base + "/engine.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-        js = page.evaluate("""([logits, cases]) => cases.map((c) => {
-            const s = new lantern.Sampler(lantern.samplingParams(c, logits.length));
-            let mask;
-            if (c.mask) {
-              mask = new Int32Array(logits.length / 32);
-              for (const id of c.mask) mask[id >> 5] |= 1 << (id & 31);
-            }
-            const source = c.nan ? new Float32Array(logits.length).fill(NaN) : Float32Array.from(logits);
-            const out = [];
-            for (let i = 0; i < 20; i++) { const t = s.sample(source, mask).token; s.accept(t); out.push(t); }
-            return out;
-        })""", [logits.tolist(), cases])
+        js = []
+        for logits, allowed in vocabularies:
+            js += page.evaluate("""([logits, allowed, cases]) => cases.map((c) => {
+                const s = new lantern.Sampler(lantern.samplingParams(c, logits.length));
+                let mask;
+                if (c.mask) {
+                  mask = new Int32Array(logits.length / 32);
+                  for (const id of allowed) mask[id >> 5] |= 1 << (id & 31);
+                }
+                const source = c.nan ? new Float32Array(logits.length).fill(NaN) : Float32Array.from(logits);
+                const out = [];
+                for (let i = 0; i < 20; i++) { const t = s.sample(source, mask).token; s.accept(t); out.push(t); }
+                return out;
+            })""", [logits.tolist(), allowed, cases])
         first = page.evaluate("() => { const r = new lantern.Rng(42); return [r.next(), r.next(), r.next()]; }")
     r = Rng(42)
     assert first == [r.next(), r.next(), r.next()]

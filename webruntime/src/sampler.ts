@@ -1,5 +1,5 @@
-// Token selection from one step's logits, on the CPU (the vocabulary is ~50k floats, well
-// under a millisecond). The order of operations is the contract the Python server follows:
+// Token selection from one step's logits, on the CPU (no step sorts the vocabulary: 262,144
+// floats for Gemma 3 take a few milliseconds). The order of operations is the contract the Python server follows:
 //   logit_bias -> repetition/frequency/presence penalties (over generated tokens) ->
 //   grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw.
 // Draws come from a seeded xorshift128+ generator, so one seed gives one token sequence.
@@ -165,32 +165,104 @@ export class Sampler {
       const lp = logSoftmax(logits);
       logprob = lp[token];
       if (p.topLogprobs > 0) {
-        const order = Array.from(lp.keys()).sort((a, b) => lp[b] - lp[a]).slice(0, p.topLogprobs);
-        top = order.map((i) => [i, lp[i]]);
+        top = best(lp, p.topLogprobs).map((i) => [i, lp[i]]);
       }
     }
     return { token, logprob, top };
   }
 
+  // Temperature, top-k, top-p, draw, without sorting the vocabulary (262,144 entries for Gemma 3):
+  // top-k and top-p rank only the best candidates (`best`); with neither, the draw walks the
+  // distribution in token order. The server's `Sampler._draw` is this function step for step.
   private draw(logits: Float32Array): number {
     const { p } = this;
-    // candidates sorted by logit, best first; ties broken by the lower token id
-    let ids = Array.from(logits.keys()).sort((a, b) => logits[b] - logits[a] || a - b);
-    if (p.topK > 0) ids = ids.slice(0, p.topK);
-    const max = logits[ids[0]];
-    const cum = new Float64Array(ids.length);  // running sums of exp((l - max) / T), in order
-    let sum = 0;
-    for (let k = 0; k < ids.length; k++) {
-      sum += Math.exp((logits[ids[k]] - max) / p.temperature);
-      cum[k] = sum;
+    const V = logits.length;
+    if (p.topK === 0 && p.topP >= 1) {  // the whole distribution: any fixed order draws the same law
+      let max = -Infinity;
+      for (let i = 0; i < V; i++) if (logits[i] > max) max = logits[i];  // NaN ranks last
+      const cum = new Float64Array(V);
+      let sum = 0;
+      for (let i = 0; i < V; i++) cum[i] = sum += Math.exp((logits[i] - max) / p.temperature);
+      const u = this.rng.next() * sum;
+      for (let i = 0; i < V; i++) if (cum[i] > u) return i;
+      return V - 1;
     }
-    let keep = ids.length;
-    if (p.topP < 1) {
-      const k = cum.findIndex((c) => c / sum >= p.topP);
-      if (k >= 0) keep = k + 1;
+    let n = p.topK > 0 ? p.topK : NUCLEUS_START;
+    let total = NaN;
+    let first = true;
+    for (;;) {
+      const ids = best(logits, n);
+      const top = logits[ids[0]];
+      const cum = new Float64Array(ids.length);  // running sums of exp((l - top) / T), best first
+      let sum = 0;
+      for (let k = 0; k < ids.length; k++) cum[k] = sum += Math.exp((logits[ids[k]] - top) / p.temperature);
+      if (first) {  // top-p's share is of the top-k's weight, or of every token's (in token order)
+        first = false;
+        total = sum;
+        if (p.topK === 0) {
+          total = 0;
+          for (let i = 0; i < V; i++) total += Math.exp((logits[i] - top) / p.temperature);
+        }
+      }
+      let keep = ids.length;
+      if (p.topP < 1) {
+        const k = cum.findIndex((c) => c / total >= p.topP);
+        if (k >= 0) keep = k + 1;
+        else if (p.topK === 0 && n < V) {
+          n *= 8;  // the nucleus is wider than the candidates ranked so far
+          continue;
+        }
+      }
+      const u = this.rng.next() * cum[keep - 1];
+      for (let k = 0; k < keep; k++) if (cum[k] > u) return ids[k];
+      return ids[keep - 1];
     }
-    const u = this.rng.next() * cum[keep - 1];
-    for (let k = 0; k < keep; k++) if (cum[k] > u) return ids[k];
-    return ids[keep - 1];
   }
+}
+
+/** Candidates ranked first for top-p; eight times more while the nucleus is wider. */
+const NUCLEUS_START = 64;
+
+/**
+ * The ids of the `n` largest values, best first, ties broken by the lower id (NaN ranks last): a
+ * partial selection (quickselect for the n-th largest value), then a sort of the selected only.
+ * The twin of `_best` in server/sampler.py.
+ */
+export function best(values: Float32Array | Float64Array, n: number): number[] {
+  const V = values.length;
+  const ranked = new Float64Array(values);
+  for (let i = 0; i < V; i++) if (ranked[i] !== ranked[i]) ranked[i] = -Infinity;  // NaN ranks last
+  let ids: number[] = [];
+  if (n < V) {
+    const kth = nthLargest(new Float64Array(ranked), n);
+    for (let i = 0; i < V; i++) if (ranked[i] >= kth) ids.push(i);  // ties at the threshold included, cut below
+  } else {
+    ids = Array.from(values.keys());
+  }
+  ids.sort((a, b) => ranked[b] - ranked[a] || a - b);
+  return ids.slice(0, n);
+}
+
+/** The n-th largest entry (1-based) of `a`, which it reorders: Hoare's quickselect. */
+function nthLargest(a: Float64Array, n: number): number {
+  const target = a.length - n;  // its index in ascending order
+  let lo = 0;
+  let hi = a.length - 1;
+  while (lo < hi) {
+    const pivot = a[(lo + hi) >> 1];
+    let i = lo;
+    let j = hi;
+    while (i <= j) {
+      while (a[i] < pivot) i++;
+      while (a[j] > pivot) j--;
+      if (i <= j) {
+        const t = a[i]; a[i] = a[j]; a[j] = t;
+        i++; j--;
+      }
+    }
+    if (target <= j) hi = j;
+    else if (target >= i) lo = i;
+    else break;
+  }
+  return a[target];
 }
