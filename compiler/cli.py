@@ -12,13 +12,14 @@ from typing import Iterator
 
 from . import __version__, models
 from .errors import LanternError
-from .importer import GGUF_INPUT_TYPES
+from .importer import BUNDLED, GGUF_INPUT_TYPES
 from .lower import SCHEDULE_CHOICES
 from .package import GENERATION_FIELDS, check_generation_defaults
 from .quantize import QUANTIZATIONS
 
 BUILD_EXAMPLES = """examples:
   lantern build smollm2 --out dist/smollm2                              bundled SmolLM2-135M-Instruct
+  lantern build gemma3-270m --out dist/gemma3                           bundled Gemma 3 270M (base)
   lantern build ./my-finetune --quant q4f32_1 --out dist/my-model       Hugging Face folder
   lantern build model.gguf --quant q4f16_1 --out dist/m                 GGUF file
   lantern build ./base --lora ./adapter --quant q4f16_1 --out dist/m    PEFT LoRA merged at build
@@ -283,7 +284,7 @@ def make_parser() -> argparse.ArgumentParser:
                     "manifest).",
         epilog=BUILD_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("source", help="a Hugging Face folder, a .gguf file (of a split GGUF: its first part), "
-                                  "or a bundled name (smollm2)")
+                                  f"or a bundled name ({', '.join(BUNDLED)})")
     b.add_argument("--out", required=True, help="artifact folder to create (replaced atomically)")
     b.add_argument("--quant", default="q4f32_1", choices=list(QUANTIZATIONS),
                    help="weight format (default: q4f32_1, which runs on every WebGPU adapter)")

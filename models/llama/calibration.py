@@ -25,11 +25,11 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def _rope(x: np.ndarray, theta: float) -> np.ndarray:
-    """x[seq, heads, head_dim] at positions 0..seq-1, rotate-half convention."""
+def _rope(x: np.ndarray, theta: float, scale: float = 1.0) -> np.ndarray:
+    """x[seq, heads, head_dim] at positions 0..seq-1 (divided by a linear ``scale``), rotate-half convention."""
     half = x.shape[-1] // 2
     inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2 / x.shape[-1])
-    angles = np.arange(x.shape[0], dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = (np.arange(x.shape[0], dtype=np.float64) / scale)[:, None] * inv_freq[None, :]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)

@@ -193,6 +193,8 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """The exported entry points follow MLC's model-library contract (see ``get_default_spec``)."""
 
+    rope_mode = RopeMode.NORMAL  # the KV cache rotates k before appending it (a subclass may rotate q/k itself)
+
     def __init__(self, cfg: LlamaConfig, spec: QuantSpec, target: Target):
         self.cfg, self.spec, self.target = cfg, spec, target
         self.model = LlamaModel(cfg, spec)
@@ -261,7 +263,7 @@ class LlamaForCausalLM(nn.Module):
             v_head_dim=cfg.head_dim,
             mla_original_qk_head_dim=0,
             mla_original_v_head_dim=0,
-            rope_mode=RopeMode.NORMAL,
+            rope_mode=self.rope_mode,
             rope_scale=rope_scale,
             rope_theta=cfg.rope_theta,
             rope_scaling=rope_scaling,

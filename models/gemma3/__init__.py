@@ -1,0 +1,193 @@
+"""Gemma 3 text (Gemma3ForCausalLM: 270M, 1B), from HF folders and from llama.cpp's ``gemma3`` GGUFs.
+
+The network is ``model.py``; this file reads the config (two RoPE bases, the local/global layer
+pattern, ``query_pre_attn_scalar``), maps checkpoint names, folds Gemma's (1 + w) norms into plain
+RMSNorm weights, and runs the numpy forward GPTQ calibrates on.
+
+Limits, each refused or stated rather than approximated:
+
+* the context is capped at the sliding window (512 on 270M and 1B): within it the local layers
+  see every position, so the model is exact with TVM's plain KV cache (whose windowed layers are
+  not usable on 0.27; see the notes on issue 15);
+* Gemma 2 (soft-capped attention logits) is another architecture and is refused as one;
+* the ``gguf`` target is not written: llama.cpp's gemma3 needs Gemma's SentencePiece vocabulary,
+  which the GGUF writer does not write yet (a Gemma 3 GGUF from elsewhere reads fine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lantern.errors import LanternError
+from lantern.models.family import Family, GGUFLayout, Observe
+from lantern.models.llama import to_lantern as llama_to_lantern
+from lantern.models.llama.calibration import _rms_norm, _rope
+from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_names_from_gguf
+from lantern.models.llama.model import decoder_fields, sliding_window
+
+from .model import Gemma3Config, Gemma3ForCausalLM
+
+SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+PATTERN = 6  # transformers' and llama.cpp's default: every sixth layer attends globally
+
+
+class Gemma3TextConfig(Gemma3Config):
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "Gemma3TextConfig":
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        if act != "gelu_pytorch_tanh":
+            raise LanternError(f"config.json field 'hidden_activation': '{act}' is not Gemma 3's (gelu_pytorch_tanh)")
+        for key in ("use_bidirectional_attention", "attention_bias"):
+            if cfg.get(key):
+                raise LanternError(f"config.json field '{key}': not supported for Gemma 3")
+        rope = cfg.get("rope_parameters") or {}
+        if "full_attention" in rope:  # transformers >= 5: one RoPE entry per layer type
+            full, local = dict(rope["full_attention"]), dict(rope.get("sliding_attention") or {})
+            if local.get("rope_type", "default") != "default":
+                raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
+                                   f"'{local['rope_type']}' on the sliding-window layers (supported: default)")
+            local_theta = local.get("rope_theta", 10000.0)
+        else:  # older configs: rope_theta and rope_scaling for the global layers, rope_local_base_freq
+            full = dict(rope or cfg.get("rope_scaling") or {})
+            full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+            local_theta = cfg.get("rope_local_base_freq", 10000.0)
+        common = {k: v for k, v in cfg.items()
+                  if k not in ("rope_parameters", "rope_scaling", "rope_theta", "hidden_act", "hidden_activation")}
+        fields = decoder_fields({"tie_word_embeddings": True, **common, "rope_parameters": full})
+        if fields["rope_scaling"].get("rope_type") not in (None, "linear"):
+            raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
+                               f"'{fields['rope_scaling']['rope_type']}' for Gemma 3 (supported: default, linear)")
+        n = cfg["num_hidden_layers"]
+        pattern = int(cfg.get("sliding_window_pattern", PATTERN))
+        layers = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+        if len(layers) != n or set(layers) - {"full_attention", "sliding_attention"}:
+            raise LanternError(f"config.json field 'layer_types': expected {n} entries of "
+                               f"'full_attention'/'sliding_attention', got {layers}")
+        return cls(**fields, qk_norm=True, query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
+                   rope_local_theta=float(local_theta), sliding_window=sliding_window(cfg) or 0,
+                   sliding_layers=tuple(t == "sliding_attention" for t in layers))
+
+
+def to_lantern(hf: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.ndarray]:
+    """The Llama loader's fused q/k/v and gate/up (with its shape and finiteness checks), the two
+    sandwich norms it does not know, and every norm weight as ``1 + w``: Gemma's RMSNorm scales by
+    (1 + w), the model's plain RMSNorm by its weight."""
+    renamed = dict(hf)  # the Llama loader's pre-MLP norm is Gemma's pre_feedforward_layernorm
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        for name in SANDWICH[1:]:
+            if f"{p}.{name}.weight" not in hf:
+                raise LanternError(f"checkpoint is missing tensor '{p}.{name}.weight'")
+        renamed[f"{p}.post_attention_layernorm.weight"] = hf[f"{p}.pre_feedforward_layernorm.weight"]
+    out = llama_to_lantern(renamed, cfg)
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        for name in SANDWICH[1:]:
+            out[f"{p}.{name}.weight"] = hf[f"{p}.{name}.weight"]
+    return {k: (1.0 + w).astype(np.float32) if k.endswith("norm.weight") else w for k, w in out.items()}
+
+
+# --------------------------------------------------------------------------- GGUF (llama.cpp's gemma3)
+
+_GGUF_LAYER = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+
+def gguf_unsupported(cfg: Gemma3Config) -> str:
+    return "llama.cpp's gemma3 needs Gemma's SentencePiece vocabulary, which the GGUF writer does not write yet"
+
+
+def config_from_gguf(meta: dict, names: set[str]) -> dict:
+    """llama.cpp's gemma3 keys -> a Gemma 3 config.json. What the file leaves out, llama.cpp fixes
+    as done here: local RoPE base 10000, every sixth layer global, scores scaled by
+    key_length ** -0.5 (hidden / heads for the 62-layer 27B)."""
+    cfg = hf_config_from_gguf(meta, names, "gemma3", "Gemma3ForCausalLM")
+    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if cfg["num_hidden_layers"] == 62 else cfg["head_dim"]
+    cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", rope_local_base_freq=10000.0,
+               sliding_window_pattern=PATTERN, query_pre_attn_scalar=scalar)
+    if "gemma3.attention.sliding_window" in meta:
+        cfg["sliding_window"] = int(meta["gemma3.attention.sliding_window"])
+    if meta.get("gemma3.rope.scaling.type") == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(meta["gemma3.rope.scaling.factor"])}
+    return cfg
+
+
+def names_from_gguf(tensors: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
+    """llama.cpp's names -> HF's (q/k rows unpermuted in gemma3). llama.cpp stores Gemma's norms as
+    1 + w; HF checkpoints carry w."""
+    out = hf_names_from_gguf(tensors, cfg, rope_permuted=False, arch="gemma3", layer_names=_GGUF_LAYER)
+    return {k: w - 1.0 if k.endswith("norm.weight") else w for k, w in out.items()}
+
+
+GGUF = GGUFLayout(architecture="gemma3", tensors=lambda cfg: [], metadata=lambda cfg: gguf_metadata(cfg, "gemma3"),
+                  unsupported=gguf_unsupported, config_from_metadata=config_from_gguf, names_from_gguf=names_from_gguf)
+
+
+# --------------------------------------------------------------------------- calibration (GPTQ)
+
+
+def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: Gemma3Config) -> np.ndarray:
+    p = f"model.layers.{i}"
+    seq, heads, kv, dim = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q, k, v = np.split(h @ params[f"{p}.self_attn.qkv_proj.weight"].T, [heads * dim, (heads + kv) * dim], axis=1)
+    theta, scale = cfg.layer_rope(i)
+    q = _rope(_rms_norm(q.reshape(seq, heads, dim), params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps),
+              theta, scale)
+    k = _rope(_rms_norm(k.reshape(seq, kv, dim), params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps),
+              theta, scale)
+    k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v.reshape(seq, kv, dim), heads // kv, axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) * cfg.query_pre_attn_scalar ** -0.5
+    distance = np.arange(seq)[:, None] - np.arange(seq)[None, :]
+    masked = distance < 0
+    if cfg.sliding_layers[i] and cfg.sliding_window:
+        masked |= distance >= cfg.sliding_window  # calibration text may run past the window
+    scores = np.where(masked, -np.inf, scores)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("hqk,khd->qhd", probs, v).reshape(seq, heads * dim)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def calibration_forward(params: dict[str, np.ndarray], cfg: Gemma3Config, sequences: list[list[int]],
+                        observe: Observe) -> list[np.ndarray]:
+    """Gemma 3 in numpy over Lantern's parameters (norms already 1 + w); the contract of
+    ``lantern.models.llama.calibration.calibration_forward``."""
+    eps = cfg.rms_norm_eps
+    xs = [params["model.embed_tokens.weight"][s].astype(np.float32) * np.float32(cfg.hidden_size ** 0.5)
+          for s in sequences]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]
+        observe(f"{p}.self_attn.qkv_proj.weight", hs)
+        attn = [_attention(h, params, i, cfg) for h in hs]
+        observe(f"{p}.self_attn.o_proj.weight", attn)
+        xs = [x + _rms_norm(a @ params[f"{p}.self_attn.o_proj.weight"].T, params[f"{p}.post_attention_layernorm.weight"],
+                            eps) for x, a in zip(xs, attn)]
+        hs = [_rms_norm(x, params[f"{p}.pre_feedforward_layernorm.weight"], eps) for x in xs]
+        observe(f"{p}.mlp.gate_up_proj.weight", hs)
+        acts = []
+        for h in hs:
+            gate, up = np.split(h @ params[f"{p}.mlp.gate_up_proj.weight"].T, 2, axis=1)
+            acts.append(_gelu_tanh(gate) * up)
+        observe(f"{p}.mlp.down_proj.weight", acts)
+        xs = [x + _rms_norm(a @ params[f"{p}.mlp.down_proj.weight"].T, params[f"{p}.post_feedforward_layernorm.weight"],
+                            eps) for x, a in zip(xs, acts)]
+    hs = [_rms_norm(x, params["model.norm.weight"], eps) for x in xs]
+    observe("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight", hs)
+    return hs
+
+
+FAMILY = Family(name="gemma3", architectures=("Gemma3ForCausalLM",), config=Gemma3TextConfig,
+                model=Gemma3ForCausalLM, to_lantern=to_lantern, gguf=GGUF,
+                calibration_forward=calibration_forward)

@@ -1,0 +1,145 @@
+"""The Gemma 3 text decoder in relax nn (Gemma3ForCausalLM: 270M, 1B; the text part of the larger ones).
+
+What differs from the Llama-shaped decoder, and where it lives here:
+
+* sandwich norms: each block normalizes its input and its output, around attention and the MLP;
+* GeGLU: ``gelu_tanh(gate) * up``;
+* the embedding is scaled by sqrt(hidden) on the way in (not on the tied output head);
+* attention scores are scaled by ``query_pre_attn_scalar ** -0.5``, not ``head_dim ** -0.5``;
+* per-head q/k RMSNorm (as Qwen3);
+* two RoPE bases: sliding-window layers rotate with ``rope_local_theta``, full-attention layers with
+  ``rope_theta`` (and its linear scaling). TVM's KV cache applies one base to every layer, so this
+  model rotates q and k itself (``rope``) and creates the cache with ``RopeMode.NONE``.
+
+Gemma's (1 + w) RMSNorm is folded into the weights by the loader: the norms here are plain RMSNorm.
+The 5:1 local/global pattern needs no windowed cache while the context is capped at the window
+(``decoder_fields``); ``sliding_layers`` only picks each layer's RoPE base.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode
+from tvm.target import Target
+
+from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM
+from lantern.quantize import QuantSpec, make_embedding, make_linear
+
+
+@dataclass
+class Gemma3Config(LlamaConfig):
+    query_pre_attn_scalar: float = 256.0
+    rope_local_theta: float = 10000.0
+    sliding_window: int = 0  # of the local layers (the context is capped at it)
+    sliding_layers: tuple[bool, ...] = ()  # per layer: a sliding-window (local) layer
+
+    def layer_rope(self, layer: int) -> tuple[float, float]:
+        """(theta, linear position scale) of one layer's RoPE: local layers are never scaled."""
+        if self.sliding_layers[layer]:
+            return self.rope_local_theta, 1.0
+        factor = float(self.rope_scaling.get("factor", 1.0)) if self.rope_scaling else 1.0
+        return self.rope_theta, factor
+
+
+def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float) -> nn.Tensor:
+    """Rotate-half RoPE of ``x[b, s, heads, d]`` at ``positions[b * s]`` (the KV cache's query
+    positions), computed in float32 as transformers does: angle = (pos / scale) * theta^(-2i/d)."""
+
+    def compute(xt: te.Tensor, pos: te.Tensor) -> te.Tensor:
+        s, d = xt.shape[1], int(xt.shape[3])
+        half = d // 2
+
+        def element(b, t, h, i):
+            j = tirx.floormod(i, half)
+            inv_freq = tirx.const(1.0, "float32") / tirx.power(
+                tirx.const(theta, "float32"), tirx.Cast("float32", 2 * j) / tirx.const(float(d), "float32"))
+            angle = tirx.Cast("float32", pos[b * s + t]) / tirx.const(scale, "float32") * inv_freq
+            value = tirx.Cast("float32", xt[b, t, h, i])
+            partner = tirx.if_then_else(i < half, -tirx.Cast("float32", xt[b, t, h, i + half]),
+                                        tirx.Cast("float32", xt[b, t, h, i - half]))
+            return tirx.Cast(xt.dtype, value * tirx.cos(angle) + partner * tirx.sin(angle))
+
+        return te.compute(xt.shape, element, name="rope")
+
+    return op.tensor_expr_op(compute, "rope", [x, positions])
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, cfg: Gemma3Config, spec: QuantSpec, layer: int):
+        self.num_q_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.qkv_proj = make_linear(cfg.hidden_size, (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim, spec)
+        self.o_proj = make_linear(self.num_q_heads * self.head_dim, cfg.hidden_size, spec)
+        self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+        self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+        self.rope_theta, self.rope_scale = cfg.layer_rope(layer)
+        self.sm_scale = cfg.query_pre_attn_scalar ** -0.5
+
+    def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int, positions: nn.Tensor) -> nn.Tensor:
+        b, s, _ = x.shape
+        qkv = op.reshape(self.qkv_proj(x), (b, s, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim))
+        q, k, v = op.split(qkv, [self.num_q_heads, self.num_q_heads + self.num_kv_heads], axis=2)
+        q = rope(self.q_norm(q), positions, self.rope_theta, self.rope_scale)
+        k = rope(self.k_norm(k), positions, self.rope_theta, self.rope_scale)
+        out = kv_cache.attention_with_fused_qkv(layer_id, op.concat([q, k, v], dim=2), self.num_q_heads,
+                                                sm_scale=self.sm_scale)
+        return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, cfg: Gemma3Config, spec: QuantSpec):
+        self.gate_up_proj = make_linear(cfg.hidden_size, 2 * cfg.intermediate_size, spec)
+        self.down_proj = make_linear(cfg.intermediate_size, cfg.hidden_size, spec)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        gate, up = op.split(self.gate_up_proj(x), 2, axis=-1)
+        return self.down_proj(op.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Gemma3Config, spec: QuantSpec, layer: int):
+        def norm():
+            return nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+
+        self.self_attn = Gemma3Attention(cfg, spec, layer)
+        self.mlp = Gemma3MLP(cfg, spec)
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+
+    def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int, positions: nn.Tensor) -> nn.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), kv_cache, layer_id, positions))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, cfg: Gemma3Config, spec: QuantSpec):
+        self.embed_tokens = make_embedding(cfg.vocab_size, cfg.hidden_size, spec)
+        self.layers = nn.ModuleList([Gemma3DecoderLayer(cfg, spec, i) for i in range(cfg.num_hidden_layers)])
+        self.norm = nn.RMSNorm(cfg.hidden_size, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+
+    def forward(self, x: nn.Tensor, kv_cache: PagedKVCache) -> nn.Tensor:
+        b, s, _ = x.shape
+        positions = kv_cache.get_query_positions(b * s)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, kv_cache, i, positions)
+        return self.norm(x)
+
+
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    """MLC's model-library contract, as the Llama decoder exports it; the KV cache leaves RoPE to
+    the model (two bases)."""
+
+    rope_mode = RopeMode.NONE
+
+    def __init__(self, cfg: Gemma3Config, spec: QuantSpec, target: Target):
+        self.cfg, self.spec, self.target = cfg, spec, target
+        self.model = Gemma3Model(cfg, spec)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, spec)
+
+    def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
+        return self.model.embed_tokens(input_ids) * (self.cfg.hidden_size ** 0.5)
