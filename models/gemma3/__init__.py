@@ -1,8 +1,8 @@
 """Gemma 3 text (Gemma3ForCausalLM: 270M, 1B), from HF folders and from llama.cpp's ``gemma3`` GGUFs.
 
-The network is ``model.py``; this file reads the config (two RoPE bases, the local/global layer
-pattern, ``query_pre_attn_scalar``), maps checkpoint names, folds Gemma's (1 + w) norms into plain
-RMSNorm weights, and runs the numpy forward GPTQ calibrates on.
+The network and its config (two RoPE bases, the local/global layer pattern, ``query_pre_attn_scalar``)
+are ``model.py``; this file maps checkpoint names, folds Gemma's (1 + w) norms into plain RMSNorm
+weights, and runs the numpy forward GPTQ calibrates on.
 
 Limits, each refused or stated rather than approximated:
 
@@ -16,8 +16,6 @@ Limits, each refused or stated rather than approximated:
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from lantern.errors import LanternError
@@ -25,50 +23,10 @@ from lantern.models.family import Family, GGUFLayout, Observe
 from lantern.models.llama import to_lantern as llama_to_lantern
 from lantern.models.llama.calibration import _rms_norm, _rope
 from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_names_from_gguf
-from lantern.models.llama.model import decoder_fields, sliding_window
 
-from .model import Gemma3Config, Gemma3ForCausalLM
+from .model import PATTERN, Gemma3Config, Gemma3ForCausalLM
 
 SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
-PATTERN = 6  # transformers' and llama.cpp's default: every sixth layer attends globally
-
-
-class Gemma3TextConfig(Gemma3Config):
-    @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> "Gemma3TextConfig":
-        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
-        if act != "gelu_pytorch_tanh":
-            raise LanternError(f"config.json field 'hidden_activation': '{act}' is not Gemma 3's (gelu_pytorch_tanh)")
-        for key in ("use_bidirectional_attention", "attention_bias"):
-            if cfg.get(key):
-                raise LanternError(f"config.json field '{key}': not supported for Gemma 3")
-        rope = cfg.get("rope_parameters") or {}
-        if "full_attention" in rope:  # transformers >= 5: one RoPE entry per layer type
-            full, local = dict(rope["full_attention"]), dict(rope.get("sliding_attention") or {})
-            if local.get("rope_type", "default") != "default":
-                raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
-                                   f"'{local['rope_type']}' on the sliding-window layers (supported: default)")
-            local_theta = local.get("rope_theta", 10000.0)
-        else:  # older configs: rope_theta and rope_scaling for the global layers, rope_local_base_freq
-            full = dict(rope or cfg.get("rope_scaling") or {})
-            full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
-            local_theta = cfg.get("rope_local_base_freq", 10000.0)
-        common = {k: v for k, v in cfg.items()
-                  if k not in ("rope_parameters", "rope_scaling", "rope_theta", "hidden_act", "hidden_activation")}
-        fields = decoder_fields({"tie_word_embeddings": True, **common, "rope_parameters": full})
-        if fields["rope_scaling"].get("rope_type") not in (None, "linear"):
-            raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
-                               f"'{fields['rope_scaling']['rope_type']}' for Gemma 3 (supported: default, linear)")
-        n = cfg["num_hidden_layers"]
-        pattern = int(cfg.get("sliding_window_pattern", PATTERN))
-        layers = cfg.get("layer_types") or [
-            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
-        if len(layers) != n or set(layers) - {"full_attention", "sliding_attention"}:
-            raise LanternError(f"config.json field 'layer_types': expected {n} entries of "
-                               f"'full_attention'/'sliding_attention', got {layers}")
-        return cls(**fields, qk_norm=True, query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
-                   rope_local_theta=float(local_theta), sliding_window=sliding_window(cfg) or 0,
-                   sliding_layers=tuple(t == "sliding_attention" for t in layers))
 
 
 def to_lantern(hf: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.ndarray]:
@@ -188,6 +146,6 @@ def calibration_forward(params: dict[str, np.ndarray], cfg: Gemma3Config, sequen
     return hs
 
 
-FAMILY = Family(name="gemma3", architectures=("Gemma3ForCausalLM",), config=Gemma3TextConfig,
+FAMILY = Family(name="gemma3", architectures=("Gemma3ForCausalLM",), config=Gemma3Config,
                 model=Gemma3ForCausalLM, to_lantern=to_lantern, gguf=GGUF,
                 calibration_forward=calibration_forward)

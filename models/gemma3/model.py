@@ -1,4 +1,4 @@
-"""The Gemma 3 text decoder in relax nn (Gemma3ForCausalLM: 270M, 1B; the text part of the larger ones).
+"""The Gemma 3 text decoder in relax nn (Gemma3ForCausalLM: 270M, 1B), and its config.json reading.
 
 What differs from the Llama-shaped decoder, and where it lives here:
 
@@ -19,6 +19,7 @@ The 5:1 local/global pattern needs no windowed cache while the context is capped
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tvm import te, tirx
 from tvm.relax.frontend import nn
@@ -26,8 +27,13 @@ from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode
 from tvm.target import Target
 
-from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM
+from lantern.errors import LanternError
+from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM, decoder_fields
+from lantern.models.llama.model import sliding_window as window_of
 from lantern.quantize import QuantSpec, make_embedding, make_linear
+
+
+PATTERN = 6  # transformers' and llama.cpp's default: every sixth layer attends globally
 
 
 @dataclass
@@ -36,6 +42,42 @@ class Gemma3Config(LlamaConfig):
     rope_local_theta: float = 10000.0
     sliding_window: int = 0  # of the local layers (the context is capped at it)
     sliding_layers: tuple[bool, ...] = ()  # per layer: a sliding-window (local) layer
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "Gemma3Config":
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+        if act != "gelu_pytorch_tanh":
+            raise LanternError(f"config.json field 'hidden_activation': '{act}' is not Gemma 3's (gelu_pytorch_tanh)")
+        for key in ("use_bidirectional_attention", "attention_bias"):
+            if cfg.get(key):
+                raise LanternError(f"config.json field '{key}': not supported for Gemma 3")
+        rope = cfg.get("rope_parameters") or {}
+        if "full_attention" in rope:  # transformers >= 5: one RoPE entry per layer type
+            full, local = dict(rope["full_attention"]), dict(rope.get("sliding_attention") or {})
+            if local.get("rope_type", "default") != "default":
+                raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
+                                   f"'{local['rope_type']}' on the sliding-window layers (supported: default)")
+            local_theta = local.get("rope_theta", 10000.0)
+        else:  # older configs: rope_theta and rope_scaling for the global layers, rope_local_base_freq
+            full = dict(rope or cfg.get("rope_scaling") or {})
+            full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+            local_theta = cfg.get("rope_local_base_freq", 10000.0)
+        common = {k: v for k, v in cfg.items()
+                  if k not in ("rope_parameters", "rope_scaling", "rope_theta", "hidden_act", "hidden_activation")}
+        fields = decoder_fields({"tie_word_embeddings": True, **common, "rope_parameters": full})
+        if fields["rope_scaling"].get("rope_type") not in (None, "linear"):
+            raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
+                               f"'{fields['rope_scaling']['rope_type']}' for Gemma 3 (supported: default, linear)")
+        n = cfg["num_hidden_layers"]
+        pattern = int(cfg.get("sliding_window_pattern", PATTERN))
+        layers = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+        if len(layers) != n or set(layers) - {"full_attention", "sliding_attention"}:
+            raise LanternError(f"config.json field 'layer_types': expected {n} entries of "
+                               f"'full_attention'/'sliding_attention', got {layers}")
+        return cls(**fields, qk_norm=True, query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
+                   rope_local_theta=float(local_theta), sliding_window=window_of(cfg) or 0,
+                   sliding_layers=tuple(t == "sliding_attention" for t in layers))
 
     def layer_rope(self, layer: int) -> tuple[float, float]:
         """(theta, linear position scale) of one layer's RoPE: local layers are never scaled."""
