@@ -78,8 +78,9 @@ def to_conv_template(template: str, *, bos_token: str, eos_token: str, stop_toke
         no_sys = render(template, [user(_U1)], **kw)
     except LanternError as err:
         raise LanternError(f"chat template cannot be probed for WebLLM: {err}") from None
+    # a BOS written once, first (not a turn opener that doubles as the BOS, like SmolLM2's <|im_start|>)
     bos_first = bool(bos_token) and bos_token_id is not None and with_sys.startswith(bos_token) \
-        and no_sys.startswith(bos_token)
+        and no_sys.startswith(bos_token) and with_sys.count(bos_token) == 1
     if bos_first:
         with_sys, no_sys = with_sys[len(bos_token):], no_sys[len(bos_token):]
     try:

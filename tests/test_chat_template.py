@@ -20,8 +20,10 @@ NUMBERED = ("{% for m in messages %}[{{ loop.index }}] {{ m['role'] }}: {{ m['co
 
 def test_smollm2_chatml_template(real_tokenizer_dir):
     cfg = json.loads((real_tokenizer_dir / "tokenizer_config.json").read_text())
-    conv = to_conv_template(cfg["chat_template"], bos_token="", eos_token="<|im_end|>", stop_token_ids=[2],
-                            name="smollm2")
+    # its BOS token is <|im_start|>, which opens every turn: it stays in the text
+    conv = to_conv_template(cfg["chat_template"], bos_token=cfg["bos_token"], eos_token="<|im_end|>",
+                            stop_token_ids=[2], name="smollm2", bos_token_id=1)
+    assert cfg["bos_token"] == "<|im_start|>" and conv["system_prefix_token_ids"] == []
     assert conv["roles"] == {"user": "<|im_start|>user\n", "assistant": "<|im_start|>assistant\n",
                              "tool": "<|im_start|>user\n"}
     assert conv["system_message"].startswith("You are a helpful AI assistant named SmolLM")
