@@ -26,7 +26,8 @@ from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_n
 
 from .model import PATTERN, Gemma3Config, Gemma3ForCausalLM
 
-SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+# the block norms besides input_layernorm (the Llama loader knows that one)
+SANDWICH = ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
 def to_lantern(hf: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.ndarray]:
@@ -36,14 +37,14 @@ def to_lantern(hf: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.nda
     renamed = dict(hf)  # the Llama loader's pre-MLP norm is Gemma's pre_feedforward_layernorm
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        for name in SANDWICH[1:]:
+        for name in SANDWICH:
             if f"{p}.{name}.weight" not in hf:
                 raise LanternError(f"checkpoint is missing tensor '{p}.{name}.weight'")
         renamed[f"{p}.post_attention_layernorm.weight"] = hf[f"{p}.pre_feedforward_layernorm.weight"]
     out = llama_to_lantern(renamed, cfg)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        for name in SANDWICH[1:]:
+        for name in SANDWICH:
             out[f"{p}.{name}.weight"] = hf[f"{p}.{name}.weight"]
     return {k: (1.0 + w).astype(np.float32) if k.endswith("norm.weight") else w for k, w in out.items()}
 
