@@ -25,7 +25,6 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode
-from tvm.target import Target
 
 from lantern.errors import LanternError
 from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM, decoder_fields
@@ -176,12 +175,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     the model (two bases)."""
 
     rope_mode = RopeMode.NONE
-
-    def __init__(self, cfg: Gemma3Config, spec: QuantSpec, target: Target):
-        self.cfg, self.spec, self.target = cfg, spec, target
-        self.model = Gemma3Model(cfg, spec)
-        if not cfg.tie_word_embeddings:
-            self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, spec)
+    backbone = Gemma3Model
 
     def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
         return self.model.embed_tokens(input_ids) * (self.cfg.hidden_size ** 0.5)

@@ -194,10 +194,11 @@ class LlamaForCausalLM(nn.Module):
     """The exported entry points follow MLC's model-library contract (see ``get_default_spec``)."""
 
     rope_mode = RopeMode.NORMAL  # the KV cache rotates k before appending it (a subclass may rotate q/k itself)
+    backbone = LlamaModel  # the decoder stack (a subclass's own network behind the same entry points)
 
     def __init__(self, cfg: LlamaConfig, spec: QuantSpec, target: Target):
         self.cfg, self.spec, self.target = cfg, spec, target
-        self.model = LlamaModel(cfg, spec)
+        self.model = self.backbone(cfg, spec)
         if not cfg.tie_word_embeddings:
             self.lm_head = make_linear(cfg.hidden_size, cfg.vocab_size, spec)
 
