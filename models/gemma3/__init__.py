@@ -21,7 +21,7 @@ import numpy as np
 from lantern.errors import LanternError
 from lantern.models.family import Family, GGUFLayout, Observe
 from lantern.models.llama import to_lantern as llama_to_lantern
-from lantern.models.llama.calibration import _rms_norm, _rope
+from lantern.models.llama.calibration import _rms_norm, _rope, grouped_attention
 from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_names_from_gguf
 
 from .model import PATTERN, Gemma3Config, Gemma3ForCausalLM
@@ -102,16 +102,8 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: Gemma3
               theta, scale)
     k = _rope(_rms_norm(k.reshape(seq, kv, dim), params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps),
               theta, scale)
-    k, v = np.repeat(k, heads // kv, axis=1), np.repeat(v.reshape(seq, kv, dim), heads // kv, axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, k) * cfg.query_pre_attn_scalar ** -0.5
-    distance = np.arange(seq)[:, None] - np.arange(seq)[None, :]
-    masked = distance < 0
-    if cfg.sliding_layers[i] and cfg.sliding_window:
-        masked |= distance >= cfg.sliding_window  # calibration text may run past the window
-    scores = np.where(masked, -np.inf, scores)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    return np.einsum("hqk,khd->qhd", probs, v).reshape(seq, heads * dim)
+    window = cfg.sliding_window if cfg.sliding_layers[i] else 0  # calibration text may run past it
+    return grouped_attention(q, k, v.reshape(seq, kv, dim), cfg.query_pre_attn_scalar ** -0.5, window)
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:

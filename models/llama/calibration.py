@@ -47,11 +47,20 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], p: str, cfg: LlamaC
     if cfg.qk_norm:
         q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
         k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
-    q = _rope(q, cfg.rope_theta)
-    k = np.repeat(_rope(k, cfg.rope_theta), heads // kv, axis=1)
-    v = np.repeat(v.reshape(seq, kv, dim), heads // kv, axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(dim)
-    scores += np.triu(np.full((seq, seq), -np.inf, dtype=np.float32), k=1)
+    return grouped_attention(_rope(q, cfg.rope_theta), _rope(k, cfg.rope_theta), v.reshape(seq, kv, dim),
+                             1 / np.sqrt(dim))
+
+
+def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0) -> np.ndarray:
+    """Causal softmax attention of q[seq, heads, dim] over k, v[seq, kv_heads, dim] (each kv head
+    shared by heads / kv_heads query heads), scores times ``scale``; a ``window`` > 0 lets each
+    position see only the last ``window`` ones. Returns [seq, heads * dim]."""
+    seq, heads, dim = q.shape
+    k, v = np.repeat(k, heads // k.shape[1], axis=1), np.repeat(v, heads // v.shape[1], axis=1)
+    scores = np.einsum("qhd,khd->hqk", q, k) * scale
+    distance = np.arange(seq)[:, None] - np.arange(seq)[None, :]
+    masked = (distance < 0) | (distance >= window) if window else distance < 0
+    scores = np.where(masked, -np.inf, scores)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     return np.einsum("hqk,khd->qhd", probs, v).reshape(seq, heads * dim)
