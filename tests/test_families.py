@@ -56,7 +56,8 @@ def test_logits_and_greedy_tokens_equal_transformers(family, family_models, buil
     art = q0(build_artifact, folder)
     assert art.manifest["model"]["family"] == family
     assert art.manifest["model"]["parameters"] == sum(p.numel() for p in reference.parameters())  # tied: once
-    if reference.config.model_type in ("mistral", "gemma3_text"):  # a 64-token window caps the context (40 here)
+    # a 64-token window (Mistral, Gemma 3) or longrope's 64 trained positions (Phi-3.5) cap the context
+    if reference.config.model_type in ("mistral", "gemma3_text", "phi3"):
         assert art.manifest["model"]["context_window"] == 64
     cpu = art.cpu_model()
     got = cpu.all_logits(tokens)
@@ -200,6 +201,27 @@ def test_a_gemma3_config_field_it_does_not_handle_is_named(field, value, named, 
     _, reference = family_models["gemma3"]
     with pytest.raises(LanternError, match=named):
         GEMMA3.config.from_hf({**reference.config.to_dict(), field: value})
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"short_factor": [1.0] * 8}, r"rope_scaling.short_factor': expected 16 factors"),
+    ({"attention_factor": 1.0}, r"rope_scaling.attention_factor': 1.0 differs from longrope's 1.41421"),
+    ({"type": "dynamic"}, r"unsupported rope_type 'dynamic'"),
+])
+def test_a_phi3_longrope_it_cannot_run_exactly_is_named(change, named, family_models):
+    from lantern.errors import LanternError
+    from lantern.models import family_for_architecture
+
+    _, reference = family_models["phi3"]
+    cfg = {k: v for k, v in reference.config.to_dict().items() if k != "rope_parameters"}
+    cfg["rope_scaling"] = {**cfg.get("rope_scaling", {}), "type": "longrope",
+                           "short_factor": [1.0] * 16, "long_factor": [2.0] * 16, **change}
+    phi3 = family_for_architecture("Phi3ForCausalLM").config
+    with pytest.raises(LanternError, match=named):
+        phi3.from_hf(cfg)
+    assert phi3.from_hf({**cfg, "rope_scaling": {**cfg["rope_scaling"], "short_factor": [1.0] * 16,
+                                                 "attention_factor": None, "type": "longrope"}}
+                        ).context_window_size == 64  # the trained length caps the context
 
 
 def test_a_sliding_window_caps_the_context_where_it_changes_nothing(family_models):

@@ -67,10 +67,12 @@ FAMILY_CONFIGS = {
         "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 1, "sliding_window": 64, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 256, "tie_word_embeddings": False}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {  # Phi-3.5's longrope: 64 positions trained, 4096 claimed
         "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
-        "original_max_position_embeddings": 256, "tie_word_embeddings": False, "pad_token_id": 0}),
+        "num_key_value_heads": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 64, "tie_word_embeddings": False, "pad_token_id": 0,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.15 * i for i in range(16)],
+                         "long_factor": [4.0 + i for i in range(16)]}}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {
         "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 1, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,

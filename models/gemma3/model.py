@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode
@@ -29,6 +28,7 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode
 from lantern.errors import LanternError
 from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM, decoder_fields
 from lantern.models.llama.model import sliding_window as window_of
+from lantern.models.llama.rope import rope
 from lantern.quantize import QuantSpec, make_embedding, make_linear
 
 
@@ -84,29 +84,6 @@ class Gemma3Config(LlamaConfig):
             return self.rope_local_theta, 1.0
         factor = float(self.rope_scaling.get("factor", 1.0)) if self.rope_scaling else 1.0
         return self.rope_theta, factor
-
-
-def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float) -> nn.Tensor:
-    """Rotate-half RoPE of ``x[b, s, heads, d]`` at ``positions[b * s]`` (the KV cache's query
-    positions), computed in float32 as transformers does: angle = (pos / scale) * theta^(-2i/d)."""
-
-    def compute(xt: te.Tensor, pos: te.Tensor) -> te.Tensor:
-        s, d = xt.shape[1], int(xt.shape[3])
-        half = d // 2
-
-        def element(b, t, h, i):
-            j = tirx.floormod(i, half)
-            inv_freq = tirx.const(1.0, "float32") / tirx.power(
-                tirx.const(theta, "float32"), tirx.Cast("float32", 2 * j) / tirx.const(float(d), "float32"))
-            angle = tirx.Cast("float32", pos[b * s + t]) / tirx.const(scale, "float32") * inv_freq
-            value = tirx.Cast("float32", xt[b, t, h, i])
-            partner = tirx.if_then_else(i < half, -tirx.Cast("float32", xt[b, t, h, i + half]),
-                                        tirx.Cast("float32", xt[b, t, h, i - half]))
-            return tirx.Cast(xt.dtype, value * tirx.cos(angle) + partner * tirx.sin(angle))
-
-        return te.compute(xt.shape, element, name="rope")
-
-    return op.tensor_expr_op(compute, "rope", [x, positions])
 
 
 class Gemma3Attention(nn.Module):

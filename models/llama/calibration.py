@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .model import LlamaConfig
+from .rope import longrope_short
 
 Observe = Callable[[str, list[np.ndarray]], None]
 
@@ -25,12 +26,17 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def _rope(x: np.ndarray, theta: float, scale: float = 1.0) -> np.ndarray:
-    """x[seq, heads, head_dim] at positions 0..seq-1 (divided by a linear ``scale``), rotate-half convention."""
+def _rope(x: np.ndarray, theta: float, scale: float = 1.0, rope_scaling: dict | None = None) -> np.ndarray:
+    """x[seq, heads, head_dim] at positions 0..seq-1 (divided by a linear ``scale``), rotate-half convention.
+    Phi-3.5's longrope (``rope_scaling``) divides each frequency by its short factor and scales cos/sin."""
     half = x.shape[-1] // 2
     inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2 / x.shape[-1])
+    magnitude = 1.0
+    if rope_scaling and rope_scaling.get("rope_type") == "longrope":
+        factors, magnitude = longrope_short(rope_scaling)
+        inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = (np.arange(x.shape[0], dtype=np.float64) / scale)[:, None] * inv_freq[None, :]
-    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    cos, sin = magnitude * np.cos(angles)[:, None, :], magnitude * np.sin(angles)[:, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
 
@@ -47,7 +53,8 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], p: str, cfg: LlamaC
     if cfg.qk_norm:
         q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
         k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
-    return grouped_attention(_rope(q, cfg.rope_theta), _rope(k, cfg.rope_theta), v.reshape(seq, kv, dim),
+    q, k = _rope(q, cfg.rope_theta, rope_scaling=cfg.rope_scaling), _rope(k, cfg.rope_theta, rope_scaling=cfg.rope_scaling)
+    return grouped_attention(q, k, v.reshape(seq, kv, dim),
                              1 / np.sqrt(dim))
 
 

@@ -20,6 +20,8 @@ from tvm.target import Target
 from lantern.errors import LanternError
 from lantern.quantize import QuantSpec, make_embedding, make_linear
 
+from .rope import longrope_short, resolve_longrope, rope
+
 
 # config.json fields that change the architecture in ways no family here implements: refused by name
 # rather than compiled into a silently different model.
@@ -58,6 +60,8 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
                            "supported (only on all of it)")
     if "type" in rope_scaling and "rope_type" not in rope_scaling:
         rope_scaling["rope_type"] = rope_scaling.pop("type")
+    if rope_scaling.get("rope_type") == "su":  # longrope's first name (Phi-3 128k configs)
+        rope_scaling["rope_type"] = "longrope"
     if rope_scaling.get("rope_type") in ("default", None):
         rope_scaling = {}
     if rope_scaling.get("rope_type") not in (None, "llama3", "yarn", "longrope", "linear"):
@@ -70,6 +74,11 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     if cfg.get("hidden_act", "silu") != "silu":
         raise LanternError(f"config.json field 'hidden_act': '{cfg['hidden_act']}' is not supported here (silu)")
     context = cfg.get("max_position_embeddings", 4096)
+    if rope_scaling.get("rope_type") == "longrope":
+        key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+        rope_scaling = resolve_longrope(cfg, rope_scaling, cfg.get("head_dim") or cfg["hidden_size"] // heads, key)
+        # within the trained length transformers uses the short factors only (rope.py): exact up to it
+        context = min(context, rope_scaling["original_max_position_embeddings"])
     window = sliding_window(cfg)
     if window is not None and window < context:
         # A sequence no longer than the window attends to every position in every layer, windowed or
@@ -143,13 +152,23 @@ class LlamaAttention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
             self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+        # longrope (Phi-3.5): rotated here, the KV cache rotates nothing (create_tir_paged_kv_cache)
+        self.longrope = longrope_short(cfg.rope_scaling) if cfg.rope_scaling.get("rope_type") == "longrope" else None
+        self.rope_theta = cfg.rope_theta
 
     def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int) -> nn.Tensor:
         b, s, _ = x.shape
         qkv = op.reshape(self.qkv_proj(x), (b, s, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim))
-        if self.qk_norm:  # RoPE runs inside the KV cache, so the norms go before it here
+        if self.qk_norm or self.longrope:  # RoPE runs inside the KV cache, so the norms go before it here
             q, k, v = op.split(qkv, [self.num_q_heads, self.num_q_heads + self.num_kv_heads], axis=2)
-            qkv = op.concat([self.q_norm(q), self.k_norm(k), v], dim=2)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            if self.longrope:
+                factors, magnitude = self.longrope
+                positions = kv_cache.get_query_positions(b * s)
+                q = rope(q, positions, self.rope_theta, factors=factors, magnitude=magnitude)
+                k = rope(k, positions, self.rope_theta, factors=factors, magnitude=magnitude)
+            qkv = op.concat([q, k, v], dim=2)
         out = kv_cache.attention_with_fused_qkv(layer_id, qkv, self.num_q_heads, sm_scale=self.head_dim**-0.5)
         return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))
 
@@ -249,6 +268,8 @@ class LlamaForCausalLM(nn.Module):
         if rope_scaling.get("rope_type") == "linear":
             rope_scale = int(rope_scaling.pop("factor"))
             rope_scaling = {}
+        elif rope_scaling.get("rope_type") == "longrope":  # rotated in the model (LlamaAttention)
+            rope_scaling = {}
         return TIRPagedKVCache(
             attn_kind="mha",
             max_batch_size=max_batch_size,
@@ -264,7 +285,7 @@ class LlamaForCausalLM(nn.Module):
             v_head_dim=cfg.head_dim,
             mla_original_qk_head_dim=0,
             mla_original_v_head_dim=0,
-            rope_mode=self.rope_mode,
+            rope_mode=RopeMode.NONE if self.cfg.rope_scaling.get("rope_type") == "longrope" else self.rope_mode,
             rope_scale=rope_scale,
             rope_theta=cfg.rope_theta,
             rope_scaling=rope_scaling,

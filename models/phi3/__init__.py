@@ -2,13 +2,20 @@
 fused, as the model computes them. llama.cpp's ``phi3`` architecture keeps them fused too
 (``attn_qkv``, and ``ffn_up`` holding gate then up).
 
-Phi-3's 2047-token sliding window caps the context (``decoder_fields``). Its longrope scaling
-(Phi-3.5-mini, the 128k models: short and long factors switched by length) is not supported yet
-and is refused by name.
+Phi-3's 2047-token sliding window caps the context (``decoder_fields``).
+
+LongRoPE (Phi-3.5-mini, the 128k models) divides each RoPE frequency by a factor of its own, from
+``short_factor`` while the sequence is within ``original_max_position_embeddings`` and from
+``long_factor`` beyond, and scales cos/sin by an attention factor. The context is capped at the
+original length (4096 on Phi-3.5-mini), where transformers always uses the short factors, so the
+model is exact there. The Llama decoder rotates q and k itself for longrope (models/llama/rope.py):
+TVM 0.27's own longrope kernel does not parse. The long factors stay unused until a longer context
+is supported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -24,11 +31,12 @@ from lantern.models.llama.model import LlamaConfig, decoder_fields
 class Phi3Config(LlamaConfig):
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "Phi3Config":
-        fields = decoder_fields(cfg)  # its rope_scaling is {} for plain RoPE
-        if fields["rope_scaling"]:
-            key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
-            raise LanternError(f"config.json field '{key}': Phi-3's {fields['rope_scaling']['rope_type']} RoPE "
-                               "(Phi-3.5, the 128k models) is not supported yet")
+        fields = decoder_fields(cfg)  # its rope_scaling is {} for plain RoPE, resolved for longrope
+        rope = fields["rope_scaling"]
+        key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+        if rope and rope["rope_type"] != "longrope":
+            raise LanternError(f"config.json field '{key}': Phi-3's {rope['rope_type']} RoPE is not supported "
+                               "(supported: default, longrope)")
         return cls(**fields)
 
 
@@ -81,7 +89,18 @@ def gguf_tensors(cfg: Phi3Config) -> list[GGUFTensor]:
 _PHI3_LAYER = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
 
+_LAYOUT = gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors, layer_names=_PHI3_LAYER,
+                      unsupported=gguf_unsupported)
+
+
+def config_from_gguf(meta: dict, names: set[str]) -> dict:
+    """A phi3 GGUF's config; Phi-3.5's longrope factors live in tensors, which are not read yet."""
+    if {"rope_factors_short.weight", "rope_factors_long.weight"} & names:
+        raise LanternError("GGUF tensor 'rope_factors_short.weight': Phi-3.5's longrope from a GGUF is not "
+                           "supported yet; build from the Hugging Face folder (its config.json has the factors)")
+    return _LAYOUT.config_from_metadata(meta, names)
+
+
 FAMILY = Family(name="phi3", architectures=("Phi3ForCausalLM",), config=Phi3Config, model=LlamaForCausalLM,
                 to_lantern=to_lantern, calibration_forward=calibration_forward,
-                gguf=gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors,
-                                 layer_names=_PHI3_LAYER, unsupported=gguf_unsupported))
+                gguf=dataclasses.replace(_LAYOUT, config_from_metadata=config_from_gguf))

@@ -1,0 +1,81 @@
+"""RoPE computed in the model, for what TVM's KV cache cannot rotate itself: Gemma 3's two bases
+(one per layer kind) and Phi-3.5's longrope (TVM 0.27's longrope kernel does not parse). A model
+that rotates q and k here creates its KV cache with ``RopeMode.NONE``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from tvm import te, tirx
+
+from lantern.errors import LanternError
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import op
+
+
+def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
+         factors: Sequence[float] | None = None, magnitude: float = 1.0) -> nn.Tensor:
+    """Rotate-half RoPE of ``x[b, s, heads, d]`` at ``positions[b * s]`` (the KV cache's query
+    positions), in float32 as transformers computes it: angle = (pos / scale) * inv_freq[i] with
+    inv_freq[i] = 1 / (factors[i] * theta^(2i/d)) (``factors``: longrope's, else 1), and cos/sin
+    times ``magnitude`` (longrope's attention factor)."""
+
+    def compute(xt: te.Tensor, pos: te.Tensor) -> te.Tensor:
+        s, d = xt.shape[1], int(xt.shape[3])
+        half = d // 2
+        # longrope's per-frequency divisors, unrolled into a select chain (``half`` constants)
+        divisor = None
+        if factors is not None:
+            def divisor(j):
+                out = tirx.const(float(factors[half - 1]), "float32")
+                for i in range(half - 2, -1, -1):
+                    out = tirx.Select(j == i, tirx.const(float(factors[i]), "float32"), out)
+                return out
+
+        def element(b, t, h, i):
+            j = tirx.floormod(i, half)
+            base = tirx.power(tirx.const(theta, "float32"), tirx.Cast("float32", 2 * j) / tirx.const(float(d), "float32"))
+            inv_freq = tirx.const(1.0, "float32") / (base * divisor(j) if divisor else base)
+            angle = tirx.Cast("float32", pos[b * s + t]) / tirx.const(scale, "float32") * inv_freq
+            value = tirx.Cast("float32", xt[b, t, h, i])
+            partner = tirx.if_then_else(i < half, -tirx.Cast("float32", xt[b, t, h, i + half]),
+                                        tirx.Cast("float32", xt[b, t, h, i - half]))
+            m = tirx.const(magnitude, "float32")
+            return tirx.Cast(xt.dtype, value * (tirx.cos(angle) * m) + partner * (tirx.sin(angle) * m))
+
+        return te.compute(xt.shape, element, name="rope")
+
+    return op.tensor_expr_op(compute, "rope", [x, positions])
+
+
+def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, key: str) -> dict[str, Any]:
+    """A config's longrope, resolved as transformers resolves it: the scale is ``factor``, else
+    max_position_embeddings / original_max_position_embeddings; the attention factor is
+    sqrt(1 + ln(scale) / ln(original)) (``longrope_short`` computes it from the two lengths kept here)."""
+    original = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    if not original:
+        raise LanternError(f"config.json field '{key}': longrope needs original_max_position_embeddings")
+    for name in ("short_factor", "long_factor"):
+        factors = rope.get(name)
+        if not isinstance(factors, list) or len(factors) != head_dim // 2:
+            raise LanternError(f"config.json field '{key}.{name}': expected {head_dim // 2} factors (head_dim / 2), "
+                               f"got {len(factors) if isinstance(factors, list) else factors!r}")
+    scale = float(rope.get("factor") or cfg.get("max_position_embeddings", original) / original)
+    default = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+    given = rope.get("attention_factor")
+    if given is not None and not math.isclose(float(given), default, rel_tol=1e-6):
+        raise LanternError(f"config.json field '{key}.attention_factor': {given} differs from longrope's "
+                           f"{default:.6g} for this scale, which is the only one supported")
+    return {"rope_type": "longrope", "short_factor": [float(f) for f in rope["short_factor"]],
+            "long_factor": [float(f) for f in rope["long_factor"]], "original_max_position_embeddings": int(original),
+            "max_position_embeddings": max(int(original), round(original * scale))}
+
+
+def longrope_short(rope_scaling: dict[str, Any]) -> tuple[list[float], float]:
+    """(short factors, attention factor) of a resolved longrope config (models/phi3's ``longrope``):
+    what transformers uses while the sequence is within original_max_position_embeddings."""
+    original = rope_scaling["original_max_position_embeddings"]
+    ratio = rope_scaling["max_position_embeddings"] / original
+    magnitude = math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 else 1.0
+    return list(rope_scaling["short_factor"]), magnitude
