@@ -19,9 +19,23 @@ from .errors import LanternError
 _SYS, _U1, _A1, _U2 = "\x01SYS\x01", "\x01U1\x01", "\x01A1\x01", "\x01U2\x01"
 
 
+# The reasoning blocks Lantern separates from the answer (reasoning_content), as (open, close) tags.
+REASONING_TAGS = (("<think>", "</think>"),)
+
+
+def reasoning_tags(template: str | None) -> list[str] | None:
+    """The (open, close) tags of the reasoning block a chat template writes, or None. Written into
+    lantern.json (``model.reasoning_tags``), which both runtimes read."""
+    for tags in REASONING_TAGS:
+        if template and all(t in template for t in tags):
+            return list(tags)
+    return None
+
+
 def render(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-           bos_token: str = "", eos_token: str = "", tools: list | None = None) -> str:
-    """Render a Hugging Face chat template the way transformers does."""
+           bos_token: str = "", eos_token: str = "", tools: list | None = None, **extra) -> str:
+    """Render a Hugging Face chat template the way transformers does; ``extra``: more template
+    variables (a request's chat_template_kwargs, such as Qwen3's ``enable_thinking``)."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
 
@@ -32,7 +46,7 @@ def render(template: str, messages: list[dict], *, add_generation_prompt: bool =
     env.filters["tojson"] = _tojson
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            **extra, messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=bos_token, eos_token=eos_token, tools=tools)
     except jinja2.TemplateError as err:
         raise LanternError(f"chat template failed to render: {err}") from None

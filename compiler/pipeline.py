@@ -350,7 +350,9 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
             "model": {"name": name, "family": src.family.name,
                       "architecture": (src.hf_config.get("architectures") or ["?"])[0],
                       "parameters": n_params, "context_window": config.context_window_size,
-                      "prefill_chunk_size": config.prefill_chunk_size, "vocab_size": config.vocab_size},
+                      "prefill_chunk_size": config.prefill_chunk_size, "vocab_size": config.vocab_size,
+                      # the <think>…</think> tags both runtimes return as reasoning_content, or null
+                      "reasoning_tags": chat_template.reasoning_tags(src.tokenizer.chat_template)},
             "quantization": spec.name,
             "calibration": calibration.manifest() if calibrated else None,
             "source": {"input": Path(opts.source).name, "sha256": src.source_hash,

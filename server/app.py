@@ -20,6 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import reasoning
 from .engine import InvalidRequest, ModelEngine, Step, new_id
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
@@ -258,8 +259,10 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
                         chunk.usage = None
                     body = chunk.model_dump()
                     for choice in body["choices"]:  # OpenAI sends `role` only in the first delta
-                        if choice.get("delta", {}).get("role", "") is None:
-                            del choice["delta"]["role"]
+                        delta = choice.get("delta", {})
+                        for key in ("role", "reasoning_content"):
+                            if key in delta and delta[key] is None:
+                                del delta[key]
                     yield f"data: {json.dumps(body)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
@@ -279,11 +282,31 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
         fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
         spec = request_spec(fmt, tools, choice, req.parallel_tool_calls)
         calling = calls_tools(tools, choice)
-        prompt = prepare(slot, slot.engine.render_chat(messages, tools if calling else None), req)
+        # a grammar that decides every token: no reasoning first (auto tool calls leave free text)
+        strict = spec is not None and not (calling and choice in (None, "auto"))
+        tags = slot.engine.reasoning_tags
+        try:
+            kwargs = reasoning.template_kwargs(req.chat_template_kwargs, tags, strict)
+        except ValueError as err:
+            raise ApiError(400, str(err), param="chat_template_kwargs") from None
+        prompt_text = slot.engine.render_chat(messages, tools if calling else None, kwargs)
+        prompt = prepare(slot, prompt_text, req)
         grammar = slot.engine.compile_grammar(spec)
         cid, created = new_id("chatcmpl"), int(time.time())
         logprobs_on = req.logprobs
-        streamed: list[str] = []  # text so far, for the tool calls in the last chunk
+        streamed: list[str] = []  # content so far, for the tool calls in the last chunk
+        splitter = (reasoning.ReasoningSplitter(tags, reasoning.opens_in_prompt(prompt_text, tags))
+                    if tags and not strict else None)
+
+        def split(step: Step) -> tuple[str | None, str]:
+            """(reasoning, content) deltas of a step's text."""
+            if splitter is None:
+                return None, step.delta
+            r, c = splitter.push(step.delta)
+            if step.finish is not None:
+                r2, c2 = splitter.finish()
+                r, c = r + r2, c + c2
+            return r, c
 
         def split_calls(text: str) -> tuple[str | None, list[ToolCall] | None, str | None]:
             """Content, tool calls and the finish reason override for the whole generated text."""
@@ -293,8 +316,9 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
             return content, [ToolCall(**c) for c in calls] or None, "tool_calls" if calls else None
 
         def make_chunk(step: Step, first: bool) -> ChatCompletionChunk:
-            streamed.append(step.delta)
-            delta = Delta(role="assistant", content=step.delta) if first else Delta(content=step.delta)
+            thought, text = split(step)
+            streamed.append(text)
+            delta = Delta(role="assistant" if first else None, content=text, reasoning_content=thought or None)
             finish = step.finish
             if calling and step.finish is not None:  # the calls arrive whole in the last chunk
                 content, calls, calls_finish = split_calls("".join(streamed))
@@ -311,10 +335,12 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
 
         def make_final(steps: list[Step]) -> ChatCompletion:
             lps = [lp for s in steps for lp in (s.logprobs or [])]
-            content, calls, finish = split_calls("".join(s.delta for s in steps))
+            parts = [split(s) for s in steps]
+            thought = "".join(r or "" for r, _ in parts) if splitter else None
+            content, calls, finish = split_calls("".join(c for _, c in parts))
             return ChatCompletion(
                 id=cid, created=created, model=slot.name, usage=steps[-1].usage, lantern_route="cloud",
-                choices=[Choice(message=AssistantMessage(content=content, tool_calls=calls),
+                choices=[Choice(message=AssistantMessage(content=content, reasoning_content=thought, tool_calls=calls),
                                 finish_reason=finish or steps[-1].finish,
                                 logprobs=Logprobs(content=lps) if logprobs_on else None)])
 

@@ -151,19 +151,21 @@ class ModelEngine:
         self.stop_ids |= set((chat.get("conv_template") or {}).get("stop_token_ids") or [])
         self.vocab_size = self.art.manifest["model"]["vocab_size"]
         self.context_window = self.art.manifest["model"]["context_window"]
+        self.reasoning_tags = self.art.manifest["model"].get("reasoning_tags")  # None: not a reasoning model
         self.generation = self.art.manifest.get("generation") or {}  # sampling defaults of the artifact
         self.token_postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The prompt text; tools go through the template when it knows them, else Lantern's format."""
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None) -> str:
+        """The prompt text; tools go through the template when it knows them, else Lantern's format.
+        ``kwargs``: more template variables (reasoning.template_kwargs)."""
         if not self.template:
             raise InvalidRequest(f"model {self.name} has no chat template; use /v1/completions")
         native = tools and "tools" in self.template
         try:
             return render(self.template, messages if native else tool_messages(messages, tools),
-                          bos_token=self.bos, eos_token=self.eos, tools=tools if native else None)
+                          bos_token=self.bos, eos_token=self.eos, tools=tools if native else None, **(kwargs or {}))
         except LanternError as err:
             raise InvalidRequest(str(err)) from None
 

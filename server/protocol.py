@@ -133,6 +133,8 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # extra chat-template variables, as vLLM and llama.cpp's server take them (Qwen3's enable_thinking)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -172,6 +174,8 @@ class Usage(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    # a reasoning model's <think> block (lantern.reasoning), as vLLM and llama.cpp's server return it
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -196,6 +200,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

@@ -135,6 +135,8 @@ async function send(event) {
   const started = performance.now();
   let tokens = 0;
   let firstAt = 0;
+  let thinking = null;
+  let reasoning = "";
   try {
     const format = schema ? { response_format: { type: "json_schema", json_schema: { name: "answer", schema } } } : {};
     // No temperature or top_p: the artifact's sampling defaults apply (lantern.json "generation").
@@ -145,9 +147,19 @@ async function send(event) {
       { signal: abort.signal, ...route });
     for await (const chunk of stream) {
       const delta = chunk.choices[0]?.delta?.content ?? "";
-      if (delta && !firstAt) firstAt = performance.now();
+      const thought = chunk.choices[0]?.delta?.reasoning_content ?? "";
+      if ((delta || thought) && !firstAt) firstAt = performance.now();
+      if (thought) {  // a reasoning model's <think> block, shown folded above its answer
+        if (!thinking) {
+          thinking = Object.assign(document.createElement("details"), { className: "msg-thinking" });
+          thinking.append(Object.assign(document.createElement("summary"), { textContent: "Thinking" }));
+          answer.before(thinking);
+        }
+        thinking.append(thought);
+        reasoning += thought;
+      }
       answer.textContent += delta;
-      tokens += delta ? 1 : 0;
+      tokens += delta || thought ? 1 : 0;
       if (chunk.lantern_route && chunk.lantern_route !== ui.route.dataset.route) {
         showRoute(chunk.lantern_route, route.route ? "chosen on this page" : "fallback");
       }
@@ -162,7 +174,8 @@ async function send(event) {
   } catch (err) {
     answer.append(abort.signal.aborted ? " [stopped]" : ` [error: ${err.name}: ${err.message}]`);
   } finally {
-    convo.push({ role: "assistant", content: answer.textContent.replace(/ \[stopped\]$/, "") });
+    const content = answer.textContent.replace(/ \[stopped\]$/, "");
+    convo.push({ role: "assistant", content, ...(reasoning ? { reasoning_content: reasoning } : {}) });
     ui.send.disabled = false;
     ui.stop.disabled = true;
     abort = null;

@@ -40,7 +40,7 @@ async function handle(msg: WorkerRequest): Promise<unknown> {
       return engine.stats();
     case "render":
       if (!engine) throw new Error("load the engine first");
-      return engine.renderPrompt(msg.messages);
+      return engine.renderPrompt(msg.request);
     case "debug":
       if (!engine) throw new Error("load the engine first");
       return engine.debug(msg.request);

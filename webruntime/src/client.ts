@@ -1,6 +1,6 @@
 // The page side of an engine that runs in a Web Worker: same API as Engine, every call is a
 // message (protocol.ts). Streamed chunks arrive as they are made, without acknowledgements.
-import type { CreateOptions } from "./engine";
+import type { CreateOptions, PromptPlan } from "./engine";
 import { deserializeError } from "./errors";
 import { PushStream } from "./stream";
 import type {
@@ -83,8 +83,8 @@ export class WorkerEngine {
     return chunks;
   }
 
-  renderPrompt(messages: ChatCompletionRequest["messages"]): Promise<string> {
-    return this.call({ kind: "render", messages }) as Promise<string>;
+  renderPrompt(request: ChatCompletionRequest): Promise<PromptPlan> {
+    return this.call({ kind: "render", request }) as Promise<PromptPlan>;
   }
 
   debug(request: DebugOp): Promise<DebugResult> {

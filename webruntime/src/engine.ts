@@ -13,7 +13,8 @@ import type {
 import { samplingParams } from "./sampler";
 import { openStore, type FileStore } from "./storage";
 import { PushStream } from "./stream";
-import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages } from "./structured";
+import { opensInPrompt, ReasoningSplitter, templateKwargs } from "./reasoning";
+import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
 import { TextCodec, type TokenizerConfig } from "./text";
 import { WasmDevice } from "./wasm";
 import { WebGpuDevice } from "./webgpu";
@@ -33,7 +34,7 @@ class Job {
   readonly id = `chatcmpl-${crypto.randomUUID()}`;
   readonly created = Math.floor(Date.now() / 1000);
 
-  constructor(readonly request: ChatCompletionRequest, readonly grammar: unknown,
+  constructor(readonly request: ChatCompletionRequest, readonly grammar: unknown, readonly prompt: PromptPlan,
               readonly onEvent: (e: StepEvent) => void) {}
 
   move(to: RequestState): void {
@@ -42,8 +43,17 @@ class Job {
   }
 }
 
+/** What the chat template makes of a request, and how its answer splits into reasoning and content. */
+export interface PromptPlan {
+  text: string;
+  // a reasoning model's tags, and whether the prompt already opened the reasoning; null: no split
+  reasoning: { tags: string[]; inReasoning: boolean } | null;
+}
+
 interface StepEvent {
-  delta: string;
+  delta: string;  // content
+  reasoning: string;  // reasoning_content ("" for models without reasoning)
+  raw: string;  // the generated text of this step, before the split
   tokens: number;  // completion tokens so far
   logprobs: TokenLogprob[] | null;
   finish: FinishReason | null;
@@ -156,21 +166,26 @@ export class Engine {
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     const device = this.loaded();
     this.validate(req);
-    // Bad schemas and grammars fail here, before the request is queued.
+    // Bad schemas, grammars and template variables fail here, before the request is queued.
     const spec = requestSpec(req);
+    const plan = this.plan(req, spec);
     const grammar = spec ? await device.prepare(spec) : null;
-    if (req.stream) return this.stream(req, grammar, opts);
+    if (req.stream) return this.stream(req, grammar, plan, opts);
     let text = "";
+    let reasoning = "";
     const logprobs: TokenLogprob[] = [];
     let finish: FinishReason = "stop";
     let usage: Usage | undefined;
-    const job = await this.run(req, grammar, opts, (e) => {
+    const job = await this.run(req, grammar, plan, opts, (e) => {
       text += e.delta;
+      reasoning += e.reasoning;
       if (e.logprobs) logprobs.push(...e.logprobs);
       if (e.finish) finish = e.finish;
       if (e.usage) usage = e.usage;
     });
-    const message: ChatCompletion["choices"][0]["message"] = { role: "assistant", content: text };
+    const message: ChatCompletion["choices"][0]["message"] = {
+      role: "assistant", content: text, ...(plan.reasoning ? { reasoning_content: reasoning } : {}),
+    };
     if (callsTools(req)) {
       const { content, calls } = parseToolCalls(text);
       if (calls.length) {
@@ -185,7 +200,7 @@ export class Engine {
     };
   }
 
-  private stream(req: ChatCompletionRequest, grammar: unknown, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
+  private stream(req: ChatCompletionRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
     const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
     const includeUsage = req.stream_options?.include_usage ?? true;
@@ -194,6 +209,7 @@ export class Engine {
     let sent = "";  // content streamed so far (tool calls are held back for the last chunk)
     const chunk = (job: Job, e: StepEvent): ChatCompletionChunk => {
       const delta: ChatCompletionChunk["choices"][0]["delta"] = first ? { role: "assistant", content: e.delta } : { content: e.delta };
+      if (e.reasoning) delta.reasoning_content = e.reasoning;
       first = false;
       let finish = e.finish;
       if (e.finish && callsTools(req)) {
@@ -209,11 +225,12 @@ export class Engine {
         id: job.id, object: "chat.completion.chunk", created: job.created, model: this.manifest.model.name, lantern_device: kind,
         choices: [{ index: 0, delta, finish_reason: finish, logprobs: e.logprobs ? { content: e.logprobs } : null }],
         lantern_completion_tokens: e.tokens,
+        ...(plan.reasoning ? { lantern_text: e.raw } : {}),
       };
       if (e.usage && includeUsage) c.usage = e.usage;
       return c;
     };
-    this.run(req, grammar, opts, (e) => chunks.push(chunk(jobRef!, e)), (job) => { jobRef = job; })
+    this.run(req, grammar, plan, opts, (e) => chunks.push(chunk(jobRef!, e)), (job) => { jobRef = job; })
       .then(() => chunks.end(), (err) => chunks.fail(err instanceof Error ? err : new Error(String(err))));
     return chunks;
   }
@@ -242,9 +259,9 @@ export class Engine {
   }
 
   /** Queue a request and run it when its turn comes; resolves when it reached a terminal state. */
-  private run(req: ChatCompletionRequest, grammar: unknown, opts: CreateOptions,
+  private run(req: ChatCompletionRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions,
               onEvent: (e: StepEvent) => void, onJob: (job: Job) => void = () => {}): Promise<Job> {
-    const job = new Job(req, grammar, onEvent);
+    const job = new Job(req, grammar, plan, onEvent);
     onJob(job);
     const abort = () => { job.cancelled = true; };
     opts.signal?.addEventListener("abort", abort);
@@ -293,11 +310,20 @@ export class Engine {
     try {
       if (job.cancelled) {
         job.move("cancelled");
-        job.onEvent({ delta: "", tokens: 0, logprobs: null, finish: "abort", usage: usage() });
+        job.onEvent({ delta: "", reasoning: "", raw: "", tokens: 0, logprobs: null, finish: "abort", usage: usage() });
         return;
       }
       job.move("prefill");
-      const promptText = this.promptText(req);
+      const promptText = job.prompt.text;
+      const split = job.prompt.reasoning ? new ReasoningSplitter(job.prompt.reasoning.tags, job.prompt.reasoning.inReasoning) : null;
+      const emit = (raw: string, finish: FinishReason | null, logprobs: TokenLogprob[] | null, extra: Partial<StepEvent> = {}) => {
+        let parts = split ? split.push(raw) : { reasoning: "", content: raw };
+        if (split && finish) {
+          const rest = split.finish();
+          parts = { reasoning: parts.reasoning + rest.reasoning, content: parts.content + rest.content };
+        }
+        job.onEvent({ delta: parts.content, reasoning: parts.reasoning, raw, tokens: completion, logprobs, finish, ...extra });
+      };
       const prompt = this.codec.encode(promptText);
       promptTokens = prompt.length;
       const room = device.contextWindow - prompt.length;
@@ -331,16 +357,14 @@ export class Engine {
         let safe = text.length - heldBack(text, holds);
         if (holds !== stops && text.includes(TOOL_OPEN)) safe = Math.min(safe, text.indexOf(TOOL_OPEN));
         if (safe > sent) {
-          job.onEvent({ delta: text.slice(sent, safe), tokens: completion,
-            logprobs: pendingLogprobs.length ? pendingLogprobs : null, finish: null });
+          emit(text.slice(sent, safe), null, pendingLogprobs.length ? pendingLogprobs : null);
           sent = safe;
           pendingLogprobs = [];
         }
       }
       await gen.close(finish === "abort" ? "abort" : "done");
       job.move(finish === "abort" ? "cancelled" : "completed");
-      job.onEvent({ delta: text.slice(sent), tokens: completion, logprobs: pendingLogprobs.length ? pendingLogprobs : null,
-        finish, usage: usage() });
+      emit(text.slice(sent), finish, pendingLogprobs.length ? pendingLogprobs : null, { usage: usage() });
     } catch (err) {
       job.move("failed");
       await gen?.close("error").catch(() => {});
@@ -350,16 +374,26 @@ export class Engine {
     }
   }
 
-  /** The prompt text: tools go through the chat template when it knows them, else Lantern's format. */
-  private promptText(req: ChatCompletionRequest): string {
+  /**
+   * The prompt text (tools go through the chat template when it knows them, else Lantern's format)
+   * and the reasoning split. The twin of chat_completions in lantern.server.app.
+   */
+  private plan(req: ChatCompletionRequest, spec: GrammarSpec | null): PromptPlan {
     const tools = callsTools(req) ? req.tools! : null;
-    if (tools && this.codec.knowsTools) return this.codec.renderChat(req.messages, tools);
-    return this.codec.renderChat(toolMessages(req.messages, tools));
+    // a grammar that decides every token: no reasoning first (auto tool calls leave free text)
+    const choice = req.tool_choice;
+    const strict = spec !== null && !(tools && (choice === undefined || choice === null || choice === "auto"));
+    const tags = this.manifest.model.reasoning_tags ?? null;
+    const kwargs = templateKwargs(req.chat_template_kwargs, tags, strict);
+    const text = tools && this.codec.knowsTools
+      ? this.codec.renderChat(req.messages, tools, kwargs)
+      : this.codec.renderChat(toolMessages(req.messages, tools), null, kwargs);
+    return { text, reasoning: tags && !strict ? { tags, inReasoning: opensInPrompt(text, tags) } : null };
   }
 
-  /** The prompt text the model's chat template makes of ``messages`` (the router continues from it). */
-  renderPrompt(messages: ChatCompletionRequest["messages"]): string {
-    return this.codec.renderChat(messages);
+  /** The prompt and reasoning split of a plain (unconstrained) request: the router continues a failed stream from it. */
+  renderPrompt(req: ChatCompletionRequest): PromptPlan {
+    return this.plan(req, null);
   }
 
   private webgpu(what: string): WebGpuDevice {

@@ -19,7 +19,11 @@ export interface LibraryEntry {
 
 export interface Manifest {
   format: string;
-  model: { name: string; context_window: number; prefill_chunk_size: number; vocab_size: number };
+  model: {
+    name: string; context_window: number; prefill_chunk_size: number; vocab_size: number;
+    // a reasoning model's [open, close] tags (the answer's <think> block is reasoning_content); null or absent: none
+    reasoning_tags?: string[] | null;
+  };
   quantization: string;
   libraries: LibraryEntry[];
   memory: { estimated_gpu_bytes: number };

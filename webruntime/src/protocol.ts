@@ -15,6 +15,7 @@ export interface ChatMessage {
   name?: string;
   tool_call_id?: string;
   tool_calls?: ToolCall[];
+  reasoning_content?: string | null;  // an earlier answer's reasoning, for templates that render it (Qwen3)
 }
 
 export interface Tool {
@@ -55,6 +56,8 @@ export interface ChatCompletionRequest {
   tools?: Tool[];
   tool_choice?: ToolChoice;
   parallel_tool_calls?: boolean;
+  // extra chat-template variables, as vLLM and llama.cpp's server take them (Qwen3's enable_thinking)
+  chat_template_kwargs?: Record<string, unknown>;
 }
 
 /** `chat.completions.create` of the engine, the worker client and the router: a stream for `stream: true`. */
@@ -104,7 +107,8 @@ export interface ChatCompletion {
   model: string;
   choices: {
     index: number;
-    message: { role: "assistant"; content: string | null; tool_calls?: ToolCall[] };
+    // reasoning_content: a reasoning model's <think> block (reasoning.ts); null for other models
+    message: { role: "assistant"; content: string | null; reasoning_content?: string | null; tool_calls?: ToolCall[] };
     finish_reason: FinishReason;
     logprobs: { content: TokenLogprob[] } | null;
   }[];
@@ -114,15 +118,17 @@ export interface ChatCompletion {
 export interface ChatCompletionChunk {
   lantern_route?: Route;
   lantern_device?: DeviceName;
-  // completion tokens generated so far (the router continues a failed stream from here)
+  // completion tokens generated so far, and the raw text of this chunk before reasoning_content was
+  // split off (the router continues a failed stream from here)
   lantern_completion_tokens?: number;
+  lantern_text?: string;
   id: string;
   object: "chat.completion.chunk";
   created: number;
   model: string;
   choices: {
     index: number;
-    delta: { role?: "assistant"; content?: string; tool_calls?: (ToolCall & { index: number })[] };
+    delta: { role?: "assistant"; content?: string; reasoning_content?: string; tool_calls?: (ToolCall & { index: number })[] };
     finish_reason: FinishReason | null;
     logprobs: { content: TokenLogprob[] } | null;
   }[];
@@ -205,7 +211,7 @@ export type WorkerRequest =
   | { kind: "abort"; id: number; target: number }
   | { kind: "interrupt"; id: number }
   | { kind: "stats"; id: number }
-  | { kind: "render"; id: number; messages: ChatMessage[] }
+  | { kind: "render"; id: number; request: ChatCompletionRequest }
   | { kind: "debug-lose-device"; id: number }
   | { kind: "debug"; id: number; request: DebugOp }
   | { kind: "unload"; id: number };

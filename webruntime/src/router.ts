@@ -1,9 +1,10 @@
 // The hybrid router: one chat.completions.create that runs on the local engine when the device
 // can, and on any OpenAI-compatible endpoint otherwise, or when the local path fails. A stream
 // that fails locally is continued on the cloud from the text already streamed.
-import type { CreateOptions } from "./engine";
+import type { CreateOptions, PromptPlan } from "./engine";
 import { LanternError, NetworkError, WebGPUUnavailableError } from "./errors";
 import { createEngine, type LanternEngine } from "./create";
+import { ReasoningSplitter } from "./reasoning";
 import { callsTools } from "./structured";
 import type {
   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, EngineOptions, FinishReason, Route,
@@ -104,7 +105,7 @@ class Cloud {
   /** Continue ``prompt`` (a rendered chat plus the text streamed so far) with the legacy endpoint. */
   async *continueText(prompt: string, req: ChatCompletionRequest, maxTokens: number | undefined,
                       signal?: AbortSignal): AsyncGenerator<{ text: string; finish: FinishReason | null }> {
-    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, ...sampling } = req;
+    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, chat_template_kwargs: _k, ...sampling } = req;
     const resp = await this.post("/completions", { ...sampling, prompt, max_tokens: maxTokens, stream: true }, signal);
     for await (const c of sse(resp)) {
       const choice = (c as { choices: { text: string; finish_reason: FinishReason | null }[] }).choices[0];
@@ -223,10 +224,10 @@ export class Router {
     return {
       [Symbol.asyncIterator]: async function* () {
         const local = self.local!;
-        let text = "";
+        let text = "";  // the raw answer so far (reasoning and content)
         let tokens = 0;
         let last: ChatCompletionChunk | null = null;
-        let prompt = "";
+        let plan: PromptPlan | null = null;
         const ctrl = new AbortController();
         opts.signal?.addEventListener("abort", () => ctrl.abort());
         const timeoutMs = self.opts.localTimeoutMs ?? 120000;
@@ -243,7 +244,7 @@ export class Router {
             ]).finally(() => clearTimeout(timer));
             if (next.done) return;
             const chunk = next.value;
-            text += chunk.choices[0]?.delta.content ?? "";
+            text += chunk.lantern_text ?? chunk.choices[0]?.delta.content ?? "";
             tokens = chunk.lantern_completion_tokens ?? tokens;
             last = chunk;
             yield { ...chunk, lantern_route: "local" as Route };
@@ -251,7 +252,7 @@ export class Router {
         } catch (err) {
           if (!self.fallbackWorthy(err) || opts.signal?.aborted) throw err;
           // Continue on the cloud from what was already streamed: no duplicates, no gaps.
-          prompt = (await self.promptFor(req, local)) + text;
+          plan = await self.promptFor(req, local);
           self.fallback(err, true);
         }
         if (constrained(req)) {
@@ -263,10 +264,19 @@ export class Router {
           id: `chatcmpl-${crypto.randomUUID()}`, object: "chat.completion.chunk" as const,
           created: Math.floor(Date.now() / 1000), model: self.opts.cloud.model, choices: [],
         };
-        for await (const piece of self.cloud.continueText(prompt, req, budget, opts.signal)) {
+        // A reasoning answer splits on as the engine split it: the same rule over the whole raw text.
+        const split = plan!.reasoning ? new ReasoningSplitter(plan!.reasoning.tags, plan!.reasoning.inReasoning) : null;
+        split?.push(text);  // what the engine already sent, or still held back
+        for await (const piece of self.cloud.continueText(plan!.text + text, req, budget, opts.signal)) {
+          let parts = split ? split.push(piece.text) : { reasoning: "", content: piece.text };
+          if (split && piece.finish) {
+            const rest = split.finish();
+            parts = { reasoning: parts.reasoning + rest.reasoning, content: parts.content + rest.content };
+          }
           yield {
             id: base.id, object: "chat.completion.chunk", created: base.created, model: base.model,
-            choices: [{ index: 0, delta: { content: piece.text }, finish_reason: piece.finish, logprobs: null }],
+            choices: [{ index: 0, delta: { content: parts.content, ...(parts.reasoning ? { reasoning_content: parts.reasoning } : {}) },
+              finish_reason: piece.finish, logprobs: null }],
             lantern_route: "cloud",
           };
         }
@@ -299,9 +309,9 @@ export class Router {
     }
   }
 
-  private async promptFor(req: ChatCompletionRequest, local: LanternEngine): Promise<string> {
+  private async promptFor(req: ChatCompletionRequest, local: LanternEngine): Promise<PromptPlan> {
     try {
-      return await local.renderPrompt(req.messages);
+      return await local.renderPrompt(req);
     } catch (err) {
       throw new LanternError(`cannot continue on the cloud: the chat template could not be rendered (${err})`);
     }

@@ -46,13 +46,13 @@ export class TextCodec {
   }
 
   /** The prompt text exactly as transformers' apply_chat_template(add_generation_prompt=True) renders it. */
-  renderChat(messages: ChatMessage[], tools?: Tool[]): string {
+  renderChat(messages: ChatMessage[], tools?: Tool[] | null, kwargs: Record<string, unknown> = {}): string {
     if (!this.template) {
       throw new ArtifactError("this artifact has no chat template (tokenizer_config.json lacks chat_template)");
     }
     try {
       return this.template.render({
-        messages, add_generation_prompt: true, bos_token: this.bosToken, eos_token: this.eosToken,
+        ...kwargs, messages, add_generation_prompt: true, bos_token: this.bosToken, eos_token: this.eosToken,
         ...(tools ? { tools } : {}),
       });
     } catch (err) {
