@@ -134,6 +134,8 @@ def _summary_table(result) -> "object":
         table.add_row(f"time: {stage}", f"{seconds:.1f} s")
     if result.cached:
         table.add_row("cache", "hit (nothing rebuilt)")
+    elif result.reused_libraries:
+        table.add_row("cache", f"libraries reused (same architecture): {', '.join(result.reused_libraries)}")
     return table
 
 
@@ -174,7 +176,7 @@ def cmd_build(args) -> int:
                 raise
         console.print(_summary_table(result))
     if args.json:
-        print(json.dumps({"out": str(result.out), "cached": result.cached,
+        print(json.dumps({"out": str(result.out), "cached": result.cached, "reused_libraries": result.reused_libraries,
                           "stage_seconds": result.stage_seconds, "manifest": result.manifest}, indent=2))
     return 0
 

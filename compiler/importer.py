@@ -218,6 +218,39 @@ def _gguf_metadata(reader) -> dict:
     return meta
 
 
+def read_gguf_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer of a GGUF (a vocabulary-only one too), converted as a model's import converts it."""
+    return _gguf_tokenizer(path, _gguf_metadata(_open_gguf(path)))
+
+
+def _as_llama_cpp_tokenizes(tokenizer_json: str, meta: dict) -> str:
+    """transformers' conversion of a GGUF vocabulary, corrected where it splits text differently from
+    llama.cpp (and from the model's original tokenizer, which llama.cpp's reference tokenizations
+    come from; tests/test_gguf_vocab.py):
+
+    * SentencePiece vocabularies (``tokenizer.ggml.model`` "llama") with a space prefix
+      (``add_space_prefix``, default true): llama.cpp prefixes every text fragment with a space, so
+      " Hello" is "▁▁Hello". transformers writes a Metaspace that prefixes only text not starting with
+      one ("▁Hello"); the prefix becomes a normalizer (what transformers itself writes for phi3 GGUFs).
+    * Llama 3's BPE (pre-tokenizer "llama-bpe") takes a word that is in the vocabulary whole, without
+      its merges (tokenizer.json's ``ignore_merges``, which llama.cpp applies and the conversion drops).
+    """
+    tok = json.loads(tokenizer_json)
+    pre = tok.get("pre_tokenizer") or {}
+    changed = False
+    if (meta.get("tokenizer.ggml.model") == "llama" and meta.get("tokenizer.ggml.add_space_prefix", True)
+            and pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first" and not tok.get("normalizer")):
+        mark = pre.get("replacement", "\u2581")
+        tok["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": mark}, {"type": "Replace", "pattern": {"String": " "}, "content": mark}]}
+        tok["pre_tokenizer"] = None
+        changed = True
+    if meta.get("tokenizer.ggml.pre") == "llama-bpe" and tok.get("model", {}).get("type") == "BPE":
+        tok["model"]["ignore_merges"] = True
+        changed = True
+    return json.dumps(tok, ensure_ascii=False) if changed else tokenizer_json
+
+
 def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
     from transformers import AutoTokenizer
 
@@ -229,7 +262,7 @@ def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
         tok.save_pretrained(tmp)
         tokenizer_json = (Path(tmp) / "tokenizer.json").read_text()
     return Tokenizer(
-        tokenizer_json=tokenizer_json,
+        tokenizer_json=_as_llama_cpp_tokenizes(tokenizer_json, meta),
         chat_template=meta.get("tokenizer.chat_template"),
         bos_token=tok.bos_token,
         eos_token=tok.eos_token,

@@ -74,6 +74,7 @@ class BuildResult:
     manifest: dict
     stage_seconds: dict[str, float]
     cached: bool
+    reused_libraries: list[str] = field(default_factory=list)  # library files taken from the cache
 
 
 def default_cache_dir() -> Path:
@@ -123,6 +124,39 @@ def _cache_key(weights_key: str, opts: BuildOptions, name: str, versions: dict) 
     """What the whole artifact depends on: its weights, plus what the compiled libraries do."""
     return _hash({"weights": weights_key, "code": _code_hash(), "targets": sorted(opts.targets),
                   "schedule": opts.webgpu_schedule, "name": name, "versions": versions})
+
+
+def _library_key(src: SourceModel, config, lib_spec: QuantSpec, target: str, schedule: str | None,
+                 metadata: dict, versions: dict) -> str:
+    """What one model library depends on: the family and its config (shapes), the spec, the target
+    and schedule, the metadata compiled into it, Lantern's code and the toolchain. Not the weights."""
+    return _hash({"family": src.family.name, "config": dataclasses.asdict(config), "spec": dataclasses.asdict(lib_spec),
+                  "target": target, "schedule": schedule, "metadata": metadata, "code": _code_hash(),
+                  "versions": versions})
+
+
+def _cached_library(opts: BuildOptions, key: str, dest: Path) -> dict | None:
+    """Copy a cached library to ``dest``; returns its facts (kernels, largest, param_names), or None."""
+    folder = opts.cache_dir / "libraries" / key
+    if not (opts.use_cache and (folder / "facts.json").exists()) or opts.dump_dir:
+        return None
+    shutil.copyfile(folder / "library", dest)
+    return json.loads((folder / "facts.json").read_text())
+
+
+def _store_library(opts: BuildOptions, key: str, file: Path, facts: dict) -> None:
+    if not opts.use_cache:
+        return
+    root = opts.cache_dir / "libraries"
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    shutil.copyfile(file, staging / "library")
+    (staging / "facts.json").write_text(json.dumps(facts))
+    shutil.rmtree(root / key, ignore_errors=True)
+    try:
+        staging.rename(root / key)
+    except OSError:  # another build stored the same library meanwhile
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _load_cached_weights(opts: BuildOptions, key: str) -> dict[str, np.ndarray] | None:
@@ -233,15 +267,16 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        reused: list[str] = []
         manifest = _build_into(tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions,
-                               reporter, times)
+                               reporter, times, reused)
         manifest = package.set_generation_defaults(tmp, generation)
         _store_in_cache(tmp, cached)
         _install(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BuildResult(out, manifest, times, False)
+    return BuildResult(out, manifest, times, False, reused)
 
 
 def _store_in_cache(folder: Path, cached: Path) -> None:
@@ -254,7 +289,7 @@ def _store_in_cache(folder: Path, cached: Path) -> None:
 
 def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[str, np.ndarray],
                 calibration: gptq.Calibration | None, weights_key: str, spec: QuantSpec, opts: BuildOptions,
-                versions: dict, reporter: Reporter, times: dict[str, float]) -> dict:
+                versions: dict, reporter: Reporter, times: dict[str, float], reused_files: list[str]) -> dict:
     t0 = time.perf_counter()
     float_params = src.family.to_lantern(weights, config)
     del weights
@@ -291,11 +326,22 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     }
     builds = _library_builds(name, spec, opts)
 
+    # A library depends on the architecture, not the weights: one built before for the same config,
+    # spec, target and schedule (another fine-tune, LoRA or calibration of the model) is reused.
     t0 = time.perf_counter()
-    executables = []
+    executables, reused = [], {}
     param_names: list[str] = []
     with reporter.stage("compile", total=len(builds)):
         for stem, target_name, lib_spec, schedule in builds:
+            file = f"{stem}.wasm" if target_name == "webgpu" else f"{stem}.so"
+            key = _library_key(src, config, lib_spec, target_name, schedule, metadata, versions)
+            hit = _cached_library(opts, key, tmp / file)
+            if hit is not None:
+                reused[stem], param_names = hit, hit["param_names"]
+                reused_files.append(file)
+                executables.append((stem, target_name, lib_spec, schedule, None, key))
+                reporter.advance(1, f"{stem} (cached)")
+                continue
             target = lower.TARGETS[target_name]()
             exported = lower.export(src.family, config, lib_spec, target, metadata)
             param_names = exported.param_names
@@ -303,7 +349,8 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                 exported.mod, target, quantized=lib_spec.quantized, schedule_profile=schedule or "gpu",
                 dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
                 on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))
-            executables.append((stem, target_name, lib_spec, schedule, ex, kernels, largest))
+            reused[stem] = {"kernels": kernels, "largest": largest, "param_names": param_names}
+            executables.append((stem, target_name, lib_spec, schedule, ex, key))
             reporter.advance(1, stem)
     times["compile"] = time.perf_counter() - t0
     missing = [n for n in param_names if n not in stored]
@@ -313,17 +360,18 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     t0 = time.perf_counter()
     libraries = []
     with reporter.stage("link", total=len(executables)):
-        for stem, target_name, lib_spec, schedule, ex, kernels, largest in executables:
-            if target_name == "webgpu":
-                file = f"{stem}.wasm"
+        for stem, target_name, lib_spec, schedule, ex, key in executables:
+            file = f"{stem}.wasm" if target_name == "webgpu" else f"{stem}.so"
+            if ex is not None and target_name == "webgpu":
                 link.link_wasm(ex, tmp / file, opts.cache_dir, on_step=lambda d: reporter.advance(0, d))
-            else:
-                file = f"{stem}.so"
+            elif ex is not None:
                 ex.export_library(str(tmp / file))
+            if ex is not None:
+                _store_library(opts, key, tmp / file, reused[stem])
             features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
             upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
-            libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, kernels,
-                                             largest, upcast, schedule))
+            libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, reused[stem]["kernels"],
+                                             reused[stem]["largest"], upcast, schedule))
             reporter.advance(1, file)
     times["link"] = time.perf_counter() - t0
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tiny_models import write_hf_folder
@@ -123,11 +124,21 @@ def test_missing_calibration_text(tiny_hf, capsys, tmp_path):
                    "calibration text not found")
 
 
-def test_no_calibration_rounds_to_nearest(tiny_hf, tmp_path, capsys, cache_dir):
+def test_no_calibration_rounds_to_nearest_and_reuses_the_library(tiny_hf, build_artifact, tmp_path, capsys, cache_dir):
+    """Other weights on the same architecture (here round-to-nearest instead of GPTQ): the compiled
+    library is the cached one, the weights are not."""
+    gptq = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))
     args = ["build", str(tiny_hf[0]), "--out", str(tmp_path / "r"), "--targets", "cpu", "--no-calibration",
             "--cache-dir", str(cache_dir), "--json"]
     code, out, _ = run_cli(args, capsys)
-    assert code == 0 and json.loads(out)["manifest"]["calibration"] is None
+    result = json.loads(out)
+    assert code == 0 and result["manifest"]["calibration"] is None
+    assert result["reused_libraries"] == ["tiny-llama-q4f32_1-cpu.so"]
+    rtn = Artifact.open(tmp_path / "r")
+    lib = "tiny-llama-q4f32_1-cpu.so"
+    assert (rtn.path / lib).read_bytes() == (gptq.path / lib).read_bytes()
+    tokens = [1, 2, 3, 4, 5]
+    assert not np.allclose(rtn.cpu_model().all_logits(tokens), gptq.cpu_model().all_logits(tokens))
 
 
 def test_random_bytes_gguf(capsys, tmp_path):
