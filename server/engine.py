@@ -27,6 +27,7 @@ from ..errors import LanternError
 from ..package import GENERATION_FIELDS
 from . import llamacpp
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
+from .reasoning import held_back
 from .sampler import Sampled, Sampler, SamplingParams
 from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
 
@@ -41,17 +42,6 @@ class Step:
     logprobs: list[TokenLogprob] | None
     finish: str | None = None
     usage: Usage | None = None
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """Characters at the end of ``text`` that could still grow into a stop string."""
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), hold, -1):
-            if text.endswith(s[:k]):
-                hold = k
-                break
-    return hold
 
 
 def sampling_params(req: SamplingFields, vocab_size: int, defaults: dict) -> SamplingParams:
@@ -243,7 +233,7 @@ class ModelEngine:
                 if len(ids) >= max_tokens:
                     finish = "length"
                     break
-                safe = len(text) - _held_back(text, holds)
+                safe = len(text) - held_back(text, holds)
                 if hold_from and hold_from in text:
                     safe = min(safe, text.index(hold_from))
                 if safe > sent:

@@ -87,7 +87,7 @@ class ReasoningSplitter:
                     reasoning += self.buffer.rstrip("\n")
                     self.buffer = ""
                     return reasoning, content
-                safe = len(self.buffer) - _partial_suffix(self.buffer, self.close)
+                safe = len(self.buffer) - held_back(self.buffer, [self.close])
                 safe = len(self.buffer[:safe].rstrip("\n"))  # trailing newlines may precede the close tag
                 reasoning += self.buffer[:safe]
                 self.buffer = self.buffer[safe:]
@@ -103,12 +103,16 @@ class ReasoningSplitter:
                 return reasoning, content
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of ``text`` that is a proper start of ``tag``."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
+def held_back(text: str, stops: list[str]) -> int:
+    """Characters at the end of ``text`` that could still grow into one of ``stops`` (stop strings, a
+    tool call's opening tag, a reasoning tag): the longest end that is a proper start of one."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold
 
 
 def split(text: str, tags: list[str], in_reasoning: bool) -> tuple[str, str]:

@@ -13,7 +13,7 @@ import type {
 import { samplingParams } from "./sampler";
 import { openStore, type FileStore } from "./storage";
 import { PushStream } from "./stream";
-import { opensInPrompt, ReasoningSplitter, templateKwargs } from "./reasoning";
+import { heldBack, opensInPrompt, ReasoningSplitter, templateKwargs } from "./reasoning";
 import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
 import { TextCodec, type TokenizerConfig } from "./text";
 import { WasmDevice } from "./wasm";
@@ -61,17 +61,6 @@ interface StepEvent {
 }
 
 export interface CreateOptions { signal?: AbortSignal }
-
-/** Characters at the end of ``text`` that could still grow into one of ``stops``. */
-function heldBack(text: string, stops: string[]): number {
-  let hold = 0;
-  for (const s of stops) {
-    for (let k = Math.min(s.length - 1, text.length); k > hold; k--) {
-      if (text.endsWith(s.slice(0, k))) { hold = k; break; }
-    }
-  }
-  return hold;
-}
 
 const DEVICES = ["auto", "webgpu", "wasm"];
 

@@ -36,12 +36,18 @@ export function opensInPrompt(prompt: string, tags: string[]): boolean {
   return prompt.replace(/[ \t\r\n]+$/, "").endsWith(tags[0]);
 }
 
-/** The length of the longest end of ``text`` that is a proper start of ``tag``. */
-function partialSuffix(text: string, tag: string): number {
-  for (let k = Math.min(tag.length - 1, text.length); k > 0; k--) {
-    if (text.endsWith(tag.slice(0, k))) return k;
+/**
+ * Characters at the end of ``text`` that could still grow into one of ``stops`` (stop strings, a
+ * tool call's opening tag, a reasoning tag): the longest end that is a proper start of one.
+ */
+export function heldBack(text: string, stops: string[]): number {
+  let hold = 0;
+  for (const s of stops) {
+    for (let k = Math.min(s.length - 1, text.length); k > hold; k--) {
+      if (text.endsWith(s.slice(0, k))) { hold = k; break; }
+    }
   }
-  return 0;
+  return hold;
 }
 
 const stripLeadingNewlines = (s: string) => s.replace(/^\n+/, "");
@@ -104,7 +110,7 @@ export class ReasoningSplitter {
           this.buffer = "";
           return { reasoning, content };
         }
-        let safe = this.buffer.length - partialSuffix(this.buffer, this.close);
+        let safe = this.buffer.length - heldBack(this.buffer, [this.close]);
         safe = stripTrailingNewlines(this.buffer.slice(0, safe)).length;  // newlines may precede the close tag
         reasoning += this.buffer.slice(0, safe);
         this.buffer = this.buffer.slice(safe);
