@@ -329,7 +329,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     # A library depends on the architecture, not the weights: one built before for the same config,
     # spec, target and schedule (another fine-tune, LoRA or calibration of the model) is reused.
     t0 = time.perf_counter()
-    executables, reused = [], {}
+    executables, facts = [], {}  # facts: per library stem, its kernels, largest kernel and parameters
     param_names: list[str] = []
     with reporter.stage("compile", total=len(builds)):
         for stem, target_name, lib_spec, schedule in builds:
@@ -337,9 +337,9 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
             key = _library_key(src, config, lib_spec, target_name, schedule, metadata, versions)
             hit = _cached_library(opts, key, tmp / file)
             if hit is not None:
-                reused[stem], param_names = hit, hit["param_names"]
+                facts[stem], param_names = hit, hit["param_names"]
                 reused_files.append(file)
-                executables.append((stem, target_name, lib_spec, schedule, None, key))
+                executables.append((stem, file, target_name, lib_spec, schedule, None, key))
                 reporter.advance(1, f"{stem} (cached)")
                 continue
             target = lower.TARGETS[target_name]()
@@ -349,8 +349,8 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                 exported.mod, target, quantized=lib_spec.quantized, schedule_profile=schedule or "gpu",
                 dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
                 on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))
-            reused[stem] = {"kernels": kernels, "largest": largest, "param_names": param_names}
-            executables.append((stem, target_name, lib_spec, schedule, ex, key))
+            facts[stem] = {"kernels": kernels, "largest": largest, "param_names": param_names}
+            executables.append((stem, file, target_name, lib_spec, schedule, ex, key))
             reporter.advance(1, stem)
     times["compile"] = time.perf_counter() - t0
     missing = [n for n in param_names if n not in stored]
@@ -360,18 +360,17 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     t0 = time.perf_counter()
     libraries = []
     with reporter.stage("link", total=len(executables)):
-        for stem, target_name, lib_spec, schedule, ex, key in executables:
-            file = f"{stem}.wasm" if target_name == "webgpu" else f"{stem}.so"
+        for stem, file, target_name, lib_spec, schedule, ex, key in executables:
             if ex is not None and target_name == "webgpu":
                 link.link_wasm(ex, tmp / file, opts.cache_dir, on_step=lambda d: reporter.advance(0, d))
             elif ex is not None:
                 ex.export_library(str(tmp / file))
             if ex is not None:
-                _store_library(opts, key, tmp / file, reused[stem])
+                _store_library(opts, key, tmp / file, facts[stem])
             features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
             upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
-            libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, reused[stem]["kernels"],
-                                             reused[stem]["largest"], upcast, schedule))
+            libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, facts[stem]["kernels"],
+                                             facts[stem]["largest"], upcast, schedule))
             reporter.advance(1, file)
     times["link"] = time.perf_counter() - t0
 

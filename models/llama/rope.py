@@ -8,10 +8,10 @@ import math
 from typing import Any, Sequence
 
 from tvm import te, tirx
-
-from lantern.errors import LanternError
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
+
+from lantern.errors import LanternError
 
 
 def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
@@ -52,7 +52,7 @@ def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
 def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, key: str) -> dict[str, Any]:
     """A config's longrope, resolved as transformers resolves it: the scale is ``factor``, else
     max_position_embeddings / original_max_position_embeddings; the attention factor is
-    sqrt(1 + ln(scale) / ln(original)) (``longrope_short`` computes it from the two lengths kept here)."""
+    sqrt(1 + ln(scale) / ln(original)), kept in the result for ``longrope_short``."""
     original = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
     if not original:
         raise LanternError(f"config.json field '{key}': longrope needs original_max_position_embeddings")
@@ -69,13 +69,10 @@ def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, k
                            f"{default:.6g} for this scale, which is the only one supported")
     return {"rope_type": "longrope", "short_factor": [float(f) for f in rope["short_factor"]],
             "long_factor": [float(f) for f in rope["long_factor"]], "original_max_position_embeddings": int(original),
-            "max_position_embeddings": max(int(original), round(original * scale))}
+            "attention_factor": default}
 
 
 def longrope_short(rope_scaling: dict[str, Any]) -> tuple[list[float], float]:
-    """(short factors, attention factor) of a resolved longrope config (models/phi3's ``longrope``):
-    what transformers uses while the sequence is within original_max_position_embeddings."""
-    original = rope_scaling["original_max_position_embeddings"]
-    ratio = rope_scaling["max_position_embeddings"] / original
-    magnitude = math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 else 1.0
-    return list(rope_scaling["short_factor"]), magnitude
+    """(short factors, attention factor) of a longrope config from ``resolve_longrope``: what
+    transformers uses while the sequence is within original_max_position_embeddings."""
+    return list(rope_scaling["short_factor"]), rope_scaling["attention_factor"]
