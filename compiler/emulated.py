@@ -29,6 +29,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
+from . import cpu_schedule
 from .kernels import loops
 
 LOG2E = math.log2(math.e)
@@ -482,7 +483,7 @@ def _blocks(func: tirx.PrimFunc) -> dict[str, object]:
     return {b.name_hint: b for b in (sch.get(rv) for rv in sch.get_child_blocks(sch.get_sblock("root")))}
 
 
-def _q4_linear(func: tirx.PrimFunc) -> tuple | None:
+def _q4_linear(func: tirx.PrimFunc, gpu: bool = True) -> tuple | None:
     """(key, kernel) for a ``dequantize -> matmul [-> add]`` function of quantize.py's q4 layer."""
     try:
         blocks = _blocks(func)
@@ -506,8 +507,42 @@ def _q4_linear(func: tirx.PrimFunc) -> tuple | None:
     if residual and (not any(r.source.same_as(params[3]) for r in blocks["T_add"].reads)
                      or len(params[3].shape) != 3):  # a bias row is not a residual: dlight schedules that one
         return None
-    build = q4_gemv if _ints(x.shape[:2]) == [1, 1] else q4_matmul
-    return (build.__name__, f"k{int(k)}", "res" if residual else "plain"), lambda gpu: build(int(k), residual, gpu)
+    decode = _ints(x.shape[:2]) == [1, 1]
+    key = ("q4_gemv" if decode else "q4_matmul", f"k{int(k)}", "res" if residual else "plain")
+    if not gpu:  # the CPU library's own kernels (cpu_schedule.py)
+        build = cpu_schedule.q4_gemv if decode else cpu_schedule.q4_matmul
+        return key, lambda _: build(int(k), residual)
+    build = q4_gemv if decode else q4_matmul
+    return key, lambda gpu: build(int(k), residual, gpu)
+
+
+def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
+    """(key, kernel) for quantize.py's plain float32 ``linear`` (q0f32), for the CPU library only."""
+    try:
+        blocks = _blocks(func)
+    except tvm.TVMError:
+        return None
+    if not {"matmul"} <= blocks.keys() <= {"matmul", "T_add"}:
+        return None
+    params = list(func.params)
+    residual = "T_add" in blocks
+    if len(params) != (4 if residual else 3):
+        return None
+    x, w = params[0], params[1]
+    reads = [r.source for r in blocks["matmul"].reads]
+    if (len(reads) != 2 or not reads[0].same_as(x) or not reads[1].same_as(w) or len(x.shape) != 3
+            or len(w.shape) != 2 or x.dtype != "float32" or w.dtype != "float32"):
+        return None
+    k = x.shape[-1]
+    if not isinstance(k, tirx.IntImm) or not isinstance(w.shape[1], tirx.IntImm) or int(w.shape[1]) != int(k):
+        return None
+    if residual and (not any(r.source.same_as(params[2]) for r in blocks["T_add"].reads) or len(params[2].shape) != 3):
+        return None
+    decode = _ints(x.shape[:2]) == [1, 1]
+    if int(k) % (cpu_schedule.WIDE if decode else cpu_schedule.LANES):
+        return None
+    build = cpu_schedule.f32_gemv if decode else cpu_schedule.f32_matmul
+    return (build.__name__, f"k{int(k)}", "res" if residual else "plain"), lambda _: build(int(k), residual)
 
 
 def _attention(name: str, func: tirx.PrimFunc) -> tuple | None:
@@ -525,8 +560,8 @@ def _attention(name: str, func: tirx.PrimFunc) -> tuple | None:
 def rewrite(mod: tvm.IRModule, gpu: bool = True) -> tvm.IRModule:
     """Swap this module's kernels in for the functions they implement; others are untouched
     (dlight schedules them). Runs after fusion, before scheduling. For the CPU library
-    (``gpu=False``) only RMSNorm is swapped: dlight's CPU reduction rule spends ~0.4 ms on one
-    576-wide row, an eighth of the CPU library's decode time.
+    (``gpu=False``), RMSNorm (dlight's CPU reduction rule spent ~0.4 ms on one 576-wide row), the
+    float32 q4 linears and the plain float32 ones, which get cpu_schedule.py's kernels.
 
     Functions that get the same kernel (prefill's and batch_decode's matmul of one weight shape,
     the head's GEMV in prefill and decode) call one copy: every kernel is a pipeline the browser
@@ -542,7 +577,7 @@ def rewrite(mod: tvm.IRModule, gpu: bool = True) -> tvm.IRModule:
         if attention is not None:  # called by the KV cache under its own name
             builder.update_func(gv, attention[1](gpu).with_attr("global_symbol", gv.name_hint))
             continue
-        match = (_q4_linear(func) if gpu else None) or _rms_norm(func)
+        match = _q4_linear(func, gpu) or (None if gpu else _f32_linear(func)) or _rms_norm(func)
         if match is None:
             continue
         key, build = match

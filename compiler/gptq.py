@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .errors import LanternError
 from .quantize import QuantSpec, no_clip_scale, pack_codes, round_to_grid, stored_scale
@@ -98,6 +99,9 @@ def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], 
     number of threads.
     """
     workers = max(1, min(4, os.cpu_count() or 1))
+    # The pass and the workers run at once, each calling BLAS: left alone, every call would start a
+    # thread per core, oversubscribing them (measured on 2 cores: SmolLM2's GPTQ 83 s -> 50 s with this).
+    blas_threads = max(1, (os.cpu_count() or 1) // (workers + 1))
     waiting = threading.BoundedSemaphore(2 * workers)
     futures: dict[str, Future] = {}
 
@@ -107,7 +111,8 @@ def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], 
         finally:
             waiting.release()
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="gptq") as pool:
+    with threadpool_limits(blas_threads, user_api="blas"), \
+            ThreadPoolExecutor(workers, thread_name_prefix="gptq") as pool:
         def observe(name: str, inputs: list[np.ndarray]) -> None:
             x = np.concatenate(inputs).astype(np.float64)
             hessian = x.T @ x / len(x)
@@ -127,29 +132,54 @@ def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], 
         return {name: future.result() for name, future in futures.items()}
 
 
+SEARCH_CHUNK = 8192  # groups searched at a time: the arrays of a chunk stay in cache
+
+
 def search_scale(groups: np.ndarray, importance: np.ndarray, spec: QuantSpec) -> np.ndarray:
     """Per group of ``groups[out, g, 32]``: the scale (as stored) with the least importance-weighted
-    rounding error. Each candidate is also refitted by least squares to its own codes."""
-    base = no_clip_scale(groups, spec)
-    base = np.where(base > 0, base, np.float32(1e-12))
-    imp = importance[None].astype(np.float32)
+    rounding error. Each candidate is also refitted by least squares to its own codes.
 
-    def error(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        levels = round_to_grid(groups, scale, spec) - spec.max_int
-        return (imp * (groups - scale * levels) ** 2).sum(-1, keepdims=True), levels
+    The search works on the transposed layout ``[32, groups]``: a group's scale then broadcasts
+    along the contiguous axis and its sums run across rows, which numpy does several times faster
+    than 32-element reductions (measured 4x on SmolLM2's matrices; the errors are the same sums,
+    rounded in another order)."""
+    rows, n_groups, g = groups.shape
+    values = groups.reshape(-1, g).T  # [32, rows * n_groups], a strided view
+    weights = np.broadcast_to(importance.astype(np.float32).T[:, None, :], (g, rows, n_groups)).reshape(g, -1)
+    best_all = np.empty(rows * n_groups, np.float32)
+    lo, hi = np.float32(-spec.max_int), np.float32(spec.max_int + 1)
+    for c0 in range(0, rows * n_groups, SEARCH_CHUNK):
+        x = np.ascontiguousarray(values[:, c0:c0 + SEARCH_CHUNK])
+        imp = np.ascontiguousarray(weights[:, c0:c0 + SEARCH_CHUNK])
+        imp_x = imp * x
+        levels, work = np.empty_like(x), np.empty_like(x)
 
-    best = stored_scale(base, spec)
-    best_err, _ = error(best)
-    for factor in SCALE_CANDIDATES:
-        scale = stored_scale(base * factor, spec)
-        err, levels = error(scale)
-        den = (imp * levels * levels).sum(-1, keepdims=True)
-        refit = stored_scale((imp * groups * levels).sum(-1, keepdims=True) / np.maximum(den, 1e-30), spec)
-        refit = np.where(refit > 0, refit, scale)
-        for candidate, cand_err in ((scale, err), (refit, error(refit)[0])):
-            better = cand_err < best_err
-            best, best_err = np.where(better, candidate, best), np.where(better, cand_err, best_err)
-    return best
+        def error(scale: np.ndarray) -> np.ndarray:  # leaves the codes' levels (-7..8) in ``levels``
+            np.divide(x, np.where(scale == 0, np.float32(1), scale), out=levels)
+            np.clip(np.rint(levels, out=levels), lo, hi, out=levels)
+            np.subtract(x, np.multiply(levels, scale, out=work), out=work)
+            return np.multiply(np.square(work, out=work), imp, out=work).sum(0)
+
+        base = no_clip_scale(x.T, spec)[:, 0]
+        base = np.where(base > 0, base, np.float32(1e-12))
+        best = stored_scale(base, spec)
+        best_err = error(best)
+
+        def keep(scale: np.ndarray, err: np.ndarray) -> None:
+            nonlocal best, best_err
+            better = err < best_err
+            best, best_err = np.where(better, scale, best), np.where(better, err, best_err)
+
+        for factor in SCALE_CANDIDATES:
+            scale = stored_scale(base * factor, spec)
+            keep(scale, error(scale))
+            num = np.multiply(imp_x, levels, out=work).sum(0)
+            den = np.multiply(np.square(levels, out=work), imp, out=work).sum(0)
+            refit = stored_scale(num / np.maximum(den, 1e-30), spec)
+            refit = np.where(refit > 0, refit, scale)
+            keep(refit, error(refit))
+        best_all[c0:c0 + SEARCH_CHUNK] = best
+    return best_all.reshape(rows, n_groups, 1)
 
 
 ROW_CHUNK = 4096  # output rows swept at a time: GPTQ treats rows independently, and a chunk's arrays stay in cache
@@ -171,8 +201,7 @@ def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
     order = np.argsort(-np.diag(h), kind="stable")
     h = h[order][:, order]
     try:
-        # Upper Cholesky factor of H^-1: row j holds how column j's error spreads to later columns.
-        u = np.linalg.cholesky(np.linalg.inv(h)).T.astype(np.float32)
+        u = inverse_cholesky_upper(h).astype(np.float32)
     except np.linalg.LinAlgError:
         raise LanternError(f"GPTQ: the calibration statistics of a {out_dim}x{in_dim} matrix are not "
                            "positive definite") from None
@@ -186,23 +215,48 @@ def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
     return pack_codes(codes, scale, spec)
 
 
+def inverse_cholesky_upper(h: np.ndarray) -> np.ndarray:
+    """The upper triangular ``U`` with ``U^T U = H^-1``: row j holds how column j's rounding error
+    spreads to the later columns. Without forming ``H^-1``: with ``J`` the order reversal and
+    ``J H J = L L^T``, ``H = R R^T`` for the upper ``R = J L J``, so ``U = R^-1 = J L^-1 J``
+    (a third of inverting ``H`` and factoring the inverse, measured 2.6x faster at 1536)."""
+    return _lower_inverse(np.linalg.cholesky(h[::-1, ::-1]))[::-1, ::-1].copy()
+
+
+def _lower_inverse(lower: np.ndarray) -> np.ndarray:
+    """Inverse of a lower triangular matrix by halves: ``[[A, 0], [B, C]]^-1 = [[A^-1, 0],
+    [-C^-1 B A^-1, C^-1]]``, so nearly all the work is matrix products."""
+    n = len(lower)
+    if n <= 128:
+        return np.tril(np.linalg.inv(lower))  # exactly triangular (pivoting leaves ~1e-20 above)
+    m = n // 2
+    a, c = _lower_inverse(lower[:m, :m]), _lower_inverse(lower[m:, m:])
+    out = np.zeros_like(lower)
+    out[:m, :m], out[m:, m:] = a, c
+    out[m:, :m] = -(c @ lower[m:, :m]) @ a
+    return out
+
+
 def _sweep(w: np.ndarray, importance: np.ndarray, u: np.ndarray, order: np.ndarray, spec: QuantSpec,
            block: int) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ's column sweep over some rows of a matrix: (codes [rows, in] in input order, scales)."""
     rows, in_dim = w.shape
     g = spec.group_size
     scale = search_scale(w.reshape(rows, in_dim // g, g), importance, spec)[..., 0]
-    work = w[:, order].copy()
-    col_scale = scale[:, order // g]  # [rows, in] in sweep order
-    codes = np.zeros((rows, in_dim), np.float32)
+    # Transposed ([in, rows], in sweep order): each column the sweep visits is a contiguous row.
+    work = np.ascontiguousarray(w.T[order])
+    col_scale = np.ascontiguousarray(scale.T[order // g])
+    safe_scale = np.where(col_scale == 0, np.float32(1), col_scale)
+    codes = np.empty((in_dim, rows), np.float32)
+    lo, hi = np.float32(0), np.float32(2 * spec.max_int + 1)
     for b0 in range(0, in_dim, block):
         b1 = min(b0 + block, in_dim)
-        errors = np.zeros((rows, b1 - b0), np.float32)
+        errors = np.empty((b1 - b0, rows), np.float32)
         for j in range(b0, b1):
-            col, s = work[:, j], col_scale[:, j]
-            codes[:, j] = round_to_grid(col, s, spec)
-            err = (col - (codes[:, j] - spec.max_int) * s) / u[j, j]
-            work[:, j:b1] -= np.outer(err, u[j, j:b1])
-            errors[:, j - b0] = err
-        work[:, b1:] -= errors @ u[b0:b1, b1:]
-    return codes[:, np.argsort(order)], scale
+            col, s = work[j], col_scale[j]
+            code = np.clip(np.rint(col / safe_scale[j]) + spec.max_int, lo, hi, out=codes[j])  # round_to_grid
+            err = np.subtract(col, (code - spec.max_int) * s, out=errors[j - b0])
+            err /= u[j, j]
+            work[j:b1] -= u[j, j:b1, None] * err
+        work[b1:] -= u[b0:b1, b1:].T @ errors
+    return codes[np.argsort(order)].T, scale

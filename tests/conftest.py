@@ -161,11 +161,25 @@ def report():
     return _MEASURED.append
 
 
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Seconds per test file (setup, call and teardown: a module's shared build counts where it
+    runs first), for the summary: where CI's minutes go."""
+    path = report.nodeid.split("::")[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
 def pytest_terminal_summary(terminalreporter):
     if _MEASURED:
         terminalreporter.section("measured")
         for line in _MEASURED:
             terminalreporter.write_line(line)
+    if _FILE_SECONDS:
+        terminalreporter.section("seconds per test file")
+        for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{seconds:8.1f}  {path}")
 
 
 def npm_tokenizer_dir(cache_dir: Path, package: str) -> Path:

@@ -50,6 +50,18 @@ def test_gptq_beats_rounding_on_the_layer_output(quant, report):
     assert ours < 0.5 * rounded
 
 
+@pytest.mark.parametrize("n", [7, 129, 300, 1000])
+def test_the_inverse_cholesky_factor_is_the_textbook_one(n):
+    """GPTQ's U (U^T U = H^-1, upper) without inverting H equals factoring the inverse, at sizes
+    that split unevenly into halves."""
+    x = activation_source(n, seed=n)(2 * n)
+    h = x.T @ x / len(x) + 0.1 * np.eye(n)
+    u = gptq.inverse_cholesky_upper(h)
+    assert np.array_equal(u, np.triu(u))
+    want = np.linalg.cholesky(np.linalg.inv(h)).T
+    assert np.abs(u - want).max() <= 1e-9 * np.abs(want).max()
+
+
 def test_inputs_that_never_fire_are_harmless():
     rng = np.random.default_rng(2)
     w = rng.normal(size=(8, 64)).astype(np.float32)

@@ -63,14 +63,17 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
     shared by heads / kv_heads query heads), scores times ``scale``; a ``window`` > 0 lets each
     position see only the last ``window`` ones. Returns [seq, heads * dim]."""
     seq, heads, dim = q.shape
-    k, v = np.repeat(k, heads // k.shape[1], axis=1), np.repeat(v, heads // v.shape[1], axis=1)
-    scores = np.einsum("qhd,khd->hqk", q, k) * scale
+    kv = k.shape[1]
+    # Batched matmuls (BLAS), one per kv head over its group's query heads: ~6x einsum's time.
+    grouped_q = q.transpose(1, 0, 2).reshape(kv, heads // kv * seq, dim)
+    scores = (grouped_q @ k.transpose(1, 2, 0)).reshape(heads, seq, seq) * scale
     distance = np.arange(seq)[:, None] - np.arange(seq)[None, :]
     masked = (distance < 0) | (distance >= window) if window else distance < 0
     scores = np.where(masked, -np.inf, scores)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    return np.einsum("hqk,khd->qhd", probs, v).reshape(seq, heads * dim)
+    out = probs.reshape(kv, heads // kv * seq, seq) @ v.transpose(1, 0, 2)
+    return out.reshape(heads, seq, dim).transpose(1, 0, 2).reshape(seq, heads * dim)
 
 
 def calibration_forward(params: dict[str, np.ndarray], cfg: LlamaConfig, sequences: list[list[int]],
