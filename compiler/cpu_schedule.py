@@ -20,6 +20,8 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
+from .kernels import GROUP, f32_gemv_func, f32_matmul_func, nibble, q4_gemv_func, q4_matmul_func
+
 
 class ParallelSpatial(CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
@@ -45,16 +47,10 @@ class ParallelSpatial(CPUScheduleRule):
         return sch if changed else None
 
 
-# --------------------------------------------------------------------------- q4 decode GEMV
+# --------------------------------------------------------------------------- q4 linears
 
-GROUP = 32  # q4 group size (MLC layout, see quantize.py)
-LANES = 4  # the packed words of a group: one SIMD lane each (SSE2's 4 x float32)
-_ATTRS = {"tirx.is_scheduled": True, "tirx.noalias": True}
-
-
-def _code(word, j: int):
-    """Code ``j`` (0..7) of packed uint32 ``word`` as a float, minus MLC's offset of 7."""
-    return T.Cast("float32", T.Cast("int32", (word >> T.uint32(4 * j)) & T.uint32(15)) - 7)
+LANES = 4  # the packed words of a group: one SIMD lane each (4 x float32: SSE2, NEON)
+TOKENS = 4  # tokens per tile of the prefill matmuls: each weight vector feeds 4 tokens
 
 
 def _tree_sum(terms: list):
@@ -66,7 +62,7 @@ def _tree_sum(terms: list):
 
 def _group_dot(xp, qw, row, g, lane):
     """Lane ``lane``'s share of group ``g``'s dot product: its word's 8 codes times their inputs."""
-    return _tree_sum([xp[g * GROUP + j * LANES + lane] * _code(qw[row, g * LANES + lane], j) for j in range(8)])
+    return _tree_sum([xp[g * GROUP + j * LANES + lane] * nibble(qw[row, g * LANES + lane], j) for j in range(8)])
 
 
 def q4_gemv(k: int, residual: bool) -> tirx.PrimFunc:
@@ -79,7 +75,8 @@ def q4_gemv(k: int, residual: bool) -> tirx.PrimFunc:
     groups = k // GROUP
 
     @T.macro
-    def body(x, qw, qs, res, out, n, xp):
+    def body(x, qw, qs, res, out, n):
+        xp = T.alloc_buffer((k,), "float32")
         for i in T.serial(k):
             with T.sblock("permute"):
                 xp[(i // GROUP) * GROUP + (i % 8) * LANES + (i % GROUP) // 8] = x[0, 0, i]
@@ -92,37 +89,23 @@ def q4_gemv(k: int, residual: bool) -> tirx.PrimFunc:
                     for lane in T.vectorized(LANES):
                         total[lane] = total[lane] + _group_dot(xp, qw, row, g, lane) * qs[row, g]
                 if res is None:
-                    out[0, 0, row] = (total[0] + total[1]) + (total[2] + total[3])
+                    out[0, 0, row] = _tree_sum([total[lane] for lane in range(LANES)])
                 else:
-                    out[0, 0, row] = res[0, 0, row] + ((total[0] + total[1]) + (total[2] + total[3]))
+                    out[0, 0, row] = res[0, 0, row] + _tree_sum([total[lane] for lane in range(LANES)])
 
-    if residual:
-        @T.prim_func(s_tir=True)
-        def gemv_res(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_res: T.handle,
-                     var_out: T.handle):
-            T.func_attr(_ATTRS)
-            n = T.int32()
-            qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-            qs = T.match_buffer(var_qs, (n, groups), "float32")
-            res = T.match_buffer(var_res, (1, 1, n), "float32")
-            out = T.match_buffer(var_out, (1, 1, n), "float32")
-            xp = T.alloc_buffer((k,), "float32")
-            body(x, qw, qs, res, out, n, xp)
-        return gemv_res
-
-    @T.prim_func(s_tir=True)
-    def gemv(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
-        T.func_attr(_ATTRS)
-        n = T.int32()
-        qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-        qs = T.match_buffer(var_qs, (n, groups), "float32")
-        out = T.match_buffer(var_out, (1, 1, n), "float32")
-        xp = T.alloc_buffer((k,), "float32")
-        body(x, qw, qs, None, out, n, xp)
-    return gemv
+    return q4_gemv_func(k, residual, body)
 
 
-TOKENS = 4  # tokens per tile of the prefill matmul: each weight vector feeds 4 tokens
+@T.macro
+def _tile_out(acc, resf, outf, m, n, row, tile):
+    """The tile's TOKENS sums (each the total of its 4 lanes) into ``outf`` (+ ``resf``)."""
+    for t in T.unroll(TOKENS):
+        if tile * TOKENS + t < m:
+            if resf is None:
+                outf[(tile * TOKENS + t) * n + row] = _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
+            else:
+                outf[(tile * TOKENS + t) * n + row] = (resf[(tile * TOKENS + t) * n + row]
+                                                       + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)]))
 
 
 def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
@@ -142,7 +125,7 @@ def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
                 for g in T.serial(groups):
                     for word in T.serial(LANES):
                         for j in T.unroll(8):
-                            w[g * GROUP + word * 8 + j] = _code(qw[row, g * LANES + word], j) * qs[row, g]
+                            w[g * GROUP + word * 8 + j] = nibble(qw[row, g * LANES + word], j) * qs[row, g]
                 for tile in T.serial((m + TOKENS - 1) // TOKENS):
                     for i in T.vectorized(TOKENS * LANES):
                         acc[i] = T.float32(0)
@@ -151,47 +134,9 @@ def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
                             for lane in T.vectorized(LANES):
                                 acc[t * LANES + lane] = acc[t * LANES + lane] + w[c * LANES + lane] * xf[
                                     T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
-                    for t in T.unroll(TOKENS):
-                        if tile * TOKENS + t < m:
-                            if resf is None:
-                                outf[(tile * TOKENS + t) * n + row] = (
-                                    (acc[t * LANES] + acc[t * LANES + 1]) + (acc[t * LANES + 2] + acc[t * LANES + 3]))
-                            else:
-                                outf[(tile * TOKENS + t) * n + row] = resf[(tile * TOKENS + t) * n + row] + (
-                                    (acc[t * LANES] + acc[t * LANES + 1]) + (acc[t * LANES + 2] + acc[t * LANES + 3]))
+                    _tile_out(acc, resf, outf, m, n, row, tile)
 
-    if residual:
-        @T.prim_func(s_tir=True)
-        def matmul_res(var_x: T.handle, var_qw: T.handle, var_qs: T.handle, var_res: T.handle, var_out: T.handle):
-            T.func_attr(_ATTRS)
-            b = T.int32()
-            s = T.int32()
-            n = T.int32()
-            x = T.match_buffer(var_x, (b, s, k), "float32")
-            qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-            qs = T.match_buffer(var_qs, (n, groups), "float32")
-            res = T.match_buffer(var_res, (b, s, n), "float32")
-            out = T.match_buffer(var_out, (b, s, n), "float32")
-            xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
-            resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
-            outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
-            body(xf, qw, qs, resf, outf, b * s, n)
-        return matmul_res
-
-    @T.prim_func(s_tir=True)
-    def matmul(var_x: T.handle, var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
-        T.func_attr(_ATTRS)
-        b = T.int32()
-        s = T.int32()
-        n = T.int32()
-        x = T.match_buffer(var_x, (b, s, k), "float32")
-        qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-        qs = T.match_buffer(var_qs, (n, groups), "float32")
-        out = T.match_buffer(var_out, (b, s, n), "float32")
-        xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
-        outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
-        body(xf, qw, qs, None, outf, b * s, n)
-    return matmul
+    return q4_matmul_func(k, residual, body)
 
 
 # --------------------------------------------------------------------------- float32 linears (q0f32)
@@ -217,25 +162,7 @@ def f32_gemv(k: int, residual: bool) -> tirx.PrimFunc:
                 else:
                     out[0, 0, row] = res[0, 0, row] + _tree_sum([acc[lane] for lane in range(WIDE)])
 
-    if residual:
-        @T.prim_func(s_tir=True)
-        def gemv_res(x: T.Buffer((1, 1, k), "float32"), var_w: T.handle, var_res: T.handle, var_out: T.handle):
-            T.func_attr(_ATTRS)
-            n = T.int32()
-            w = T.match_buffer(var_w, (n, k), "float32")
-            res = T.match_buffer(var_res, (1, 1, n), "float32")
-            out = T.match_buffer(var_out, (1, 1, n), "float32")
-            body(x, w, res, out, n)
-        return gemv_res
-
-    @T.prim_func(s_tir=True)
-    def gemv(x: T.Buffer((1, 1, k), "float32"), var_w: T.handle, var_out: T.handle):
-        T.func_attr(_ATTRS)
-        n = T.int32()
-        w = T.match_buffer(var_w, (n, k), "float32")
-        out = T.match_buffer(var_out, (1, 1, n), "float32")
-        body(x, w, None, out, n)
-    return gemv
+    return f32_gemv_func(k, residual, body)
 
 
 def f32_matmul(k: int, residual: bool) -> tirx.PrimFunc:
@@ -255,42 +182,6 @@ def f32_matmul(k: int, residual: bool) -> tirx.PrimFunc:
                             for lane in T.vectorized(LANES):
                                 acc[t * LANES + lane] = acc[t * LANES + lane] + w[row, c * LANES + lane] * xf[
                                     T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
-                    for t in T.unroll(TOKENS):
-                        if tile * TOKENS + t < m:
-                            if resf is None:
-                                outf[(tile * TOKENS + t) * n + row] = (
-                                    (acc[t * LANES] + acc[t * LANES + 1]) + (acc[t * LANES + 2] + acc[t * LANES + 3]))
-                            else:
-                                outf[(tile * TOKENS + t) * n + row] = resf[(tile * TOKENS + t) * n + row] + (
-                                    (acc[t * LANES] + acc[t * LANES + 1]) + (acc[t * LANES + 2] + acc[t * LANES + 3]))
+                    _tile_out(acc, resf, outf, m, n, row, tile)
 
-    if residual:
-        @T.prim_func(s_tir=True)
-        def matmul_res(var_x: T.handle, var_w: T.handle, var_res: T.handle, var_out: T.handle):
-            T.func_attr(_ATTRS)
-            b = T.int32()
-            s = T.int32()
-            n = T.int32()
-            x = T.match_buffer(var_x, (b, s, k), "float32")
-            w = T.match_buffer(var_w, (n, k), "float32")
-            res = T.match_buffer(var_res, (b, s, n), "float32")
-            out = T.match_buffer(var_out, (b, s, n), "float32")
-            xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
-            resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
-            outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
-            body(xf, w, resf, outf, b * s, n)
-        return matmul_res
-
-    @T.prim_func(s_tir=True)
-    def matmul(var_x: T.handle, var_w: T.handle, var_out: T.handle):
-        T.func_attr(_ATTRS)
-        b = T.int32()
-        s = T.int32()
-        n = T.int32()
-        x = T.match_buffer(var_x, (b, s, k), "float32")
-        w = T.match_buffer(var_w, (n, k), "float32")
-        out = T.match_buffer(var_out, (b, s, n), "float32")
-        xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
-        outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
-        body(xf, w, None, outf, b * s, n)
-    return matmul
+    return f32_matmul_func(k, residual, body)

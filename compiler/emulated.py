@@ -30,10 +30,9 @@ from tvm import relax, tirx
 from tvm.script import tirx as T
 
 from . import cpu_schedule
-from .kernels import loops
+from .kernels import GROUP, SCHEDULED, loops, nibble as _nibble, q4_gemv_func, q4_matmul_func
 
 LOG2E = math.log2(math.e)
-GROUP = 32  # q4 group size (MLC layout, see quantize.py)
 PAGE = 16  # KV-cache page size used by the runtimes
 
 GEMV_THREADS = 32  # rows per workgroup: several workgroups even for 576 rows
@@ -43,14 +42,6 @@ MATMUL_THREADS = 32
 MATMUL_ROWS = 4  # output rows per thread: each activation gather feeds 4 rows
 MATMUL_TOKENS = 4  # tokens per thread: each weight word feeds 4 tokens
 ATTN_THREADS = 8
-
-
-_ATTRS = {"tirx.is_scheduled": True, "tirx.noalias": True}
-
-
-def _nibble(word, j: int):
-    """Code ``j`` (0..7) of a packed uint32 word as a float, minus MLC's offset of 7."""
-    return T.Cast("float32", T.Cast("int32", (word >> T.uint32(4 * j)) & T.uint32(15)) - 7)
 
 
 # --------------------------------------------------------------------------- q4 linear layers
@@ -105,28 +96,7 @@ def q4_gemv(k: int, residual: bool, gpu: bool = True) -> tirx.PrimFunc:
         if chunks > 3:
             launch(x, qw, qs, res, out, n, 3)
 
-    if residual:
-        @T.prim_func(s_tir=True)
-        def gemv_res(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_res: T.handle,
-                     var_out: T.handle):
-            T.func_attr(_ATTRS)
-            n = T.int32()
-            qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-            qs = T.match_buffer(var_qs, (n, groups), "float32")
-            res = T.match_buffer(var_res, (1, 1, n), "float32")
-            out = T.match_buffer(var_out, (1, 1, n), "float32")
-            body(x, qw, qs, res, out, n)
-        return gemv_res
-
-    @T.prim_func(s_tir=True)
-    def gemv(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
-        T.func_attr(_ATTRS)
-        n = T.int32()
-        qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-        qs = T.match_buffer(var_qs, (n, groups), "float32")
-        out = T.match_buffer(var_out, (1, 1, n), "float32")
-        body(x, qw, qs, None, out, n)
-    return gemv
+    return q4_gemv_func(k, residual, body)
 
 
 def q4_matmul(k: int, residual: bool, gpu: bool = True) -> tirx.PrimFunc:
@@ -182,38 +152,7 @@ def q4_matmul(k: int, residual: bool, gpu: bool = True) -> tirx.PrimFunc:
                                             outf[(tok0 + t) * n + row0 + r] = (resf[(tok0 + t) * n + row0 + r]
                                                                                + acc[r * toks + t])
 
-    if residual:
-        @T.prim_func(s_tir=True)
-        def matmul_res(var_x: T.handle, var_qw: T.handle, var_qs: T.handle, var_res: T.handle, var_out: T.handle):
-            T.func_attr(_ATTRS)
-            b = T.int32()
-            s = T.int32()
-            n = T.int32()
-            x = T.match_buffer(var_x, (b, s, k), "float32")
-            qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-            qs = T.match_buffer(var_qs, (n, groups), "float32")
-            res = T.match_buffer(var_res, (b, s, n), "float32")
-            out = T.match_buffer(var_out, (b, s, n), "float32")
-            xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
-            resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
-            outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
-            body(xf, qw, qs, resf, outf, b * s, n)
-        return matmul_res
-
-    @T.prim_func(s_tir=True)
-    def matmul(var_x: T.handle, var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
-        T.func_attr(_ATTRS)
-        b = T.int32()
-        s = T.int32()
-        n = T.int32()
-        x = T.match_buffer(var_x, (b, s, k), "float32")
-        qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
-        qs = T.match_buffer(var_qs, (n, groups), "float32")
-        out = T.match_buffer(var_out, (b, s, n), "float32")
-        xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
-        outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
-        body(xf, qw, qs, None, outf, b * s, n)
-    return matmul
+    return q4_matmul_func(k, residual, body)
 
 
 # --------------------------------------------------------------------------- attention
@@ -635,7 +574,7 @@ def rms_norm(h: int, eps: float, gpu: bool = True) -> tirx.PrimFunc:
 
     @T.prim_func(s_tir=True)
     def rms_norm_rows(var_x: T.handle, w: T.Buffer((h,), "float32"), var_out: T.handle):
-        T.func_attr(_ATTRS)
+        T.func_attr(SCHEDULED)
         b = T.int32()
         s = T.int32()
         x = T.match_buffer(var_x, (b, s, h), "float32")

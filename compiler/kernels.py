@@ -1,4 +1,5 @@
-"""GPU kernels Lantern ships in place of TVM 0.27's where those are wrong on WebGPU.
+"""GPU kernels Lantern ships in place of TVM 0.27's where those are wrong on WebGPU, and the
+signatures its hand-written linear kernels share (at the end).
 
 ``tir_attention_merge_state``: TVM's kernel lets every lane of a head read the
 running log-sum-exp ``S[n, h]`` and write it back in place with no barrier, so
@@ -67,3 +68,137 @@ def replace_racy_kernels(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
         if gv.name_hint == "tir_attention_merge_state":
             mod[gv] = merge_state_inplace(dtype).with_attr("global_symbol", gv.name_hint)
     return mod
+
+
+# --------------------------------------------------------------------------- linear-layer signatures
+#
+# The hand-written linear kernels (emulated.py for software WebGPU adapters, cpu_schedule.py for the
+# CPU library) share their signatures: the model's fused ``dequantize -> matmul [-> add]`` (q4) and
+# ``linear [-> add]`` (float32) functions, which they replace. Each kernel supplies a ``body`` macro;
+# these wrap it. ``body(x, <weights>, res, out, n)`` for one token (``res`` None without a
+# residual), ``body(xf, <weights>, resf, outf, tokens, n)`` over flat buffers for any number.
+
+SCHEDULED = {"tirx.is_scheduled": True, "tirx.noalias": True}
+GROUP = 32  # q4 group size (MLC layout, see quantize.py)
+
+
+def nibble(word, j: int):
+    """Code ``j`` (0..7) of a packed uint32 word as a float, minus MLC's offset of 7."""
+    return T.Cast("float32", T.Cast("int32", (word >> T.uint32(4 * j)) & T.uint32(15)) - 7)
+
+
+def q4_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
+    groups = k // GROUP
+    if residual:
+        @T.prim_func(s_tir=True)
+        def gemv_res(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_res: T.handle,
+                     var_out: T.handle):
+            T.func_attr(SCHEDULED)
+            n = T.int32()
+            qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
+            qs = T.match_buffer(var_qs, (n, groups), "float32")
+            res = T.match_buffer(var_res, (1, 1, n), "float32")
+            out = T.match_buffer(var_out, (1, 1, n), "float32")
+            body(x, qw, qs, res, out, n)
+        return gemv_res
+
+    @T.prim_func(s_tir=True)
+    def gemv(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
+        T.func_attr(SCHEDULED)
+        n = T.int32()
+        qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
+        qs = T.match_buffer(var_qs, (n, groups), "float32")
+        out = T.match_buffer(var_out, (1, 1, n), "float32")
+        body(x, qw, qs, None, out, n)
+    return gemv
+
+
+def q4_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
+    groups = k // GROUP
+    if residual:
+        @T.prim_func(s_tir=True)
+        def matmul_res(var_x: T.handle, var_qw: T.handle, var_qs: T.handle, var_res: T.handle, var_out: T.handle):
+            T.func_attr(SCHEDULED)
+            b = T.int32()
+            s = T.int32()
+            n = T.int32()
+            x = T.match_buffer(var_x, (b, s, k), "float32")
+            qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
+            qs = T.match_buffer(var_qs, (n, groups), "float32")
+            res = T.match_buffer(var_res, (b, s, n), "float32")
+            out = T.match_buffer(var_out, (b, s, n), "float32")
+            xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
+            resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
+            outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
+            body(xf, qw, qs, resf, outf, b * s, n)
+        return matmul_res
+
+    @T.prim_func(s_tir=True)
+    def matmul(var_x: T.handle, var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
+        T.func_attr(SCHEDULED)
+        b = T.int32()
+        s = T.int32()
+        n = T.int32()
+        x = T.match_buffer(var_x, (b, s, k), "float32")
+        qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
+        qs = T.match_buffer(var_qs, (n, groups), "float32")
+        out = T.match_buffer(var_out, (b, s, n), "float32")
+        xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
+        outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
+        body(xf, qw, qs, None, outf, b * s, n)
+    return matmul
+
+
+def f32_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
+    if residual:
+        @T.prim_func(s_tir=True)
+        def gemv_res(x: T.Buffer((1, 1, k), "float32"), var_w: T.handle, var_res: T.handle, var_out: T.handle):
+            T.func_attr(SCHEDULED)
+            n = T.int32()
+            w = T.match_buffer(var_w, (n, k), "float32")
+            res = T.match_buffer(var_res, (1, 1, n), "float32")
+            out = T.match_buffer(var_out, (1, 1, n), "float32")
+            body(x, w, res, out, n)
+        return gemv_res
+
+    @T.prim_func(s_tir=True)
+    def gemv(x: T.Buffer((1, 1, k), "float32"), var_w: T.handle, var_out: T.handle):
+        T.func_attr(SCHEDULED)
+        n = T.int32()
+        w = T.match_buffer(var_w, (n, k), "float32")
+        out = T.match_buffer(var_out, (1, 1, n), "float32")
+        body(x, w, None, out, n)
+    return gemv
+
+
+def f32_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
+    if residual:
+        @T.prim_func(s_tir=True)
+        def matmul_res(var_x: T.handle, var_w: T.handle, var_res: T.handle, var_out: T.handle):
+            T.func_attr(SCHEDULED)
+            b = T.int32()
+            s = T.int32()
+            n = T.int32()
+            x = T.match_buffer(var_x, (b, s, k), "float32")
+            w = T.match_buffer(var_w, (n, k), "float32")
+            res = T.match_buffer(var_res, (b, s, n), "float32")
+            out = T.match_buffer(var_out, (b, s, n), "float32")
+            xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
+            resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
+            outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
+            body(xf, w, resf, outf, b * s, n)
+        return matmul_res
+
+    @T.prim_func(s_tir=True)
+    def matmul(var_x: T.handle, var_w: T.handle, var_out: T.handle):
+        T.func_attr(SCHEDULED)
+        b = T.int32()
+        s = T.int32()
+        n = T.int32()
+        x = T.match_buffer(var_x, (b, s, k), "float32")
+        w = T.match_buffer(var_w, (n, k), "float32")
+        out = T.match_buffer(var_out, (b, s, n), "float32")
+        xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
+        outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
+        body(xf, w, None, outf, b * s, n)
+    return matmul
