@@ -66,13 +66,15 @@ class Artifact:
         index = json.loads((self.path / "tensor-cache.json").read_text())
         return [rec["name"] for shard in index["records"] for rec in shard["records"]]
 
-    def cpu_model(self):
+    def cpu_model(self, conversations: int = 1):
+        """The CPU library, loaded; its KV cache keeps ``conversations`` sequences (runner.CpuModel)."""
         from .runner import CpuModel
 
         params = self.params()
         model = self.manifest["model"]
         return CpuModel(self.library("cpu"), [params[n] for n in self.param_order()],
-                        context_window=model["context_window"], prefill_chunk=model["prefill_chunk_size"])
+                        context_window=model["context_window"], prefill_chunk=model["prefill_chunk_size"],
+                        conversations=conversations)
 
     def tokenizer(self):
         from tokenizers import Tokenizer

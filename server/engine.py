@@ -74,19 +74,23 @@ class TvmSession:
         self.step = lambda token: model.prefill([token])
 
 
+TVM_CONVERSATIONS = 4  # sequences the tvm engine keeps cached (sharing one context window's KV memory)
+
+
 class TvmDecoder:
-    """The artifact's CPU library: one sequence at a time; the next request reuses its cached prefix."""
+    """The artifact's CPU library: one sequence at a time. Its KV cache keeps the last
+    TVM_CONVERSATIONS conversations; a request reuses the one it shares the longest prefix with."""
 
     name = "tvm"
     peak_batch = 1
 
     def __init__(self, art: Artifact):
         self.library = art.library("cpu").name
-        self.model = art.cpu_model()
+        self.model = art.cpu_model(conversations=TVM_CONVERSATIONS)
         self.lock = threading.Lock()
 
     def describe(self) -> str:
-        return f"tvm ({self.library}, one sequence at a time)"
+        return f"tvm ({self.library}, one sequence at a time, {TVM_CONVERSATIONS} conversations cached)"
 
     @contextlib.contextmanager
     def open(self, prompt: list[int]) -> Iterator[TvmSession]:

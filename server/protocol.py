@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..package import GENERATION_FIELDS as _GEN
 
@@ -159,6 +159,10 @@ class Logprobs(BaseModel):
     content: list[TokenLogprob]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -168,7 +172,15 @@ class Usage(BaseModel):
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
     tpot_ms: float
+    # prompt tokens whose KV entries were reused (not prefilled again): Lantern's field, and OpenAI's
     cached_prompt_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @model_validator(mode="after")
+    def _openai_cached_tokens(self):
+        if self.prompt_tokens_details is None:
+            self.prompt_tokens_details = PromptTokensDetails(cached_tokens=self.cached_prompt_tokens)
+        return self
 
 
 class AssistantMessage(BaseModel):

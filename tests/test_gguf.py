@@ -26,6 +26,7 @@ from lantern.package import device_files, download_bytes
 from lantern.quantize import dequantize_weight, get_quantization, quantize_params, quantize_weight
 
 Q4 = get_quantization("q4f32_1")
+NEAR_TIE = 0.5  # logits: llama.cpp's greedy pick may differ from the CPU library's by this much
 
 
 def test_q4_0_blocks_decode_to_the_libraries_values():
@@ -141,6 +142,7 @@ def test_llama_cpp_tokenizes_like_the_artifact_and_answers_like_its_cpu_library(
     answers = wllama_complete(parts, texts, MAX_TOKENS)
     model = art.cpu_model()
     same = total = 0
+    gaps = []  # where an answer first differs: how far llama.cpp's token is below the library's own pick
     for prompt, prompt_tokens, answer in zip(PROMPTS, ids, answers):
         assert answer["prompt_tokens"] == len(prompt_tokens), prompt  # the same tokenizer
         want = model.greedy(prompt_tokens, MAX_TOKENS, stop_ids=[eos_id(art)])
@@ -148,11 +150,18 @@ def test_llama_cpp_tokenizes_like_the_artifact_and_answers_like_its_cpu_library(
         agree = next((k for k, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
         same += agree
         total += max(len(want), len(got))
+        if agree < min(len(want), len(got)):
+            model.reset()
+            logits = model.prefill(prompt_tokens + want[:agree])
+            gaps.append(float(logits[want[agree]] - logits[got[agree]]))
     report(f"llama.cpp (wllama, 1 thread) on the artifact's GGUF: {same}/{total} greedy tokens agree with the "
            f"CPU library before the first divergence ({same / total:.0%}; llama.cpp rounds activations to 8 bits); "
-           f"answer to '{PROMPTS[0]}': {answers[0]['text']!r}")
+           f"at each divergence llama.cpp's token is {', '.join(f'{g:.3f}' for g in gaps) or '-'} logits below the "
+           f"library's; answer to '{PROMPTS[0]}': {answers[0]['text']!r}")
     assert "Paris" in answers[0]["text"]
-    assert same / total >= 0.5
+    # The same model: every divergence is a near-tie that 8-bit activations can flip (a wrong tensor or
+    # layout in the GGUF picks tokens the library ranks far lower). Measured: 0.010 to 0.215.
+    assert all(g <= NEAR_TIE for g in gaps), gaps
 
 
 @pytest.mark.slow

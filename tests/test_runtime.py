@@ -124,6 +124,7 @@ def test_streaming_yields_the_non_streaming_text(session):
     assert usage["completion_tokens"] == plain["usage"]["completion_tokens"]
     # the same prompt again: its KV entries were kept, only the last prompt token is run
     assert usage["cached_prompt_tokens"] == usage["prompt_tokens"] - 1
+    assert usage["prompt_tokens_details"] == {"cached_tokens": usage["cached_prompt_tokens"]}  # OpenAI's field
 
 
 def test_same_seed_same_text_and_different_seeds_differ(session):

@@ -242,8 +242,40 @@ def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smol
         running = ask("Name a colour.")
         stream.close()
         assert running.usage.model_extra["cached_prompt_tokens"] >= prefix - 2
+        for reply in (first, idle, running):  # OpenAI's field, as the unmodified client reads it
+            assert reply.usage.prompt_tokens_details.cached_tokens == reply.usage.model_extra["cached_prompt_tokens"]
     for reply, question in ((idle, "Name a city."), (running, "Name a colour.")):
         assert reply.choices[0].message.content == llama_cpp_greedy(smollm2, [system, *user(question)], 12)
+
+
+def test_tvm_keeps_conversations_cached_between_turns(smollm2, shakespeare_text, report):
+    """Two chats with long system prompts, interleaved: each one's second turn reuses its own first
+    turn from the KV cache (the other chat ran in between), OpenAI's field says so, and the answer
+    is the CPU library's from scratch."""
+    from openai import OpenAI
+
+    chats = [[{"role": "system", "content": "Answer in the style of this text.\n" + shakespeare_text[i:i + 900]}]
+             for i in (0, 5000)]
+    with served(smollm2, engine="tvm") as (base, _):
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+        def turn(messages, question):
+            messages.append(user(question)[0])
+            reply = client.chat.completions.create(model=smollm2.path.name, messages=messages, max_tokens=8,
+                                                   temperature=0)
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            return reply
+        first = [turn(chat, "Who speaks first?") for chat in chats]
+        second = [turn(chat, "And then?") for chat in chats]
+    for one, two, chat in zip(first, second, chats):
+        assert one.usage.prompt_tokens_details.cached_tokens < 20  # only the template's first tokens are shared
+        assert two.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens
+        assert two.usage.model_extra["cached_prompt_tokens"] == two.usage.prompt_tokens_details.cached_tokens
+        assert two.choices[0].message.content == cpu_greedy(smollm2, chat[:-1], 8)
+    report(f"lantern serve (tvm), a chat's second turn with another chat in between: TTFT "
+           f"{first[0].usage.model_extra['ttft_ms'] / 1000:.2f} s ({first[0].usage.prompt_tokens} prompt tokens) -> "
+           f"{second[0].usage.model_extra['ttft_ms'] / 1000:.2f} s ({second[0].usage.prompt_tokens_details.cached_tokens}"
+           f" of {second[0].usage.prompt_tokens} cached)")
 
 
 def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(tiny_q4, tiny_hf, build_artifact,

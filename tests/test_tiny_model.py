@@ -57,6 +57,33 @@ def test_prefill_reusing_the_cache_keeps_only_the_shared_prefix(tiny_hf, build_a
         np.testing.assert_allclose(logits, ref, atol=1e-4 * np.abs(ref).max())
 
 
+def test_conversations_stay_cached_side_by_side_within_one_window(tiny_hf, build_artifact):
+    """The server's tvm engine keeps several conversations: a next turn of each reuses its own
+    prefix, a new one takes the least recently used sequence, and together they never hold more
+    than one context window of KV pages (the older ones give theirs up)."""
+    folder, weights, cfg = tiny_hf
+    art = Artifact.open(build_artifact(folder, "q0f32"))
+    window = art.manifest["model"]["context_window"]
+    model = art.cpu_model(conversations=3)
+    rng = np.random.default_rng(3)
+    a, b, c = ([int(t) for t in rng.integers(0, 49152, n)] for n in (40, 30, 20))
+    for prompt, reused in [(a, 0), (b, 0), (a + c[:5], 40), (b + c[:7], 30), (c, 0), (a + c[:5] + c, 45)]:
+        logits, got = model.prefill_reusing(prompt)
+        ref = numpy_llama.forward(weights, cfg, prompt)[-1]
+        assert got == reused, prompt[:3]
+        np.testing.assert_allclose(logits, ref, atol=1e-4 * np.abs(ref).max())
+    # a fourth conversation evicts the least recently used (b's)
+    d = [int(t) for t in rng.integers(0, 49152, 10)]
+    assert model.prefill_reusing(d)[1] == 0
+    assert model.prefill_reusing(b + c[:7] + d)[1] == 0
+    # a long one takes every page: the others are dropped, and it still fits
+    long = [int(t) for t in rng.integers(0, 49152, window - 8)]
+    logits, _ = model.prefill_reusing(long)
+    assert all(not t for s, t in model.cached.items() if s != model.seq_id)
+    ref = numpy_llama.forward(weights, cfg, long)[-1]
+    np.testing.assert_allclose(logits, ref, atol=1e-4 * np.abs(ref).max())
+
+
 def test_q0f16_runs_close_to_f32(tiny_hf, build_artifact, tokens):
     folder, weights, cfg = tiny_hf
     got = Artifact.open(build_artifact(folder, "q0f16")).cpu_model().prefill(tokens[:20])

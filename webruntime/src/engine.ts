@@ -293,6 +293,7 @@ export class Engine {
         decode_tokens_per_s: completion > 1 ? (completion - 1) / (decodeMs / 1000) : 0,
         tpot_ms: completion > 1 ? decodeMs / (completion - 1) : 0,
         cached_prompt_tokens: cachedTokens,
+        prompt_tokens_details: { cached_tokens: cachedTokens },
       };
     };
     this.running = job;

@@ -88,8 +88,9 @@ export interface Usage {
   prefill_tokens_per_s: number;
   decode_tokens_per_s: number;
   tpot_ms: number;
-  // prompt tokens whose KV entries were reused from the previous turn
+  // prompt tokens whose KV entries were reused from the previous turn: Lantern's field, and OpenAI's
   cached_prompt_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
 }
 
 // Where a response was computed; the router sets it, `lantern serve` sends "cloud".
