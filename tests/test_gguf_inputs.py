@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from tiny_models import TINY_CONFIG, random_llama_weights
 
+from lantern import gguf_file
 from lantern.errors import LanternError
 from lantern.importer import GGUF_INPUT_TYPES, import_gguf
 from lantern.models import llama
@@ -50,6 +51,35 @@ def source(tmp_path_factory):
     return path, weights
 
 
+def assert_reads_as_gguf_py_reads(path):
+    """Lantern's header reader (lantern.gguf_file) against gguf-py's GGUFReader: every key and value,
+    every tensor's name, type, shape and bytes."""
+    import gguf
+
+    meta, tensors = gguf_file.read(path)
+    reference = gguf.GGUFReader(path)
+    assert meta == {k: f.contents() for k, f in reference.fields.items() if not k.startswith("GGUF.")}
+    assert len(tensors) == len(reference.tensors)
+    for ours, theirs in zip(tensors, reference.tensors):
+        assert (ours.name, ours.tensor_type, ours.shape) == (theirs.name, theirs.tensor_type, tuple(theirs.shape.tolist()))
+        assert ours.data.dtype == theirs.data.dtype and ours.data.shape == theirs.data.shape, ours.name
+        assert np.array_equal(ours.data.view(np.uint8), theirs.data.view(np.uint8)), ours.name
+
+
+def test_the_header_reader_reads_as_gguf_py(source):
+    assert_reads_as_gguf_py_reads(source[0])  # string arrays (tokens), float32 tensors
+
+
+def test_a_damaged_header_is_named(source, tmp_path):
+    data = source[0].read_bytes()
+    for name, blob, message in [("cut.gguf", data[:2000], "ends early|past the end"),
+                                ("magic.gguf", b"GGUX" + data[4:], "no GGUF magic"),
+                                ("short.gguf", data[:len(data) - 100], "runs past the end of the file")]:
+        (tmp_path / name).write_bytes(blob)
+        with pytest.raises(LanternError, match=f"corrupt GGUF file {name}: .*({message})"):
+            import_gguf(tmp_path / name)
+
+
 def test_every_listed_type_has_a_tolerance():
     assert set(TOLERANCE) == set(FTYPE) == set(GGUF_INPUT_TYPES)
 
@@ -70,6 +100,7 @@ def test_every_type_reads_back_within_its_error(source, tmp_path, report):
         assert llama_cpp.llama_model_quantize(str(path).encode(), str(out).encode(), ctypes.byref(params)) == 0, kind
         types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
         assert types["blk.0.ffn_down.weight"] == kind, types
+        assert_reads_as_gguf_py_reads(out)
         back = import_gguf(out).load_weights()
         err = max(np.sqrt(np.mean((back[n] - w) ** 2) / np.mean(w ** 2)) for n, w in weights.items() if w.ndim == 2)
         errors[kind] = err
