@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +45,9 @@ HEADERS_FROM_WHEEL = (
     "src/support/utils.h",
 )
 SHIMS = Path(__file__).parent / "wasm_shims"
+# One compile of the runtime per process: a second caller (a build while the test suite's background
+# start is still compiling it) waits for the first and takes its objects.
+_RUNTIME_LOCK = threading.Lock()
 
 
 def emscripten_version() -> str | None:
@@ -118,6 +122,11 @@ def _assemble_tree(root: Path, cache_dir: Path) -> None:
 def runtime_objects(cache_dir: Path, on_step: Callable[[str], None] = lambda _: None) -> list[Path]:
     """Compile (once per toolchain, cached) TVM's web runtime into wasm object files."""
     _require_emcc()
+    with _RUNTIME_LOCK:
+        return _runtime_objects(cache_dir, on_step)
+
+
+def _runtime_objects(cache_dir: Path, on_step: Callable[[str], None]) -> list[Path]:
     out_dir = cache_dir / "webruntime" / _runtime_key()
     objects = [out_dir / f"{Path(u).stem}.o" for u in RUNTIME_UNITS]
     if all(o.exists() for o in objects):

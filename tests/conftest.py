@@ -95,7 +95,42 @@ def tiny_q4(tiny_hf, build_artifact):
     return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=DEFAULT_TARGETS))
 
 
+# Test files that build no WebGPU library. They run first, while TVM's web runtime (which every
+# WebGPU build links: ~150 s of one core, once per toolchain, cached in $LANTERN_CACHE) compiles in
+# the background. A file missing from the list only runs later; nothing depends on the order.
+WASM_FREE_FILES = {"test_chat_template.py", "test_cpu_kernels.py", "test_gguf_inputs.py", "test_gguf_vocab.py",
+                   "test_gptq.py", "test_lora.py", "test_model_variants.py", "test_quantize.py", "test_sampler.py",
+                   "test_tiny_model.py"}
+
+
+_RUNTIME_THREAD = []
+
+
+def pytest_collection_finish(session):
+    cache = os.environ.get("LANTERN_CACHE")
+    if not (cache and shutil.which("emcc")) or all(item.path.name in WASM_FREE_FILES for item in session.items):
+        return
+    import threading
+
+    from lantern import link
+
+    def compile_runtime():
+        try:
+            link.runtime_objects(Path(cache))
+        except Exception:  # noqa: BLE001 - the first WebGPU build compiles it again and reports why
+            pass
+
+    _RUNTIME_THREAD.append(threading.Thread(target=compile_runtime, daemon=True, name="web-runtime"))
+    _RUNTIME_THREAD[0].start()
+
+
+def pytest_sessionfinish(session):
+    for thread in _RUNTIME_THREAD:  # a run cut short leaves no compiler running and no half-written cache
+        thread.join()
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in WASM_FREE_FILES)  # stable: the order within stays
     if os.environ.get("CI"):
         return  # CI installs everything: a missing tool must fail there, not skip
     needs_browser = not shutil.which("chromium")
