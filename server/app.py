@@ -20,7 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import reasoning
+from . import reasoning, request_rules
 from .engine import InvalidRequest, ModelEngine, Step, new_id
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
@@ -144,6 +144,9 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, err: RequestValidationError):
         first = err.errors()[0] if err.errors() else {}
+        if first.get("type") == "request_rule":  # request_rules.json's message, as the browser words it
+            return _error(400, ErrorBody(message=first["msg"], type="invalid_request_error",
+                                         param=first["ctx"]["param"]))
         loc = ".".join(str(x) for x in first.get("loc", ())[1:])
         return _error(400, ErrorBody(message=f"{loc or 'body'}: {first.get('msg', 'invalid request')}",
                                      type="invalid_request_error", param=loc or None))
@@ -241,7 +244,7 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
                 queue.put_nowait(ApiError(500, f"generation failed: {type(err).__name__}: {err}", "server_error"))
 
         producer = asyncio.create_task(produce())
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        include_usage = req.stream_options.include_usage
 
         async def events():
             first = True
@@ -276,7 +279,7 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest):
         slot = slot_for(req)
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        messages = request_rules.template_messages([m.model_dump(exclude_none=True) for m in req.messages])
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
         fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None

@@ -25,7 +25,7 @@ from ..artifact import Artifact
 from ..chat_template import render
 from ..errors import LanternError
 from ..package import GENERATION_FIELDS
-from . import llamacpp
+from . import llamacpp, request_rules
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .reasoning import held_back
 from .sampler import Sampled, Sampler, SamplingParams
@@ -50,10 +50,8 @@ def sampling_params(req: SamplingFields, vocab_size: int, defaults: dict) -> Sam
     bias = {}
     for k, v in (req.logit_bias or {}).items():
         if int(k) >= vocab_size:
-            raise InvalidRequest(f"logit_bias names token {k}, outside the vocabulary (0..{vocab_size - 1})")
+            raise InvalidRequest(request_rules.message("token_outside_vocabulary", token=k, last=vocab_size - 1))
         bias[int(k)] = v
-    if req.top_logprobs is not None and not req.logprobs:
-        raise InvalidRequest("top_logprobs requires logprobs: true")
 
     def pick(name: str):
         value = getattr(req, name)
@@ -140,9 +138,7 @@ class ModelEngine:
         tok = lambda t: t.get("content", "") if isinstance(t, dict) else (t or "")  # noqa: E731
         self.bos, self.eos = tok(cfg.get("bos_token")), tok(cfg.get("eos_token"))
         chat = json.loads((path / "mlc-chat-config.json").read_text())
-        eos = chat.get("eos_token_id")
-        self.stop_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-        self.stop_ids |= set((chat.get("conv_template") or {}).get("stop_token_ids") or [])
+        self.stop_ids = request_rules.stop_token_ids(chat)
         self.vocab_size = self.art.manifest["model"]["vocab_size"]
         self.context_window = self.art.manifest["model"]["context_window"]
         self.reasoning_tags = self.art.manifest["model"].get("reasoning_tags")  # None: not a reasoning model
@@ -156,7 +152,7 @@ class ModelEngine:
         ``kwargs``: more template variables (reasoning.template_kwargs)."""
         if not self.template:
             raise InvalidRequest(f"model {self.name} has no chat template; use /v1/completions")
-        native = tools and "tools" in self.template
+        native = tools and request_rules.template_knows_tools(self.template)
         try:
             return render(self.template, messages if native else tool_messages(messages, tools),
                           bos_token=self.bos, eos_token=self.eos, tools=tools if native else None, **(kwargs or {}))
@@ -199,7 +195,8 @@ class ModelEngine:
             raise InvalidRequest("the prompt is empty: give at least one token of text")
         room = self.context_window - len(prompt)
         if room < 1:
-            raise InvalidRequest(f"the prompt is {len(prompt)} tokens; the context window is {self.context_window}")
+            raise InvalidRequest(request_rules.message("prompt_too_long", tokens=len(prompt),
+                                                       window=self.context_window))
         max_tokens = min(req.token_limit() or room, room)
         stops = req.stop_list()
         stop_ids = self.stop_ids | set(req.stop_token_ids or [])

@@ -1,16 +1,30 @@
 """The OpenAI request and response shapes, once for Python (pydantic).
 
 The TypeScript twin is webruntime/src/protocol.ts; tests validate the browser engine's real
-responses against these models, so the two cannot drift apart silently.
+responses against these models, so the two cannot drift apart silently. A request is first held to
+the rules of request_rules.json (request_rules.py, the browser's rules.ts reads the same file), so
+its 400 says what the browser's InvalidRequestError says; pydantic then types what passed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from ..package import GENERATION_FIELDS as _GEN
+from . import request_rules
+
+_SHARED, _CHAT = request_rules.RULES["shared"], request_rules.RULES["endpoints"]["chat"]
+
+
+def _field(rule: dict) -> Any:
+    """A pydantic Field with a table rule's default and bounds (for the OpenAPI schema: the table's
+    own checks run first, so pydantic never words an error about them)."""
+    bounds = {"ge": rule["min"]} if "min" in rule else {}
+    if "max" in rule:
+        bounds["le"] = rule["max"]
+    return Field(rule.get("default"), **bounds)
 
 
 class FunctionCall(BaseModel):
@@ -31,7 +45,8 @@ class ToolCallDelta(ToolCall):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    # developer: OpenAI's, a system message to the chat template (request_rules.template_messages)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     name: str | None = None
     tool_call_id: str | None = None
@@ -74,51 +89,47 @@ class ResponseFormat(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: bool = _field(_SHARED["stream_options"]["fields"]["include_usage"])
 
 
 class SamplingFields(BaseModel):
-    """The sampling fields both endpoints share (bounds as in OpenAI's API reference)."""
+    """The sampling fields both endpoints share (rules, bounds and defaults: request_rules.json)."""
 
     model_config = ConfigDict(extra="allow")  # clients send fields such as `user`; they are ignored
+    endpoint: ClassVar[str | None] = None  # whose rules apply besides the shared ones ("chat", "completions")
 
-    model: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    # None: the artifact's default, else OpenAI's (ModelEngine.sampling); ranges: package.GENERATION_FIELDS
-    temperature: float | None = Field(None, ge=_GEN["temperature"][1], le=_GEN["temperature"][2])
-    top_p: float | None = Field(None, ge=_GEN["top_p"][1], le=_GEN["top_p"][2])
-    top_k: int | None = Field(None, ge=_GEN["top_k"][1])
-    repetition_penalty: float | None = Field(None, ge=_GEN["repetition_penalty"][1], le=_GEN["repetition_penalty"][2])
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    model: str | None = _field(_SHARED["model"])
+    stream: bool = _field(_SHARED["stream"])
+    stream_options: StreamOptions = Field(default_factory=StreamOptions)
+    max_tokens: int | None = _field(_SHARED["max_tokens"])
+    max_completion_tokens: int | None = _field(_SHARED["max_completion_tokens"])
+    # None: the artifact's default, else OpenAI's (ModelEngine.sampling)
+    temperature: float | None = _field(_SHARED["temperature"])
+    top_p: float | None = _field(_SHARED["top_p"])
+    top_k: int | None = _field(_SHARED["top_k"])
+    repetition_penalty: float | None = _field(_SHARED["repetition_penalty"])
+    frequency_penalty: float = _field(_SHARED["frequency_penalty"])
+    presence_penalty: float = _field(_SHARED["presence_penalty"])
     logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    n: int = Field(1, ge=1, le=1)
+    seed: int | None = _field(_SHARED["seed"])
+    logprobs: bool = _field(_SHARED["logprobs"])
+    top_logprobs: int | None = _field(_SHARED["top_logprobs"])
+    n: int = _field(_SHARED["n"])
 
-    @field_validator("logit_bias")
+    @model_validator(mode="before")
     @classmethod
-    def _bias_range(cls, v):
-        for k, b in (v or {}).items():
-            if not k.isdigit():
-                raise ValueError(f"logit_bias keys are token ids, got {k!r}")
-            if not -100 <= b <= 100:
-                raise ValueError(f"logit_bias[{k}] must be in [-100, 100]")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v):
-        stops = [v] if isinstance(v, str) else v or []
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("stop takes at most 4 non-empty strings")
-        return v
+    def _request_rules(cls, data: Any) -> Any:
+        """The table's rules on the JSON as sent (nulls dropped, defaults filled); a broken rule is a
+        validation error of its own type, which the app answers with the rule's message as it is."""
+        if isinstance(data, BaseModel):  # a request already parsed
+            return data
+        try:
+            return request_rules.checked(data, cls.endpoint)
+        except request_rules.RuleError as err:
+            context = {"message": err.message, "param": err.param}
+            raise PydanticCustomError("request_rule", "{message}", context) from None
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -128,18 +139,22 @@ class SamplingFields(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    endpoint: ClassVar[str | None] = "chat"
+
     messages: list[ChatMessage] = Field(min_length=1)
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = _field(_CHAT["parallel_tool_calls"])
     # extra chat-template variables, as vLLM and llama.cpp's server take them (Qwen3's enable_thinking)
     chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
+    endpoint: ClassVar[str | None] = "completions"
+
     prompt: str
-    echo: bool = False
+    echo: bool = _field(request_rules.RULES["endpoints"]["completions"]["echo"])
 
 
 FinishReason = Literal["stop", "length", "abort", "tool_calls"]

@@ -105,17 +105,8 @@ def test_typescript_and_python_build_the_same_grammars():
     texts = ['Sure.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
              '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n<tool_call>{"name": "ad',
              "no calls here"]
-    bundle = subprocess.run(
-        ["node", "--input-type=module", "-e",
-         "import * as esbuild from 'esbuild'; import { readFileSync } from 'node:fs';"
-         "const r = await esbuild.build({ entryPoints: ['../tests/node/structured_parity.ts'], bundle: true,"
-         " format: 'esm', platform: 'node', write: false, logLevel: 'error', nodePaths: [process.cwd() + '/node_modules'],"
-         " banner: { js: 'globalThis.location = { href: \"file:///\" };' },"
-         " define: { __SCHEMA_SUPPORT__: readFileSync('../server/schema_support.json', 'utf8') } });"
-         "process.stdout.write(r.outputFiles[0].text);"],
-        cwd=WEBRUNTIME, capture_output=True, text=True, check=True).stdout
     payload = {"requests": requests, "schemas": list(SCHEMAS.values()), "texts": texts}
-    out = _run_bundle(bundle, payload)
+    out = run_typescript("structured_parity.ts", payload)
 
     for req, ts in zip(requests, out["specs"]):
         try:
@@ -152,19 +143,17 @@ def test_typescript_and_python_build_the_same_grammars():
 
 
 def run_typescript(entry: str, payload: dict) -> dict:
-    """Bundle tests/node/``entry`` with esbuild and run it under Node with ``payload`` on stdin;
-    returns what it prints (JSON)."""
+    """Bundle tests/node/``entry`` with esbuild (the runtime's inlined JSON files as in its build:
+    webruntime/defines.mjs) and run it under Node with ``payload`` on stdin; returns what it prints (JSON)."""
     bundle = subprocess.run(
         ["node", "--input-type=module", "-e",
-         "import * as esbuild from 'esbuild';"
+         "import * as esbuild from 'esbuild'; import { defines } from './defines.mjs';"
          f"const r = await esbuild.build({{ entryPoints: ['../tests/node/{entry}'], bundle: true,"
-         " format: 'esm', platform: 'node', write: false, logLevel: 'error' });"
+         " format: 'esm', platform: 'node', write: false, logLevel: 'error', nodePaths: [process.cwd() + '/node_modules'],"
+         # tvmjs requires ws only in Node code paths the tests never take
+         " external: ['ws'], banner: { js: 'globalThis.location = { href: \"file:///\" };' }, define: defines });"
          "process.stdout.write(r.outputFiles[0].text);"],
         cwd=WEBRUNTIME, capture_output=True, text=True, check=True).stdout
-    return _run_bundle(bundle, payload)
-
-
-def _run_bundle(bundle: str, payload: dict) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".mjs", dir=WEBRUNTIME, delete=True) as f:
         f.write(bundle)
         f.flush()

@@ -56,7 +56,8 @@ def test_auto_picks_wasm_and_answers(session, smollm2_q4, report):
     assert "wasm-load" in phases and "gpu-upload" not in phases
 
     plain, streamed = chat(page, {"messages": PARIS, "max_tokens": 24, "temperature": 0},
-                           {"messages": PARIS, "max_tokens": 24, "temperature": 0, "stream": True})
+                           {"messages": PARIS, "max_tokens": 24, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}})
     ChatCompletion.model_validate(plain)
     text = plain["choices"][0]["message"]["content"]
     assert "Paris" in text and plain["lantern_device"] == "wasm"

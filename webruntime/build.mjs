@@ -1,13 +1,14 @@
 // Bundles the runtime (src/index.ts) and the worker entry (../worker/worker.ts) into one ES
 // module each under dist/, next to llama.cpp's wasm; `lantern serve` serves them under /runtime/.
-import { copyFileSync, readFileSync } from "node:fs";
+import { copyFileSync } from "node:fs";
 import * as esbuild from "esbuild";
+import { defines } from "./defines.mjs";
 
 const common = { bundle: true, format: "esm", platform: "browser", target: "es2022", logLevel: "warning",
   // tvmjs and web-tokenizers probe for Node modules they never use in a browser
   external: ["fs", "path", "perf_hooks", "ws", "url", "crypto", "module"],
-  // The schema keywords both engines accept: one file, read by the Python server too.
-  define: { __SCHEMA_SUPPORT__: readFileSync("../server/schema_support.json", "utf8") } };
+  // The schema keywords and the request rules: one file each, read by the Python server too.
+  define: defines };
 await esbuild.build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/lantern.js" });
 await esbuild.build({ ...common, entryPoints: ["../worker/worker.ts"], outfile: "dist/worker.js" });
 // Not part of the npm package: ajv for the site's JSON mode and the tests (/runtime/schema-check.js).

@@ -12,6 +12,7 @@ import type {
 } from "./protocol";
 import { samplingParams } from "./sampler";
 import { openStore, type FileStore } from "./storage";
+import { checkRequest, message, stopList, stopTokenIds, templateMessages, tokenLimit, type CheckedRequest } from "./rules";
 import { PushStream } from "./stream";
 import { heldBack, opensInPrompt, ReasoningSplitter, templateKwargs } from "./reasoning";
 import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
@@ -129,8 +130,7 @@ export class Engine {
     const codecReady = TextCodec.create(small.get("tokenizer.json")!, json("tokenizer_config.json") as TokenizerConfig);
     codecReady.catch(() => {});  // awaited below
     const chatConfig = json("mlc-chat-config.json");
-    const stops = new Set<number>([chatConfig.eos_token_id].flat().filter((x: unknown) => typeof x === "number"));
-    for (const id of chatConfig.conv_template?.stop_token_ids ?? []) stops.add(id);
+    const stops = stopTokenIds(chatConfig);
     if (!stops.size) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
 
     const device = await openDevice(options.device ?? "auto", {
@@ -151,10 +151,10 @@ export class Engine {
     return this.loaded().kind;
   }
 
-  private async create(req: ChatCompletionRequest, opts: CreateOptions = {}):
+  private async create(request: ChatCompletionRequest, opts: CreateOptions = {}):
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     const device = this.loaded();
-    this.validate(req);
+    const req = this.validate(request);
     // Bad schemas, grammars and template variables fail here, before the request is queued.
     const spec = requestSpec(req);
     const plan = this.plan(req, spec);
@@ -189,10 +189,10 @@ export class Engine {
     };
   }
 
-  private stream(req: ChatCompletionRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
+  private stream(req: CheckedRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
     const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
-    const includeUsage = req.stream_options?.include_usage ?? true;
+    const includeUsage = req.stream_options.include_usage;
     const kind = this.loaded().kind;
     let jobRef: Job | null = null;
     let sent = "";  // content streamed so far (tool calls are held back for the last chunk)
@@ -224,27 +224,14 @@ export class Engine {
     return chunks;
   }
 
-  private validate(req: ChatCompletionRequest): void {
-    if (!req || !Array.isArray(req.messages) || !req.messages.length) {
-      throw new InvalidRequestError("messages must be a non-empty array");
-    }
-    for (const [i, m] of req.messages.entries()) {
-      if (!["system", "user", "assistant", "tool"].includes(m?.role)) {
-        throw new InvalidRequestError(`messages[${i}].role must be system, user, assistant or tool`);
-      }
-      if (typeof m.content !== "string" && !(m.role === "assistant" && (m.content === null || m.tool_calls?.length))) {
-        throw new InvalidRequestError(`messages[${i}].content must be a string`);
-      }
-    }
-    if (req.n !== undefined && req.n !== 1) throw new InvalidRequestError("only n=1 is supported");
-    if (req.max_tokens !== undefined && (!Number.isInteger(req.max_tokens) || req.max_tokens < 1)) {
-      throw new InvalidRequestError("max_tokens must be a positive integer");
-    }
-    const stop = req.stop;
-    if (stop !== undefined && typeof stop !== "string" && !(Array.isArray(stop) && stop.every((s) => typeof s === "string" && s))) {
-      throw new InvalidRequestError("stop must be a string or an array of non-empty strings");
-    }
+  /**
+   * The request under server/request_rules.json (the server's rules too), nulls dropped and defaults
+   * filled; then the checks that need the model (logit_bias within the vocabulary).
+   */
+  private validate(request: ChatCompletionRequest): CheckedRequest {
+    const req = checkRequest(request, "chat");
     samplingParams(req, this.manifest.model.vocab_size, this.manifest.generation);
+    return req;
   }
 
   /** Queue a request and run it when its turn comes; resolves when it reached a terminal state. */
@@ -274,7 +261,7 @@ export class Engine {
     const device = this.loaded();
     const req = job.request;
     const params = samplingParams(req, this.manifest.model.vocab_size, this.manifest.generation);
-    const stops = typeof req.stop === "string" ? [req.stop] : req.stop ?? [];
+    const stops = stopList(req);
     // A tool call is not streamed as text: hold back from its opening tag (and a partial one).
     const holds = callsTools(req) ? [...stops, TOOL_OPEN] : stops;
     const started = performance.now();
@@ -318,9 +305,9 @@ export class Engine {
       promptTokens = prompt.length;
       const room = device.contextWindow - prompt.length;
       if (room < 1) {
-        throw new InvalidRequestError(`the prompt is ${prompt.length} tokens; the context window is ${device.contextWindow}`);
+        throw new InvalidRequestError(message("prompt_too_long", { tokens: prompt.length, window: device.contextWindow }));
       }
-      const maxTokens = Math.min(req.max_tokens ?? room, room);
+      const maxTokens = Math.min(tokenLimit(req) ?? room, room);
       gen = await device.start({ prompt, promptText, params, grammar: job.grammar, maxTokens,
         stopTokenIds: new Set([...this.stopTokenIds, ...(req.stop_token_ids ?? [])]) });
 
@@ -375,9 +362,10 @@ export class Engine {
     const strict = spec !== null && !(tools && (choice === undefined || choice === null || choice === "auto"));
     const tags = this.manifest.model.reasoning_tags ?? null;
     const kwargs = templateKwargs(req.chat_template_kwargs, tags, strict);
+    const messages = templateMessages(req.messages);
     const text = tools && this.codec.knowsTools
-      ? this.codec.renderChat(req.messages, tools, kwargs)
-      : this.codec.renderChat(toolMessages(req.messages, tools), null, kwargs);
+      ? this.codec.renderChat(messages, tools, kwargs)
+      : this.codec.renderChat(toolMessages(messages, tools), null, kwargs);
     return { text, reasoning: tags && !strict ? { tags, inReasoning: opensInPrompt(text, tags) } : null };
   }
 

@@ -1,7 +1,8 @@
 // The OpenAI chat-completions shapes (the one TypeScript definition; Python has its own in
 // lantern.protocol) and the message schema between the page and the engine's Web Worker.
 
-export type Role = "system" | "user" | "assistant" | "tool";
+// developer: OpenAI's, a system message to the chat template (rules.ts templateMessages)
+export type Role = "system" | "developer" | "user" | "assistant" | "tool";
 
 export interface ToolCall {
   id: string;
@@ -39,6 +40,7 @@ export interface ChatCompletionRequest {
   stream?: boolean;
   stream_options?: { include_usage?: boolean };
   max_tokens?: number;
+  max_completion_tokens?: number;  // OpenAI's newer name for max_tokens; it wins when both are set
   temperature?: number;
   top_p?: number;
   top_k?: number;

@@ -9,12 +9,9 @@ export const RESERVED_TEMPLATE_KWARGS = ["messages", "tools", "add_generation_pr
 /**
  * The extra template variables of a chat request (its chat_template_kwargs). ``strict``: a grammar
  * decides every token, so a reasoning model does not think first (enable_thinking defaults to
- * false; true is refused).
+ * false; true is refused). ``kwargs`` is an object or absent (the request rules, rules.ts, checked it).
  */
 export function templateKwargs(kwargs: unknown, tags: string[] | null | undefined, strict: boolean): Record<string, unknown> {
-  if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== "object" || Array.isArray(kwargs))) {
-    throw new InvalidRequestError("chat_template_kwargs must be an object");
-  }
   const out: Record<string, unknown> = { ...(kwargs as Record<string, unknown> | null | undefined) };
   for (const key of Object.keys(out)) {
     if (RESERVED_TEMPLATE_KWARGS.includes(key)) {

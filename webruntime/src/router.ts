@@ -5,6 +5,7 @@ import type { CreateOptions, PromptPlan } from "./engine";
 import { LanternError, NetworkError, WebGPUUnavailableError } from "./errors";
 import { createEngine, type LanternEngine } from "./create";
 import { ReasoningSplitter } from "./reasoning";
+import { tokenLimit } from "./rules";
 import { callsTools } from "./structured";
 import type {
   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, EngineOptions, FinishReason, Route,
@@ -105,7 +106,8 @@ class Cloud {
   /** Continue ``prompt`` (a rendered chat plus the text streamed so far) with the legacy endpoint. */
   async *continueText(prompt: string, req: ChatCompletionRequest, maxTokens: number | undefined,
                       signal?: AbortSignal): AsyncGenerator<{ text: string; finish: FinishReason | null }> {
-    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, chat_template_kwargs: _k, ...sampling } = req;
+    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, chat_template_kwargs: _k, max_completion_tokens: _c,
+      ...sampling } = req;
     const resp = await this.post("/completions", { ...sampling, prompt, max_tokens: maxTokens, stream: true }, signal);
     for await (const c of sse(resp)) {
       const choice = (c as { choices: { text: string; finish_reason: FinishReason | null }[] }).choices[0];
@@ -259,7 +261,8 @@ export class Router {
           yield* self.replayOnCloud(req, text, opts.signal);
           return;
         }
-        const budget = req.max_tokens !== undefined ? Math.max(1, req.max_tokens - tokens) : undefined;
+        const limit = tokenLimit(req);
+        const budget = limit !== undefined ? Math.max(1, limit - tokens) : undefined;
         const base = last ?? {
           id: `chatcmpl-${crypto.randomUUID()}`, object: "chat.completion.chunk" as const,
           created: Math.floor(Date.now() / 1000), model: self.opts.cloud.model, choices: [],

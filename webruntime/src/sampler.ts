@@ -5,6 +5,7 @@
 // Draws come from a seeded xorshift128+ generator, so one seed gives one token sequence.
 import { InvalidRequestError } from "./errors";
 import type { ChatCompletionRequest } from "./protocol";
+import { checkRequest, generationFields, message } from "./rules";
 
 export interface SamplingParams {
   temperature: number;
@@ -20,56 +21,38 @@ export interface SamplingParams {
 
 /**
  * Sampling fields an artifact may carry defaults for (lantern.json "generation"): OpenAI's default and
- * the closed range a value may take (null: no upper bound). The twin of GENERATION_FIELDS in
- * compiler/package.py; tests/test_generation_defaults.py holds them equal.
+ * the closed range a value may take (null: no upper bound). The request rules' fields with a
+ * "fallback" (server/request_rules.json), as package.GENERATION_FIELDS on the Python side.
  */
-export const GENERATION_FIELDS = {
-  temperature: [1, 0, 2],
-  top_p: [1, 0, 1],
-  top_k: [0, 0, null],  // 0: off; above the vocabulary means all of it
-  repetition_penalty: [1, 0.01, 10],
-} as const;
-export type GenerationDefaults = Partial<Record<keyof typeof GENERATION_FIELDS, number>>;
+export type GenerationField = "temperature" | "top_p" | "top_k" | "repetition_penalty";
+export const GENERATION_FIELDS = generationFields() as Record<GenerationField, [number, number, number | null]>;
+export type GenerationDefaults = Partial<Record<GenerationField, number>>;
 
-/** A request's sampling, each field taken from the request, else the artifact's ``defaults``, else OpenAI's. */
-export function samplingParams(req: ChatCompletionRequest, vocabSize: number,
+/**
+ * A request's sampling, each field taken from the request, else the artifact's ``defaults``, else OpenAI's.
+ * The request is held to the shared request rules first (InvalidRequestError), as the server's
+ * SamplingFields is; the twin of sampling_params in lantern/server/engine.py.
+ */
+export function samplingParams(request: ChatCompletionRequest, vocabSize: number,
                                defaults: GenerationDefaults = {}): SamplingParams {
-  const num = (v: unknown, name: string, lo: number, hi: number, dflt: number) => {
-    if (v === undefined || v === null) return dflt;
-    if (typeof v !== "number" || !Number.isFinite(v) || v < lo || v > hi) {
-      throw new InvalidRequestError(`${name} must be a number in [${lo}, ${hi}], got ${JSON.stringify(v)}`);
-    }
-    return v;
-  };
+  const req = checkRequest(request, null);
   const bias = new Map<number, number>();
   for (const [k, v] of Object.entries(req.logit_bias ?? {})) {
     const id = Number(k);
-    if (!Number.isInteger(id) || id < 0 || id >= vocabSize) {
-      throw new InvalidRequestError(`logit_bias names token ${k}, outside the vocabulary (0..${vocabSize - 1})`);
-    }
-    bias.set(id, num(v, `logit_bias[${k}]`, -100, 100, 0));
+    if (id >= vocabSize) throw new InvalidRequestError(message("token_outside_vocabulary", { token: k, last: vocabSize - 1 }));
+    bias.set(id, v);
   }
-  if (req.top_logprobs !== undefined && !req.logprobs) {
-    throw new InvalidRequestError("top_logprobs requires logprobs: true");
-  }
-  const seed = req.seed === undefined || req.seed === null ? null : num(req.seed, "seed", -(2 ** 53), 2 ** 53, 0);
-  if (seed !== null && !Number.isInteger(seed)) throw new InvalidRequestError("seed must be an integer");
-  const gen = (name: keyof typeof GENERATION_FIELDS) => {
-    const [openai, lo, hi] = GENERATION_FIELDS[name];
-    return num(req[name], name, lo, hi ?? Infinity, defaults[name] ?? openai);
-  };
-  const topK = gen("top_k");
-  if (!Number.isInteger(topK)) throw new InvalidRequestError(`top_k must be an integer, got ${topK}`);
+  const gen = (name: GenerationField) => req[name] ?? defaults[name] ?? GENERATION_FIELDS[name][0];
   return {
     temperature: gen("temperature"),
     topP: gen("top_p"),
-    topK: Math.min(topK, vocabSize),
+    topK: Math.min(gen("top_k"), vocabSize),
     repetitionPenalty: gen("repetition_penalty"),
-    frequencyPenalty: num(req.frequency_penalty, "frequency_penalty", -2, 2, 0),
-    presencePenalty: num(req.presence_penalty, "presence_penalty", -2, 2, 0),
+    frequencyPenalty: req.frequency_penalty!,  // the rules' defaults are filled in
+    presencePenalty: req.presence_penalty!,
     logitBias: bias,
-    seed,
-    topLogprobs: req.logprobs ? num(req.top_logprobs, "top_logprobs", 0, 20, 0) : -1,
+    seed: req.seed ?? null,
+    topLogprobs: req.logprobs ? req.top_logprobs ?? 0 : -1,
   };
 }
 

@@ -5,6 +5,7 @@ import "@mlc-ai/web-tokenizers";
 import type { Tokenizer as TokenizerType } from "@mlc-ai/web-tokenizers";
 import { ArtifactError, InvalidRequestError } from "./errors";
 import type { ChatMessage, Tool } from "./protocol";
+import { templateKnowsTools } from "./rules";
 
 // The package is a UMD script marked as an ES module: it has no ES exports and instead
 // installs itself as globalThis.tokenizers when evaluated.
@@ -32,7 +33,7 @@ export class TextCodec {
     let source = config.chat_template;
     if (Array.isArray(source)) source = source.find((t) => t.name === "default")?.template ?? source[0]?.template;
     this.template = source ? new Template(source) : null;
-    this.knowsTools = !!source?.includes("tools");
+    this.knowsTools = templateKnowsTools(source);
     this.bosToken = tokenText(config.bos_token);
     this.eosToken = tokenText(config.eos_token);
   }
