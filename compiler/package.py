@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .server.request_rules import generation_fields
+from .request_rules import generation_fields
 
 SHARD_BYTES = 32_000_000  # "<= 32 MB"; a larger single tensor gets a shard of its own
 # Kernel schedules a webgpu library can have (see lower.py): for real GPUs, and for software adapters.
@@ -33,7 +33,7 @@ MANIFEST_VERSION = 1
 # Sampling fields an artifact may carry defaults for (lantern.json "generation"): name -> (OpenAI's
 # default, used when neither the request nor the artifact sets the field, min, max or None). Both
 # runtimes read this order: request, then artifact, then OpenAI. The fields, defaults and ranges are
-# the request rules' (server/request_rules.json, "fallback"), which the browser reads too.
+# the request rules' (compiler/request_rules.json, "fallback"), which the browser reads too.
 # WebLLM reads temperature, top_p and repetition_penalty from mlc-chat-config.json.
 GENERATION_FIELDS: dict[str, tuple[float, float, float | None]] = generation_fields()
 WEBLLM_GENERATION_FIELDS = ("temperature", "top_p", "repetition_penalty")

@@ -20,7 +20,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import reasoning, request_rules
+from .. import request_rules
+from . import reasoning
 from .engine import InvalidRequest, ModelEngine, Step, new_id
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,

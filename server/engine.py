@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .. import request_rules
 from ..artifact import Artifact
 from ..chat_template import render
 from ..errors import LanternError
 from ..package import GENERATION_FIELDS
-from . import llamacpp, request_rules
+from . import llamacpp
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .reasoning import held_back
 from .sampler import Sampled, Sampler, SamplingParams

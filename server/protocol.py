@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from . import request_rules
+from .. import request_rules
 
 _SHARED, _CHAT = request_rules.RULES["shared"], request_rules.RULES["endpoints"]["chat"]
 

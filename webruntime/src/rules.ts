@@ -1,5 +1,5 @@
-// The OpenAI request rules of server/request_rules.json (esbuild inlines it as __REQUEST_RULES__),
-// applied to a request as the caller gave it. The twin of lantern/server/request_rules.py, line for
+// The OpenAI request rules of compiler/request_rules.json (esbuild inlines it as __REQUEST_RULES__),
+// applied to a request as the caller gave it. The twin of lantern/request_rules.py (compiler/), line for
 // line: the server reads the same file, so one request is accepted or refused alike on both runtimes,
 // with the same message (tests/test_request_rules.py).
 import { InvalidRequestError } from "./errors";

@@ -1,8 +1,10 @@
 """The OpenAI request rules of request_rules.json, applied to a request body as it arrived (JSON).
 
 The browser engine reads the same file (webruntime/src/rules.ts, its twin line for line), so one
-request is accepted or refused alike on both, with the same message. The pydantic models of
-protocol.py run ``checked`` before their own parsing; pydantic then only types what passed.
+request is accepted or refused alike on both, with the same message. The server's pydantic models
+(lantern.server.protocol) run ``checked`` before their own parsing; pydantic then only types what
+passed. The table sits at the compiler's layer because an artifact's sampling defaults are held to
+its ranges at build time (package.GENERATION_FIELDS).
 """
 
 from __future__ import annotations
