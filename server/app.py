@@ -27,7 +27,7 @@ from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                        ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
                        ErrorResponse, Logprobs, ModelCard, ModelList, SamplingFields, ToolCall, ToolCallDelta)
-from .static import REPO, model_folders, mount_static
+from .static import SITE, model_folders, mount_static
 from .structured import TOOL_OPEN, StructuredOutputError, calls_tools, parse_tool_calls, request_spec
 
 
@@ -369,7 +369,7 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
 
         return await respond(req, slot, prompt, make_chunk, make_final)
 
-    mount_static(app, folders, config.site if config.site is not None else REPO / "site")
+    mount_static(app, folders, config.site if config.site is not None else SITE)
     return app
 
 

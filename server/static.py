@@ -17,7 +17,13 @@ from ..errors import LanternError
 mimetypes.add_type("application/wasm", ".wasm")
 mimetypes.add_type("text/javascript", ".js")
 
-REPO = Path(__file__).resolve().parent.parent
+# The site and the bundled runtime: in a checkout (an editable install) the source folders, site/ and
+# webruntime/dist/; in an installed wheel their copies in the lantern package, lantern/site/ and
+# lantern/webruntime/ (pyproject.toml's package-dir).
+_ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the installed lantern package
+CHECKOUT = (_ROOT / "webruntime" / "package.json").exists()
+SITE = _ROOT / "site"
+RUNTIME = _ROOT / "webruntime" / "dist" if CHECKOUT else _ROOT / "webruntime"
 # schema-check.js: ajv (JSON Schema 2020-12), for pages that show whether structured output validates
 # wllama.wasm: llama.cpp for the wasm device
 RUNTIME_FILES = {"lantern.js", "worker.js", "schema-check.js", "wllama.wasm"}
@@ -25,10 +31,12 @@ RUNTIME_FILES = {"lantern.js", "worker.js", "schema-check.js", "wllama.wasm"}
 
 def runtime_dir() -> Path:
     """The bundled runtime (webruntime/dist), built by `npm run build` in webruntime/."""
-    dist = REPO / "webruntime" / "dist"
-    if not (dist / "lantern.js").exists():
-        raise LanternError(f"the browser runtime is not built: run `npm ci && npm run build` in {dist.parent}")
-    return dist
+    if not (RUNTIME / "lantern.js").exists():
+        if CHECKOUT:
+            raise LanternError(f"the browser runtime is not built: run `npm ci && npm run build` in {RUNTIME.parent}")
+        raise LanternError("this installation of Lantern has no browser runtime: its wheel was built before "
+                           "`npm ci && npm run build` in webruntime/")
+    return RUNTIME
 
 
 def model_folders(dirs: list[Path]) -> dict[str, Path]:
