@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -89,91 +89,19 @@ class ModelSlot:
         self.ready.set()
 
 
-def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) -> FastAPI:
-    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
-    folders = model_folders(config.model_dirs)
-    slots = {name: ModelSlot(name, path, config) for name, path in folders.items()} if config.api else {}
-    metrics = Metrics()
-    limits = config.limits
+class Server:
+    """What the routes share: the configuration, one ModelSlot per served artifact, the metrics, and
+    the steps every generation takes (pick the model, admit to its queue, run, respond)."""
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI):
-        # Models load in the background: /health says "loading" and requests get 503 meanwhile.
-        for slot in slots.values():
-            threading.Thread(target=slot.load, daemon=True, name=f"load-{slot.name}").start()
-        yield
-        for slot in slots.values():
-            slot.executor.shutdown(wait=False, cancel_futures=True)
-            if slot.engine:
-                slot.engine.close()
+    def __init__(self, config: ServerConfig):
+        self.config, self.limits = config, config.limits
+        self.folders = model_folders(config.model_dirs)
+        self.slots = ({name: ModelSlot(name, path, config) for name, path in self.folders.items()}
+                      if config.api else {})
+        self.metrics = Metrics()
 
-    app = FastAPI(title="Lantern", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
-
-    if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["authorization", "content-type"])
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        path = request.url.path
-        if path.startswith("/v1/"):
-            if config.api_key and request.headers.get("authorization") != f"Bearer {config.api_key}":
-                return _error(401, ErrorBody(message="missing or wrong API key (Authorization: Bearer ...)",
-                                             type="authentication_error", code="invalid_api_key"))
-            size = request.headers.get("content-length")
-            if size is not None and size.isdigit() and int(size) > limits.max_body_bytes:
-                return _error(413, ErrorBody(message=f"request body over {limits.max_body_bytes} bytes",
-                                             type="invalid_request_error", code="request_too_large"))
-        response = await call_next(request)
-        if path.startswith("/v1/"):
-            metrics.count_request(path, response.status_code)
-        return response
-
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, err: ApiError):
-        return _error(err.status, err.body)
-
-    @app.exception_handler(Exception)
-    async def internal_error(_: Request, err: Exception):
-        return _error(500, ErrorBody(message=f"{type(err).__name__}: {err}", type="server_error"))
-
-    @app.exception_handler(InvalidRequest)
-    @app.exception_handler(StructuredOutputError)
-    async def invalid_request(_: Request, err: Exception):
-        return _error(400, ErrorBody(message=str(err), type="invalid_request_error"))
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, err: RequestValidationError):
-        first = err.errors()[0] if err.errors() else {}
-        if first.get("type") == "request_rule":  # request_rules.json's message, as the browser words it
-            return _error(400, ErrorBody(message=first["msg"], type="invalid_request_error",
-                                         param=first["ctx"]["param"]))
-        loc = ".".join(str(x) for x in first.get("loc", ())[1:])
-        return _error(400, ErrorBody(message=f"{loc or 'body'}: {first.get('msg', 'invalid request')}",
-                                     type="invalid_request_error", param=loc or None))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException):
-        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
-        return _error(err.status_code, ErrorBody(message=str(err.detail), type=kind))
-
-    @app.get("/health")
-    def health() -> dict:
-        states = {n: ("failed" if s.load_error else "ready" if s.engine else "loading") for n, s in slots.items()}
-        return {"status": "ok" if all(v == "ready" for v in states.values()) else "loading", "models": states,
-                "engines": {n: s.engine.engine for n, s in slots.items() if s.engine}}
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics_text() -> str:
-        return metrics.render({n: s.waiting for n, s in slots.items()},
-                              {n: s.engine.decoder.peak_batch for n, s in slots.items() if s.engine})
-
-    @app.get("/v1/models")
-    def list_models() -> ModelList:
-        return ModelList(data=[ModelCard(id=n, created=int(p.joinpath("lantern.json").stat().st_mtime))
-                               for n, p in folders.items()])
-
-    def slot_for(req: SamplingFields) -> ModelSlot:
+    def slot_for(self, req: SamplingFields) -> ModelSlot:
+        slots = self.slots
         name = req.model or (next(iter(slots)) if len(slots) == 1 else None)
         if name is None:
             raise ApiError(400, "several models are served: name one in `model`", param="model")
@@ -185,23 +113,23 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
             raise ApiError(503, f"model {name} is still loading", type_="server_error", code="model_loading")
         if slot.load_error:
             raise ApiError(503, f"model {name} failed to load: {slot.load_error}", type_="server_error")
-        if (req.token_limit() or 0) > limits.max_tokens:
-            raise ApiError(400, f"max_tokens is limited to {limits.max_tokens}", param="max_tokens")
+        if (req.token_limit() or 0) > self.limits.max_tokens:
+            raise ApiError(400, f"max_tokens is limited to {self.limits.max_tokens}", param="max_tokens")
         return slot
 
-    def admit(slot: ModelSlot) -> None:
+    def admit(self, slot: ModelSlot) -> None:
         """Take a place in the model's queue, or 429 (before any response byte is sent)."""
-        if slot.waiting >= limits.max_queue:
+        if slot.waiting >= self.limits.max_queue:
             raise ApiError(429, f"{slot.waiting} requests are already waiting for {slot.name}; retry later",
                            type_="rate_limit_error", code="queue_full")
         slot.waiting += 1
 
-    async def run(slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, cancelled: threading.Event,
-                  **constraint):
+    async def run(self, slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step,
+                  cancelled: threading.Event, **constraint):
         """Generate on a worker thread for an admitted request."""
         def step(s: Step) -> None:
             if s.usage is not None:  # the terminal step, also for a client that has gone away
-                metrics.observe(s.usage, s.finish)
+                self.metrics.observe(s.usage, s.finish)
             on_step(s)
 
         try:
@@ -212,6 +140,7 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
         finally:
             slot.waiting -= 1
 
+    @staticmethod
     def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields) -> list[int]:
         try:
             slot.engine.sampling(req)  # reject bad sampling fields before queueing
@@ -219,15 +148,15 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
             raise ApiError(400, str(err)) from None
         return slot.engine.encode(prompt_text)
 
-    async def respond(req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk, make_final,
+    async def respond(self, req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk, make_final,
                       **constraint):
         """Non-streaming: one JSON body. Streaming: SSE chunks and `data: [DONE]`."""
         cancelled = threading.Event()
-        admit(slot)
+        self.admit(slot)
         if not req.stream:
             steps: list[Step] = []
             try:
-                await run(slot, prompt, req, steps.append, cancelled, **constraint)
+                await self.run(slot, prompt, req, steps.append, cancelled, **constraint)
             finally:
                 cancelled.set()
             return make_final(steps)
@@ -236,8 +165,8 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
 
         async def produce():
             try:
-                await run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s), cancelled,
-                          **constraint)
+                await self.run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s),
+                               cancelled, **constraint)
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except ApiError as err:
                 queue.put_nowait(err)
@@ -277,100 +206,220 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
         response.producer = producer  # keep a reference: the task must not be collected mid-run
         return response
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest):
-        slot = slot_for(req)
-        messages = request_rules.template_messages([m.model_dump(exclude_none=True) for m in req.messages])
-        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-        choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
-        fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
-        spec = request_spec(fmt, tools, choice, req.parallel_tool_calls)
-        calling = calls_tools(tools, choice)
-        # a grammar that decides every token: no reasoning first (auto tool calls leave free text)
-        strict = spec is not None and not (calling and choice in (None, "auto"))
+
+def _server(request: Request) -> Server:
+    return request.app.state.lantern
+
+
+# --------------------------------------------------------------------------- middleware and errors
+
+
+async def guard(request: Request, call_next):
+    """/v1/: the API key and the body size limit; every /v1/ response is counted."""
+    server, path = _server(request), request.url.path
+    if path.startswith("/v1/"):
+        key = server.config.api_key
+        if key and request.headers.get("authorization") != f"Bearer {key}":
+            return _error(401, ErrorBody(message="missing or wrong API key (Authorization: Bearer ...)",
+                                         type="authentication_error", code="invalid_api_key"))
+        size, limit = request.headers.get("content-length"), server.limits.max_body_bytes
+        if size is not None and size.isdigit() and int(size) > limit:
+            return _error(413, ErrorBody(message=f"request body over {limit} bytes",
+                                         type="invalid_request_error", code="request_too_large"))
+    response = await call_next(request)
+    if path.startswith("/v1/"):
+        server.metrics.count_request(path, response.status_code)
+    return response
+
+
+async def api_error(_: Request, err: ApiError):
+    return _error(err.status, err.body)
+
+
+async def internal_error(_: Request, err: Exception):
+    return _error(500, ErrorBody(message=f"{type(err).__name__}: {err}", type="server_error"))
+
+
+async def invalid_request(_: Request, err: Exception):
+    return _error(400, ErrorBody(message=str(err), type="invalid_request_error"))
+
+
+async def validation_error(_: Request, err: RequestValidationError):
+    first = err.errors()[0] if err.errors() else {}
+    if first.get("type") == "request_rule":  # request_rules.json's message, as the browser words it
+        return _error(400, ErrorBody(message=first["msg"], type="invalid_request_error",
+                                     param=first["ctx"]["param"]))
+    loc = ".".join(str(x) for x in first.get("loc", ())[1:])
+    return _error(400, ErrorBody(message=f"{loc or 'body'}: {first.get('msg', 'invalid request')}",
+                                 type="invalid_request_error", param=loc or None))
+
+
+async def http_error(_: Request, err: StarletteHTTPException):
+    kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+    return _error(err.status_code, ErrorBody(message=str(err.detail), type=kind))
+
+
+ERROR_HANDLERS = ((ApiError, api_error), (Exception, internal_error), (InvalidRequest, invalid_request),
+                  (StructuredOutputError, invalid_request), (RequestValidationError, validation_error),
+                  (StarletteHTTPException, http_error))
+
+
+# --------------------------------------------------------------------------- routes
+
+router = APIRouter()
+
+
+@router.get("/health")
+def health(request: Request) -> dict:
+    slots = _server(request).slots
+    states = {n: ("failed" if s.load_error else "ready" if s.engine else "loading") for n, s in slots.items()}
+    return {"status": "ok" if all(v == "ready" for v in states.values()) else "loading", "models": states,
+            "engines": {n: s.engine.engine for n, s in slots.items() if s.engine}}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def metrics_text(request: Request) -> str:
+    server = _server(request)
+    return server.metrics.render({n: s.waiting for n, s in server.slots.items()},
+                                 {n: s.engine.decoder.peak_batch for n, s in server.slots.items() if s.engine})
+
+
+@router.get("/v1/models")
+def list_models(request: Request) -> ModelList:
+    return ModelList(data=[ModelCard(id=n, created=int(p.joinpath("lantern.json").stat().st_mtime))
+                           for n, p in _server(request).folders.items()])
+
+
+class ChatTurn:
+    """One chat completion's answer, streamed or whole: the reasoning split off, tool calls parsed from
+    the whole text (they arrive whole in the last chunk)."""
+
+    def __init__(self, slot: ModelSlot, req: ChatCompletionRequest, prompt_text: str, calling: bool, strict: bool):
+        self.slot, self.calling, self.logprobs_on = slot, calling, req.logprobs
+        self.id, self.created = new_id("chatcmpl"), int(time.time())
+        self.streamed: list[str] = []  # content so far, for the tool calls in the last chunk
         tags = slot.engine.reasoning_tags
-        try:
-            kwargs = reasoning.template_kwargs(req.chat_template_kwargs, tags, strict)
-        except ValueError as err:
-            raise ApiError(400, str(err), param="chat_template_kwargs") from None
-        prompt_text = slot.engine.render_chat(messages, tools if calling else None, kwargs)
-        prompt = prepare(slot, prompt_text, req)
-        grammar = slot.engine.compile_grammar(spec)
-        cid, created = new_id("chatcmpl"), int(time.time())
-        logprobs_on = req.logprobs
-        streamed: list[str] = []  # content so far, for the tool calls in the last chunk
-        splitter = (reasoning.ReasoningSplitter(tags, reasoning.opens_in_prompt(prompt_text, tags))
-                    if tags and not strict else None)
+        self.splitter = (reasoning.ReasoningSplitter(tags, reasoning.opens_in_prompt(prompt_text, tags))
+                         if tags and not strict else None)
 
-        def split(step: Step) -> tuple[str | None, str]:
-            """(reasoning, content) deltas of a step's text."""
-            if splitter is None:
-                return None, step.delta
-            r, c = splitter.push(step.delta)
-            if step.finish is not None:
-                r2, c2 = splitter.finish()
-                r, c = r + r2, c + c2
-            return r, c
+    def split(self, step: Step) -> tuple[str | None, str]:
+        """(reasoning, content) deltas of a step's text."""
+        if self.splitter is None:
+            return None, step.delta
+        r, c = self.splitter.push(step.delta)
+        if step.finish is not None:
+            r2, c2 = self.splitter.finish()
+            r, c = r + r2, c + c2
+        return r, c
 
-        def split_calls(text: str) -> tuple[str | None, list[ToolCall] | None, str | None]:
-            """Content, tool calls and the finish reason override for the whole generated text."""
-            if not calling:
-                return text, None, None
-            content, calls = parse_tool_calls(text)
-            return content, [ToolCall(**c) for c in calls] or None, "tool_calls" if calls else None
+    def split_calls(self, text: str) -> tuple[str | None, list[ToolCall] | None, str | None]:
+        """Content, tool calls and the finish reason override for the whole generated text."""
+        if not self.calling:
+            return text, None, None
+        content, calls = parse_tool_calls(text)
+        return content, [ToolCall(**c) for c in calls] or None, "tool_calls" if calls else None
 
-        def make_chunk(step: Step, first: bool) -> ChatCompletionChunk:
-            thought, text = split(step)
-            streamed.append(text)
-            delta = Delta(role="assistant" if first else None, content=text, reasoning_content=thought or None)
-            finish = step.finish
-            if calling and step.finish is not None:  # the calls arrive whole in the last chunk
-                content, calls, calls_finish = split_calls("".join(streamed))
-                if calls:
-                    sent = "".join(streamed[:-1])
-                    delta.content = (content or "")[len(sent):] if (content or "").startswith(sent) else ""
-                    delta.tool_calls = [ToolCallDelta(index=i, **c.model_dump()) for i, c in enumerate(calls)]
-                    finish = calls_finish
-            return ChatCompletionChunk(id=cid, created=created, model=slot.name, usage=step.usage,
-                                       choices=[ChunkChoice(delta=delta, finish_reason=finish,
-                                                            logprobs=Logprobs(content=step.logprobs)
-                                                            if logprobs_on and step.logprobs else None)],
-                                       lantern_route="cloud")
+    def chunk(self, step: Step, first: bool) -> ChatCompletionChunk:
+        thought, text = self.split(step)
+        self.streamed.append(text)
+        delta = Delta(role="assistant" if first else None, content=text, reasoning_content=thought or None)
+        finish = step.finish
+        if self.calling and step.finish is not None:
+            content, calls, calls_finish = self.split_calls("".join(self.streamed))
+            if calls:
+                sent = "".join(self.streamed[:-1])
+                delta.content = (content or "")[len(sent):] if (content or "").startswith(sent) else ""
+                delta.tool_calls = [ToolCallDelta(index=i, **c.model_dump()) for i, c in enumerate(calls)]
+                finish = calls_finish
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.slot.name, usage=step.usage,
+                                   choices=[ChunkChoice(delta=delta, finish_reason=finish,
+                                                        logprobs=Logprobs(content=step.logprobs)
+                                                        if self.logprobs_on and step.logprobs else None)],
+                                   lantern_route="cloud")
 
-        def make_final(steps: list[Step]) -> ChatCompletion:
-            lps = [lp for s in steps for lp in (s.logprobs or [])]
-            parts = [split(s) for s in steps]
-            thought = "".join(r or "" for r, _ in parts) if splitter else None
-            content, calls, finish = split_calls("".join(c for _, c in parts))
-            return ChatCompletion(
-                id=cid, created=created, model=slot.name, usage=steps[-1].usage, lantern_route="cloud",
-                choices=[Choice(message=AssistantMessage(content=content, reasoning_content=thought, tool_calls=calls),
-                                finish_reason=finish or steps[-1].finish,
-                                logprobs=Logprobs(content=lps) if logprobs_on else None)])
+    def final(self, steps: list[Step]) -> ChatCompletion:
+        lps = [lp for s in steps for lp in (s.logprobs or [])]
+        parts = [self.split(s) for s in steps]
+        thought = "".join(r or "" for r, _ in parts) if self.splitter else None
+        content, calls, finish = self.split_calls("".join(c for _, c in parts))
+        return ChatCompletion(
+            id=self.id, created=self.created, model=self.slot.name, usage=steps[-1].usage, lantern_route="cloud",
+            choices=[Choice(message=AssistantMessage(content=content, reasoning_content=thought, tool_calls=calls),
+                            finish_reason=finish or steps[-1].finish,
+                            logprobs=Logprobs(content=lps) if self.logprobs_on else None)])
 
-        return await respond(req, slot, prompt, make_chunk, make_final, grammar=grammar,
-                             hold_from=TOOL_OPEN if calling else None)
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
-        slot = slot_for(req)
-        prompt = prepare(slot, req.prompt, req)
-        cid, created = new_id("cmpl"), int(time.time())
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request):
+    server = _server(request)
+    slot = server.slot_for(req)
+    messages = request_rules.template_messages([m.model_dump(exclude_none=True) for m in req.messages])
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+    fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
+    spec = request_spec(fmt, tools, choice, req.parallel_tool_calls)
+    calling = calls_tools(tools, choice)
+    # a grammar that decides every token: no reasoning first (auto tool calls leave free text)
+    strict = spec is not None and not (calling and choice in (None, "auto"))
+    try:
+        kwargs = reasoning.template_kwargs(req.chat_template_kwargs, slot.engine.reasoning_tags, strict)
+    except ValueError as err:
+        raise ApiError(400, str(err), param="chat_template_kwargs") from None
+    prompt_text = slot.engine.render_chat(messages, tools if calling else None, kwargs)
+    prompt = server.prepare(slot, prompt_text, req)
+    grammar = slot.engine.compile_grammar(spec)
+    turn = ChatTurn(slot, req, prompt_text, calling, strict)
+    return await server.respond(req, slot, prompt, turn.chunk, turn.final, grammar=grammar,
+                                hold_from=TOOL_OPEN if calling else None)
 
-        def make_chunk(step: Step, first: bool) -> Completion:
-            text = (req.prompt if first and req.echo else "") + step.delta
-            return Completion(id=cid, created=created, model=slot.name, usage=step.usage,
-                              choices=[CompletionChoice(text=text, finish_reason=step.finish)])
 
-        def make_final(steps: list[Step]) -> Completion:
-            text = (req.prompt if req.echo else "") + "".join(s.delta for s in steps)
-            return Completion(id=cid, created=created, model=slot.name, usage=steps[-1].usage,
-                              choices=[CompletionChoice(text=text, finish_reason=steps[-1].finish)])
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request):
+    server = _server(request)
+    slot = server.slot_for(req)
+    prompt = server.prepare(slot, req.prompt, req)
+    cid, created = new_id("cmpl"), int(time.time())
 
-        return await respond(req, slot, prompt, make_chunk, make_final)
+    def make_chunk(step: Step, first: bool) -> Completion:
+        text = (req.prompt if first and req.echo else "") + step.delta
+        return Completion(id=cid, created=created, model=slot.name, usage=step.usage,
+                          choices=[CompletionChoice(text=text, finish_reason=step.finish)])
 
-    mount_static(app, folders, config.site if config.site is not None else SITE)
+    def make_final(steps: list[Step]) -> Completion:
+        text = (req.prompt if req.echo else "") + "".join(s.delta for s in steps)
+        return Completion(id=cid, created=created, model=slot.name, usage=steps[-1].usage,
+                          choices=[CompletionChoice(text=text, finish_reason=steps[-1].finish)])
+
+    return await server.respond(req, slot, prompt, make_chunk, make_final)
+
+
+# --------------------------------------------------------------------------- the app
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI):
+    # Models load in the background: /health says "loading" and requests get 503 meanwhile.
+    slots = app.state.lantern.slots
+    for slot in slots.values():
+        threading.Thread(target=slot.load, daemon=True, name=f"load-{slot.name}").start()
+    yield
+    for slot in slots.values():
+        slot.executor.shutdown(wait=False, cancel_futures=True)
+        if slot.engine:
+            slot.engine.close()
+
+
+def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) -> FastAPI:
+    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site)
+    server = Server(config)
+    app = FastAPI(title="Lantern", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.lantern = server
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
+    app.middleware("http")(guard)
+    for kind, handler in ERROR_HANDLERS:
+        app.add_exception_handler(kind, handler)
+    app.include_router(router)
+    mount_static(app, server.folders, config.site if config.site is not None else SITE)
     return app
-
-
-__all__ = ["ApiError", "Limits", "ServerConfig", "create_app"]
