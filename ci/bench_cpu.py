@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "ci"))
 from bench_webgpu import prompt_messages  # noqa: E402
 from browser import WLLAMA, chromium, lantern_server, serve  # noqa: E402
 
-from lantern.artifact import Artifact  # noqa: E402
+from lantern.runtime.artifact import Artifact  # noqa: E402
 from lantern.chat_template import render  # noqa: E402
 
 

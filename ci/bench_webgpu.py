@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from browser import CHROMIUM, CHROMIUM_ARGS, WLLAMA, chromium, lantern_server, serve, webllm_chat  # noqa: E402
 
-from lantern.artifact import Artifact  # noqa: E402
+from lantern.runtime.artifact import Artifact  # noqa: E402
 
 WEB = ROOT / "tests" / "web"
 PROFILE_ARGS = ["--disable-dawn-features=timestamp_quantization"]

@@ -20,7 +20,7 @@ from . import emulated, package
 from .cpu_schedule import ParallelSpatial
 from .kernels import replace_racy_kernels
 from .quantize import QuantSpec
-from .sampler import attach_sampler
+from .sampling_kernels import attach_sampler
 
 # The two targets built from the same model source.
 WEBGPU_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}

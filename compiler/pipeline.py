@@ -99,8 +99,9 @@ def _code_hash(weights_only: bool = False) -> str:
     from . import models
 
     here = Path(__file__).parent
+    not_compiler = (here / "runtime", here / "validate")  # the layers above read artifacts, never make them
     files = [p for root in (here, Path(models.__file__).parent) for p in sorted(root.rglob("*"))
-             if p.suffix in (".py", ".h")]
+             if p.suffix in (".py", ".h") and not any(d in p.parents for d in not_compiler)]
     if weights_only:
         files = [p for p in files if p.parent != here or p.name in WEIGHT_MODULES]
     h = hashlib.sha256()

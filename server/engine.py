@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .. import request_rules
-from ..artifact import Artifact
+from ..runtime.artifact import Artifact
 from ..chat_template import render
 from ..errors import LanternError
 from ..package import GENERATION_FIELDS

@@ -80,7 +80,7 @@ def smollm2_q4(build_artifact):
     """SmolLM2 q4f32_1 as `lantern build` makes it by default: both WebGPU schedules (the runtime picks
     cpu-emulated on SwiftShader), the CPU library and the GGUF. Every test of the real model shares
     this build."""
-    from lantern.artifact import Artifact
+    from lantern.runtime.artifact import Artifact
 
     return Artifact.open(build_artifact("smollm2", "q4f32_1", targets=DEFAULT_TARGETS))
 
@@ -90,7 +90,7 @@ def tiny_q4(tiny_hf, build_artifact):
     """The tiny random Llama, built like smollm2_q4 (both WebGPU schedules, the CPU library, the GGUF) in
     seconds and loaded in a few: for tests of behaviour that does not depend on the model's words
     (caching, integrity, budgets)."""
-    from lantern.artifact import Artifact
+    from lantern.runtime.artifact import Artifact
 
     return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=DEFAULT_TARGETS))
 

@@ -11,7 +11,7 @@ import pytest
 
 from tiny_models import write_hf_folder
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.cli import main
 from lantern.errors import LanternError
 

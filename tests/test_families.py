@@ -9,7 +9,7 @@ import pytest
 from browser import check_against_cpu, multi_turn_steps, webllm_chat
 from tiny_models import FAMILY_CONFIGS, write_family_folder
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.chat_template import render
 
 FAMILIES = list(FAMILY_CONFIGS)

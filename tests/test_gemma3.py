@@ -6,7 +6,7 @@ transformers' on tiny random models (test_families.py)."""
 import numpy as np
 import pytest
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.importer import bundled_path, import_gguf
 
 pytestmark = pytest.mark.slow

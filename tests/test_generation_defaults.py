@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from browser import lantern_server, wait_until_ready
 from test_structured import run_typescript
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.package import GENERATION_FIELDS
 from lantern.server.engine import InvalidRequest, sampling_params
 from lantern.server.protocol import SamplingFields

@@ -18,7 +18,7 @@ from reference_weights import hf_weights_from_artifact
 from test_smollm2 import MAX_TOKENS, PROMPTS, eos_id, prompt_ids, q0, weights_perplexity  # noqa: F401 (q0: a fixture)
 
 from lantern import gguf_export
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.errors import LanternError
 from lantern.importer import import_gguf
 from lantern.models import llama

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"lantern": ROOT / "compiler", "lantern.models": ROOT / "models", "lantern.server": ROOT / "server"}
 # Modules above the first layer (models and the compiler: every other module). A prefix names a package.
 LAYERS = {
-    "artifact and CPU runtime": ("lantern.artifact", "lantern.runner"),
+    "artifact and CPU runtime": ("lantern.runtime",),
     "server": ("lantern.server",),
     "validator": ("lantern.validate",),
     "CLI": ("lantern.cli",),
@@ -54,7 +54,7 @@ def imports(name: str, path: Path) -> set[str]:
 
 def test_every_module_imports_only_from_its_layer_or_below():
     found = modules()
-    assert {"lantern.pipeline", "lantern.runner", "lantern.server.app", "lantern.validate", "lantern.cli",
+    assert {"lantern.pipeline", "lantern.runtime.runner", "lantern.server.app", "lantern.validate", "lantern.cli",
             "lantern.models.llama.model"} <= found.keys()
     upward = []
     for name, path in sorted(found.items()):
@@ -66,6 +66,6 @@ def test_every_module_imports_only_from_its_layer_or_below():
 
 def test_the_check_sees_an_upward_import(tmp_path):
     bad = tmp_path / "pipeline.py"
-    bad.write_text("from .server.app import create_app\nfrom . import runner\n")
-    assert imports("lantern.pipeline", bad) == {"lantern.server.app", "lantern.runner"}
-    assert layer("lantern.server.app") > layer("lantern.runner") > layer("lantern.pipeline")
+    bad.write_text("from .server.app import create_app\nfrom .runtime.runner import CpuModel\n")
+    assert imports("lantern.pipeline", bad) == {"lantern.server.app", "lantern.runtime.runner"}
+    assert layer("lantern.server.app") > layer("lantern.runtime.runner") > layer("lantern.pipeline")

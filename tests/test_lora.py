@@ -7,7 +7,7 @@ import pytest
 
 from tiny_models import write_hf_folder
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.errors import LanternError
 from lantern.pipeline import BuildOptions, build
 

@@ -7,7 +7,7 @@ import pytest
 
 from tiny_models import write_hf_folder
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 
 VARIANTS = {
     "untied-head": {"tie_word_embeddings": False},

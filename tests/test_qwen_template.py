@@ -12,7 +12,7 @@ from browser import lantern_server, wait_until_ready
 from structured_cases import ADD, TOOLS
 from tiny_models import write_family_folder
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.server.reasoning import opens_in_prompt, split
 
 pytestmark = pytest.mark.slow  # ~40 MB of embeddings for Qwen's 151,669-token vocabulary

@@ -15,7 +15,7 @@ import pytest
 from browser import launch, lantern_server, wait_until_ready
 from test_smollm2 import PROMPTS, eos_id
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.chat_template import render
 from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 

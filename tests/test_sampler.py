@@ -6,7 +6,7 @@ import pytest
 import sampling_reference as ref
 from sampling_reference import V, nucleus_logits
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 
 
 @pytest.fixture(scope="module")

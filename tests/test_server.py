@@ -18,7 +18,7 @@ from browser import lantern_server, wait_until_ready
 from test_runtime import cpu_greedy, user
 from test_smollm2 import PROMPTS, eos_id
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.chat_template import render
 from lantern.server.app import Limits, ServerConfig
 from lantern.server.protocol import ChatCompletion, ChatCompletionChunk

@@ -8,7 +8,7 @@ import pytest
 import numpy_llama
 from reference_weights import hf_weights_from_artifact
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 from lantern.chat_template import render
 
 pytestmark = pytest.mark.slow

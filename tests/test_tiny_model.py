@@ -6,7 +6,7 @@ import pytest
 import numpy_llama
 from reference_weights import hf_weights_from_artifact
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ import pytest
 
 from browser import check_against_cpu, multi_turn_steps, probe
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
 

@@ -8,7 +8,7 @@ from browser import webllm_chat
 from conftest import DEFAULT_TARGETS
 from test_smollm2 import MAX_TOKENS, PROMPTS, eos_id, prompt_ids
 
-from lantern.artifact import Artifact
+from lantern.runtime.artifact import Artifact
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 

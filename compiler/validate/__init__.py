@@ -11,7 +11,7 @@ Measurements (one run):
                allocated
   pipelines    every kernel of every webgpu library compiled as a WebGPU pipeline (a library
                whose features the adapter lacks is "not checked", never "pass")
-  structured   greedy answers under a few JSON schemas (validate_data/schemas.json): the share
+  structured   greedy answers under a few JSON schemas (data/schemas.json): the share
                that parse and validate (ajv, in the page)
 
 Exit status: 0 within budget, 1 a budget was breached, 2 the validation could not run.
@@ -31,12 +31,12 @@ from typing import Callable
 
 import numpy as np
 
-from . import package
-from .artifact import Artifact
-from .errors import LanternError
+from .. import package
+from ..errors import LanternError
+from ..runtime.artifact import Artifact
 
-DATA = Path(__file__).parent / "validate_data"
-PAGE = Path(__file__).parent / "validate_page"
+DATA = Path(__file__).parent / "data"
+PAGE = Path(__file__).parent / "page"
 
 
 class CannotRun(LanternError):
@@ -214,7 +214,7 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
 
     def ids_of(item: dict) -> list[int]:
         if "messages" in item:
-            from .chat_template import render
+            from ..chat_template import render
             return tok.encode(render(cfg["chat_template"], item["messages"]), add_special_tokens=False).ids
         return tok.encode(item["prompt"], add_special_tokens=False).ids
 
@@ -274,8 +274,8 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
 
 def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
                  step: Callable[[str], None]) -> dict:
-    from .server.app import ServerConfig, create_app
-    from .server.background import serve_in_thread
+    from ..server.app import ServerConfig, create_app
+    from ..server.background import serve_in_thread
 
     chromium = find_chromium()
     from playwright.sync_api import sync_playwright
@@ -346,7 +346,7 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
 
 
 def _structured(call) -> list[dict]:
-    """Greedy answers under each schema of validate_data/schemas.json, checked with ajv in the page."""
+    """Greedy answers under each schema of data/schemas.json, checked with ajv in the page."""
     spec = json.loads((DATA / "schemas.json").read_text())
     out = []
     for name, schema in spec["schemas"].items():

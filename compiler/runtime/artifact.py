@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import LanternError
-from .package import MANIFEST, choose_library, sha256_file
+from ..errors import LanternError
+from ..package import MANIFEST, choose_library, sha256_file
 
 
 @dataclass
