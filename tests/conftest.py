@@ -197,13 +197,16 @@ def report():
 
 
 _FILE_SECONDS: dict[str, float] = {}
+_TEST_SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
     """Seconds per test file (setup, call and teardown: a module's shared build counts where it
-    runs first), for the summary: where CI's minutes go."""
+    runs first), for the summary: where CI's minutes go. Every test's are written to
+    test-output/test-seconds.json."""
     path = report.nodeid.split("::")[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -215,6 +218,10 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("seconds per test file")
         for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+        out = Path(terminalreporter.config.rootpath) / "test-output"
+        out.mkdir(exist_ok=True)
+        ranked = dict(sorted(((k, round(v, 2)) for k, v in _TEST_SECONDS.items()), key=lambda kv: -kv[1]))
+        (out / "test-seconds.json").write_text(json.dumps(ranked, indent=1) + "\n")
 
 
 def npm_tokenizer_dir(cache_dir: Path, package: str) -> Path:
