@@ -196,16 +196,13 @@ def report():
     return _MEASURED.append
 
 
-_FILE_SECONDS: dict[str, float] = {}
 _TEST_SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report):
-    """Seconds per test file (setup, call and teardown: a module's shared build counts where it
-    runs first), for the summary: where CI's minutes go. Every test's are written to
+    """Seconds per test (setup, call and teardown: a module's shared build counts where it runs
+    first): summed per file in the summary, where CI's minutes go, and written to
     test-output/test-seconds.json."""
-    path = report.nodeid.split("::")[0]
-    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
     _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
 
 
@@ -214,9 +211,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("measured")
         for line in _MEASURED:
             terminalreporter.write_line(line)
-    if _FILE_SECONDS:
+    if _TEST_SECONDS:
+        per_file: dict[str, float] = {}
+        for nodeid, seconds in _TEST_SECONDS.items():
+            path = nodeid.split("::")[0]
+            per_file[path] = per_file.get(path, 0.0) + seconds
         terminalreporter.section("seconds per test file")
-        for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1]):
             terminalreporter.write_line(f"{seconds:8.1f}  {path}")
         out = Path(terminalreporter.config.rootpath) / "test-output"
         out.mkdir(exist_ok=True)
