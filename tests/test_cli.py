@@ -55,6 +55,21 @@ def test_json_build_then_cache_hit(tiny_hf, tmp_path, capsys, cache_dir):
     assert json.loads(out)["manifest"]["files"] == first["manifest"]["files"]
 
 
+def test_two_builds_of_the_same_inputs_at_once_build_once(tiny_hf, tmp_path):
+    """Two `lantern build`s started together on one cache: one builds, the other waits for it (and
+    says so) and copies its result, instead of both compiling."""
+    args = [sys.executable, "-m", "lantern.cli", "build", str(tiny_hf[0]), "--targets", "cpu", "--quant", "q4f32_1",
+            "--cache-dir", str(tmp_path / "cache")]
+    procs = [subprocess.Popen([*args, "--out", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for name in ("a", "b")]
+    runs = [(proc.wait(timeout=600), proc.communicate()[1]) for proc in procs]
+    assert [code for code, _ in runs] == [0, 0], runs
+    hits = [err for _, err in runs if "unchanged since the cached build" in err]
+    assert len(hits) == 1, runs  # one built, one took its result
+    assert "waiting for another build of the same inputs" in hits[0], hits[0]
+    assert (tmp_path / "a" / "lantern.json").read_bytes() == (tmp_path / "b" / "lantern.json").read_bytes()
+
+
 @pytest.mark.webgpu_build
 def test_manifest_describes_the_artifact(tiny_q4):
     art = Artifact.open(tiny_q4.path)  # verifies every sha256 and size

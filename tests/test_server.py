@@ -71,9 +71,10 @@ def raw(base: str, method: str, path: str, body: bytes | None = None, headers: d
     return resp.status, resp.read()
 
 
-def llama_cpp_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> str:
+def llama_cpp_greedy_steps(art: Artifact, messages: list[dict], max_tokens: int) -> list[tuple[int, int, float]]:
     """The greedy answer from llama-cpp-python's own `Llama` on the artifact's GGUF: one sequence,
-    evaluated token by token, argmax of its logits (flash attention, as the engine runs it)."""
+    evaluated token by token, argmax of its logits (flash attention, as the engine runs it). Per step:
+    (the chosen token, the runner-up, the logit gap between them)."""
     import numpy as np
     from llama_cpp import Llama
 
@@ -82,14 +83,40 @@ def llama_cpp_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> st
     llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=1024, flash_attn=True, logits_all=True,
                 verbose=False)
     llm.eval(ids)
-    out = []
-    while len(out) < max_tokens:
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    steps = []
+    while len(steps) < max_tokens:
+        scores = np.asarray(llm.scores[llm.n_tokens - 1])
+        second, token = (int(i) for i in np.argsort(scores)[-2:])
         if token == eos_id(art):
             break
-        out.append(token)
+        steps.append((token, second, float(scores[token] - scores[second])))
         llm.eval([token])
-    return art.tokenizer().decode(out)
+    return steps
+
+
+def llama_cpp_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> str:
+    return art.tokenizer().decode([token for token, _, _ in llama_cpp_greedy_steps(art, messages, max_tokens)])
+
+
+# Batched llama_decode sums in another order than a lone sequence's on some CPUs (llama.cpp does not
+# promise batch invariance), so two tokens whose logits are this close may swap.
+NEAR_TIE_LOGITS = 0.25
+
+
+def as_alone(art: Artifact, tokens: list[str], messages: list[dict], max_tokens: int) -> bool:
+    """Assert that ``tokens`` (an answer's logprobs tokens) are the lone greedy answer's, or part from it
+    once, where the lone run's runner-up is within NEAR_TIE_LOGITS of its choice. True: token for token."""
+    tokenizer = art.tokenizer()
+    alone = llama_cpp_greedy_steps(art, messages, max_tokens)
+    text = [tokenizer.decode([token], skip_special_tokens=False) for token, _, _ in alone]
+    k = next((i for i, (a, b) in enumerate(zip(tokens, text)) if a != b), None)
+    if k is None:
+        assert tokens == text, messages  # the same tokens, and as many
+        return True
+    _, second, gap = alone[k]
+    assert tokens[k] == tokenizer.decode([second], skip_special_tokens=False) and gap < NEAR_TIE_LOGITS, (
+        messages, k, tokens, text, gap)
+    return False
 
 
 def test_openai_client_greedy_equals_the_engines_reference_and_streams_the_same(client, smollm2, engine):
@@ -199,22 +226,25 @@ def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot
         assert 'lantern_queue_depth{model="%s"} 0' % name in raw(base, "GET", "/metrics")[1].decode()
 
 
-def test_llamacpp_decodes_concurrent_requests_together_and_exactly(smollm2):
-    """Five different prompts at once: decoded in shared steps, each answer what it is alone."""
+def test_llamacpp_decodes_concurrent_requests_together_and_exactly(smollm2, report):
+    """Five different prompts at once: decoded in shared steps, each answer what it is alone, token
+    for token, up to a near-tie where the lone run's runner-up won by rounding (and no further)."""
     from openai import OpenAI
 
     with served(smollm2, engine="llamacpp") as (base, _):
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 
-        def ask(text: str) -> str:
-            return client.chat.completions.create(model=smollm2.path.name, messages=user(text), max_tokens=24,
-                                                  temperature=0).choices[0].message.content
+        def ask(text: str) -> list[str]:
+            reply = client.chat.completions.create(model=smollm2.path.name, messages=user(text), max_tokens=24,
+                                                   temperature=0, logprobs=True)
+            return [t.token for t in reply.choices[0].logprobs.content]
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             together = list(pool.map(ask, PROMPTS))
         peak = re.search(r"lantern_batch_sequences_max\{[^}]*\} (\d+)", raw(base, "GET", "/metrics")[1].decode())
         assert int(peak.group(1)) >= 3  # they really shared llama_decode calls
-    for text, prompt in zip(together, PROMPTS):
-        assert text == llama_cpp_greedy(smollm2, user(prompt), 24), prompt
+    same = sum(as_alone(smollm2, tokens, user(prompt), 24) for tokens, prompt in zip(together, PROMPTS))
+    report(f"llama.cpp engine, {len(PROMPTS)} prompts decoded together: {same} token for token as alone, "
+           f"{len(PROMPTS) - same} parted at a near-tie (< {NEAR_TIE_LOGITS} logits)")
 
 
 def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smollm2, shakespeare_text):
@@ -231,7 +261,7 @@ def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smol
 
         def ask(question: str, max_tokens: int = 12, **kw):
             return client.chat.completions.create(model=smollm2.path.name, messages=[system, *user(question)],
-                                                  max_tokens=max_tokens, temperature=0, **kw)
+                                                  max_tokens=max_tokens, temperature=0, logprobs=True, **kw)
         first = ask("Who speaks first?")
         assert first.usage.model_extra["cached_prompt_tokens"] == 0
         idle = ask("Name a city.")  # the first request's slot is idle: its prefix is reused in place
@@ -245,7 +275,7 @@ def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smol
         for reply in (first, idle, running):  # OpenAI's field, as the unmodified client reads it
             assert reply.usage.prompt_tokens_details.cached_tokens == reply.usage.model_extra["cached_prompt_tokens"]
     for reply, question in ((idle, "Name a city."), (running, "Name a colour.")):
-        assert reply.choices[0].message.content == llama_cpp_greedy(smollm2, [system, *user(question)], 12)
+        as_alone(smollm2, [t.token for t in reply.choices[0].logprobs.content], [system, *user(question)], 12)
 
 
 def test_tvm_keeps_conversations_cached_between_turns(smollm2, shakespeare_text, report):
