@@ -19,17 +19,28 @@ quiet() {  # quiet COMMAND...: run COMMAND; show its output only if it fails
 
 # The llamacpp engine's bindings (the pyproject's `llamacpp` extra) compile llama.cpp: ~4 minutes of
 # both cores without the multimodal library. Start that first, in the background, while the steps
-# below mostly wait on downloads; the wheel stays in $wheels (and pip's cache) for later runs.
+# below mostly wait on downloads; the wheel stays in $wheels for later runs.
 llama_spec=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["llamacpp"][0])')
-wheels=.lantern-cache/wheels
+# Native code for this CPU, but no AMX: where the hypervisor does not hand AMX state to the guest (seen
+# here on a Firecracker VM whose CPU lists amx_int8), ggml's AMX kernels die of SIGILL in llama_decode.
+amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+llama_cmake="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF '-DCMAKE_C_FLAGS=$amx_off' '-DCMAKE_CXX_FLAGS=$amx_off'"
+llama_key=$(echo "$llama_spec $llama_cmake" | sha256sum | cut -c1-12)
+wheels=.lantern-cache/wheels/$llama_key  # a wheel per spec and build flags
 llama_pid=
-if ! { [ -x .venv/bin/python ] && .venv/bin/python -c "import llama_cpp" 2>/dev/null; }; then
-  echo "== building $llama_spec in the background"
+llama_install=
+if ! { [ -x .venv/bin/python ] && [ "$(cat .venv/llama-cpp-build 2>/dev/null)" = "$llama_key" ] &&
+       .venv/bin/python -c "import llama_cpp" 2>/dev/null; }; then
   mkdir -p "$wheels"
-  CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    python3 -m pip wheel --quiet --no-deps --find-links "$wheels" -w "$wheels" "$llama_spec" \
-    >"$wheels/build.log" 2>&1 &
-  llama_pid=$!
+  if ! ls "$wheels"/*.whl >/dev/null 2>&1; then
+    echo "== building $llama_spec in the background"
+    # --no-cache-dir: pip's own wheel cache keys on the source, not on CMAKE_ARGS
+    CMAKE_ARGS="$llama_cmake" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+      python3 -m pip wheel --quiet --no-cache-dir --no-deps -w "$wheels" "$llama_spec" \
+      >"$wheels/build.log" 2>&1 &
+    llama_pid=$!
+  fi
+  llama_install=1
 fi
 
 need_apt=()
@@ -51,15 +62,17 @@ quiet .venv/bin/pip install --upgrade pip
 quiet .venv/bin/pip install -e ".[test]"
 .venv/bin/python -c "import lantern, tvm, playwright" # fail early if the install did not take
 
-if [ -n "$llama_pid" ]; then
+if [ -n "$llama_install" ]; then
   echo "== pip install $llama_spec (waiting for its build)"
-  if ! wait "$llama_pid"; then
+  if [ -n "$llama_pid" ] && ! wait "$llama_pid"; then
     cat "$wheels/build.log" >&2
     echo "== failed: building $llama_spec" >&2
     exit 1
   fi
+  .venv/bin/pip uninstall --quiet -y llama-cpp-python >/dev/null 2>&1 || true  # one built with other flags
   quiet .venv/bin/pip install --find-links "$wheels" "$llama_spec"
   .venv/bin/python -c "import llama_cpp"
+  echo "$llama_key" > .venv/llama-cpp-build
 fi
 
 echo "== npm ci (webruntime)"
