@@ -1,8 +1,10 @@
 """Benchmark (not a test): what grammar-constrained decoding costs, in both engines.
 
-The same prompt is answered with and without a JSON schema, greedily, in the server's CPU engine
-and (with --browser) in the browser engine on WebGPU; printed per engine: decode tokens/s with and
-without the schema, their ratio, and the grammar's first-use compile time.
+The same prompt is answered without a schema, with a plain JSON schema and with one using OpenAI's
+strict-mode keywords Lantern writes its own grammar for (decimal and exclusive bounds, a date),
+greedily, in the server's CPU engine and (with --browser) in the browser engine on WebGPU; printed
+per engine: decode tokens/s in each case, the ratios to free text, and each grammar's first-use
+compile time.
 
     .venv/bin/python ci/bench_structured.py dist/smollm2 [--max-tokens 48] [--reps 3] [--browser]
 """
@@ -30,29 +32,38 @@ SCHEMA = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
     "type": "object", "required": ["name", "age"],
     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "people", "schema": SCHEMA}}
+# OpenAI strict-mode keywords Lantern writes its own grammar for: decimal and exclusive bounds, formats
+STRICT = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
+    "type": "object", "required": ["name", "born", "height_m", "balance"], "additionalProperties": False,
+    "properties": {"name": {"type": "string", "maxLength": 12}, "born": {"type": "string", "format": "date"},
+                   "height_m": {"type": "number", "exclusiveMinimum": 0.3, "maximum": 2.5},
+                   "balance": {"type": ["number", "null"], "minimum": -1000.5}}}}
+STRICT_FORMAT = {"type": "json_schema", "json_schema": {"name": "people_strict", "schema": STRICT, "strict": True}}
 
 
-def request(constrained: bool, max_tokens: int) -> dict:
+def request(fmt: dict | None, max_tokens: int) -> dict:
     return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0,
-            **({"response_format": FORMAT} if constrained else {})}
+            **({"response_format": fmt} if fmt else {})}
 
 
 def cpu(path: Path, max_tokens: int, reps: int) -> dict:
     engine = ModelEngine(path, "tvm")  # the CPU library, as the browser runs it
     prompt = engine.encode(engine.render_chat(MESSAGES))
-    start = time.perf_counter()
-    grammar = engine.compile_grammar(response_format_spec(FORMAT))
-    compile_ms = (time.perf_counter() - start) * 1000
-    out = {"compile_ms": compile_ms}
-    for constrained in (False, True):
+    out = {}
+    for label, fmt in (("free", None), ("schema", FORMAT), ("strict", STRICT_FORMAT)):
+        grammar = None
+        if fmt:
+            start = time.perf_counter()
+            grammar = engine.compile_grammar(response_format_spec(fmt))
+            out["compile_ms_" + label] = (time.perf_counter() - start) * 1000
         speeds = []
         for _ in range(reps):
             steps = []
-            engine.generate(prompt, ChatCompletionRequest(**request(constrained, max_tokens)), threading.Event(),
-                            steps.append, grammar=grammar if constrained else None)
+            engine.generate(prompt, ChatCompletionRequest(**request(fmt, max_tokens)), threading.Event(),
+                            steps.append, grammar=grammar)
             speeds.append(steps[-1].usage.decode_tokens_per_s)
-            out["tokens_" + ("schema" if constrained else "free")] = steps[-1].usage.completion_tokens
-        out["schema" if constrained else "free"] = statistics.median(speeds)
+            out["tokens_" + label] = steps[-1].usage.completion_tokens
+        out[label] = statistics.median(speeds)
     return out
 
 
@@ -63,11 +74,10 @@ def browser(path: Path, max_tokens: int, reps: int) -> dict:
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
         page.evaluate("(m) => load(m)", f"/models/{path.name}/")
         out = {}
-        for constrained in (False, True):
-            replies = page.evaluate("(reqs) => chat(reqs)", [request(constrained, max_tokens)] * reps)
-            out["schema" if constrained else "free"] = statistics.median(
-                r["usage"]["decode_tokens_per_s"] for r in replies)
-            out["tokens_" + ("schema" if constrained else "free")] = replies[-1]["usage"]["completion_tokens"]
+        for label, fmt in (("free", None), ("schema", FORMAT), ("strict", STRICT_FORMAT)):
+            replies = page.evaluate("(reqs) => chat(reqs)", [request(fmt, max_tokens)] * reps)
+            out[label] = statistics.median(r["usage"]["decode_tokens_per_s"] for r in replies)
+            out["tokens_" + label] = replies[-1]["usage"]["completion_tokens"]
     return out
 
 
@@ -81,11 +91,13 @@ def main() -> int:
     rows = [("cpu (lantern serve)", cpu(args.artifact, args.max_tokens, args.reps))]
     if args.browser:
         rows.append(("browser (WebGPU)", browser(args.artifact, args.max_tokens, args.reps)))
-    print(f"{'engine':22} {'free tok/s':>11} {'schema tok/s':>13} {'ratio':>6}  tokens free/schema")
+    print(f"{'engine':22} {'free tok/s':>11} {'schema tok/s':>13} {'ratio':>6} {'strict tok/s':>13} {'ratio':>6}"
+          "  tokens free/schema/strict")
     for name, r in rows:
-        print(f"{name:22} {r['free']:11.2f} {r['schema']:13.2f} {r['schema'] / r['free']:6.2f}  "
-              f"{r['tokens_free']}/{r['tokens_schema']}")
-    print(f"grammar compile (first use, CPU engine): {rows[0][1]['compile_ms']:.1f} ms")
+        print(f"{name:22} {r['free']:11.2f} {r['schema']:13.2f} {r['schema'] / r['free']:6.2f} {r['strict']:13.2f} "
+              f"{r['strict'] / r['free']:6.2f}  {r['tokens_free']}/{r['tokens_schema']}/{r['tokens_strict']}")
+    print(f"grammar compile (first use, CPU engine): schema {rows[0][1]['compile_ms_schema']:.1f} ms, "
+          f"strict (number ranges, date) {rows[0][1]['compile_ms_strict']:.1f} ms")
     return 0
 
 

@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LanternError
+from . import number_grammar
 
 SUPPORT = json.loads((Path(__file__).with_name("schema_support.json")).read_text())
 _KEYWORDS = set(SUPPORT["keywords"])
 _FORMATS = set(SUPPORT["formats"])
 _FORMAT_PATTERNS = SUPPORT["format_patterns"]
-_MAX_RANGE = SUPPORT["max_integer_range"]
 
 # The JSON texts the grammar allows: one line, OpenAI's separators (no runs of whitespace to loop on).
 JSON_LAYOUT = {"any_whitespace": False, "indent": None, "separators": (", ", ": "), "strict_mode": True}
@@ -54,9 +54,9 @@ def check_schema(schema, where: str = "#") -> dict | bool:
     """A copy of ``schema`` that xgrammar enforces exactly, or StructuredOutputError naming the keyword.
 
     xgrammar ignores keywords it does not know and its numeric ranges and some formats are
-    inexact, so: unknown keywords and formats are rejected; `date` and `ipv4` become exact
-    patterns; an integer range of up to `max_integer_range` values becomes an enum; `minimum: 0`
-    stays (it is exact); any other bound is rejected.
+    inexact, so: unknown keywords and formats are rejected; formats in `format_patterns` become
+    exact patterns; a bounded number or integer becomes a placeholder that number_grammar swaps for
+    exact rules once xgrammar has written the rest of the grammar (schema_ebnf).
     """
     if isinstance(schema, bool):
         return schema
@@ -81,8 +81,6 @@ def check_schema(schema, where: str = "#") -> dict | bool:
         raise StructuredOutputError(f"schema keyword '$ref' at {where}: only local references (#/...) are supported")
     if len(schema.get("allOf") or []) > 1:
         raise StructuredOutputError(f"schema keyword 'allOf' at {where}: only one subschema is supported")
-    if any(b in schema for b in _BOUNDS):
-        out = _bounds(out, where)
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
             out[key] = {k: check_schema(v, f"{where}/{key}/{k}") for k, v in schema[key].items()}
@@ -92,32 +90,54 @@ def check_schema(schema, where: str = "#") -> dict | bool:
     for key in _SCHEMA_ONE:
         if key in schema:
             out[key] = check_schema(schema[key], f"{where}/{key}")
+    if any(b in schema for b in _BOUNDS):
+        out = _bounded_number(out, where)
     return out
 
 
-def _bounds(schema: dict, where: str) -> dict:
-    lo, hi = schema.get("minimum"), schema.get("maximum")
-    for key in _BOUNDS:
-        if key in schema and (isinstance(schema[key], bool) or not isinstance(schema[key], (int, float))):
-            raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a number")
-    if schema.get("type") == "integer":
-        if "exclusiveMinimum" in schema:
-            lo = max(lo if lo is not None else -math.inf, math.floor(schema["exclusiveMinimum"]) + 1)
-        if "exclusiveMaximum" in schema:
-            hi = min(hi if hi is not None else math.inf, math.ceil(schema["exclusiveMaximum"]) - 1)
-        if lo is not None and hi is not None:
-            lo, hi = math.ceil(lo), math.floor(hi)
-            if hi < lo:
-                raise StructuredOutputError(f"schema at {where}: no integer lies between the bounds")
-            if hi - lo + 1 <= _MAX_RANGE:
-                rest = {k: v for k, v in schema.items() if k not in _BOUNDS and k != "type"}
-                return {**rest, "enum": list(range(lo, hi + 1))}
-    if schema.get("type") in ("integer", "number") and set(schema) & set(_BOUNDS) == {"minimum"} and lo == 0:
-        return schema  # non-negative: xgrammar enforces this one exactly
-    key = next(k for k in _BOUNDS if k in schema)
-    raise StructuredOutputError(
-        f"schema keyword '{key}' at {where}: {SUPPORT['engine']} does not enforce this bound exactly; Lantern "
-        f"supports integer ranges of at most {_MAX_RANGE} values and `minimum: 0`")
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer beyond any double
+        return False
+
+
+def _bounded_number(schema: dict, where: str) -> dict:
+    """A bounded number or integer as a placeholder for number_grammar (a nullable one, or one of
+    several types, as anyOf the placeholder and the other types)."""
+    present = [k for k in _BOUNDS if k in schema]
+    for key in present:
+        value = schema[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+            raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a finite number")
+    types = schema.get("type")
+    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
+    numeric = [t for t in types if t in ("number", "integer")]
+    if not numeric:
+        raise StructuredOutputError(f"schema keyword '{present[0]}' at {where} needs \"type\": \"number\" or "
+                                    "\"integer\"")
+    for key in ("enum", "const"):
+        if key in schema:
+            raise StructuredOutputError(f"schema keyword '{present[0]}' at {where} cannot be combined with '{key}': "
+                                        "list only the allowed values")
+    key = number_grammar.placeholder("number" if "number" in numeric else "integer", schema)
+    try:
+        number_grammar.number_rules(key, "n")
+    except number_grammar.NumberRangeError as err:
+        raise StructuredOutputError(f"schema keywords {', '.join(repr(k) for k in present)} at {where}: {err}") from None
+    rest = {k: v for k, v in schema.items() if k not in _BOUNDS and k != "type"}
+    others = [t for t in types if t not in ("number", "integer")]
+    if not others:
+        return {**rest, "const": key}
+    return {**rest, "anyOf": [{"const": key}, {"type": others if len(others) > 1 else others[0]}]}
+
+
+def schema_ebnf(source: str) -> str:
+    """The EBNF grammar of a checked schema (JSON text) in JSON_LAYOUT, number placeholders swapped
+    for their exact rules. The twin of structured.ts's ``schemaEbnf``."""
+    import xgrammar
+
+    return number_grammar.with_number_rules(str(xgrammar.Grammar.from_json_schema(source, **JSON_LAYOUT)))
 
 
 # ---- requests -> grammar specs ------------------------------------------------------------------
@@ -217,16 +237,13 @@ def tight_structural_tag(source: str) -> str:
     JSON_LAYOUT. xgrammar's structural tags put free whitespace inside JSON, where a small model can
     loop until max_tokens (a tool call's arguments did, 64 of 64 tokens); response_format's JSON has
     none. The twin of structured.ts's ``tightStructuralTag``."""
-    import xgrammar
-
     def visit(node):
         if isinstance(node, list):
             return [visit(v) for v in node]
         if not isinstance(node, dict):
             return node
         if node.get("type") == "json_schema" and "json_schema" in node:
-            grammar = xgrammar.Grammar.from_json_schema(json.dumps(node["json_schema"]), **JSON_LAYOUT)
-            return {"type": "grammar", "grammar": str(grammar)}
+            return {"type": "grammar", "grammar": schema_ebnf(json.dumps(node["json_schema"]))}
         return {k: visit(v) for k, v in node.items()}
 
     return json.dumps(visit(json.loads(source)))
@@ -330,7 +347,9 @@ class GrammarCompiler:
                 self.hits += 1
                 return self._cache[spec]
         try:
-            if spec.kind == "json_schema":
+            if spec.kind == "json_schema" and number_grammar.PREFIX in spec.source:
+                compiled = self._compiler.compile_grammar(schema_ebnf(spec.source))
+            elif spec.kind == "json_schema":
                 compiled = self._compiler.compile_json_schema(spec.source, **JSON_LAYOUT)
             elif spec.kind == "ebnf":
                 compiled = self._compiler.compile_grammar(spec.source)

@@ -32,7 +32,8 @@ SCHEMAS: dict[str, dict] = {
     "string_pattern": obj(code={"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}),
     "format_date": obj(day={"type": "string", "format": "date"}),
     "format_ipv4": obj(host={"type": "string", "format": "ipv4"}),
-    "number_bounds": obj(price={"type": "number", "minimum": 0},
+    "number_bounds": obj(price={"type": "number", "exclusiveMinimum": 0, "maximum": 999.99},
+                         celsius={"type": ["number", "null"], "minimum": -40.5, "exclusiveMaximum": 50},
                          qty={"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}),
     "const_and_null_enum": obj(version={"const": 2}, mode={"enum": ["fast", "safe", None]}),
     "one_of_tagged": {"oneOf": [obj(kind={"const": "cat"}, lives={"type": "integer", "minimum": 1, "maximum": 9}),
@@ -77,7 +78,9 @@ BAD_REQUESTS = [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
     ({"tool_choice": "required"}, "tools"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "string", "format": "time"}}}}, "format"),
+        "type": "string", "format": "iri"}}}}, "format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "number", "minimum": 5, "exclusiveMaximum": 5}}}}, "exclusiveMaximum"),
 ]
 
 
@@ -109,3 +112,65 @@ def cpu_runs(artifact_path, engine: str = "tvm") -> dict[tuple[str, int], dict]:
                                "tokens": steps[-1].usage.completion_tokens}
     engine.close()
     return out
+
+
+# ---- random schemas over OpenAI's strict-mode keywords ---------------------------------------------
+
+STRICT_FORMATS = ("date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid")
+
+
+def random_strict_schema(rng, depth: int = 0) -> dict:
+    """A random schema as OpenAI's strict mode takes them: objects with every property required and
+    additionalProperties false, bounded numbers (exclusive or not, negative, decimal), formats,
+    patterns, enums, consts, nullable types, bounded arrays, anyOf, and $defs with a (recursive) $ref."""
+    def leaf() -> dict:
+        pick = rng.randrange(9)
+        if pick < 2:
+            kind = rng.choice(["number", "integer"])
+            lo, hi = sorted(rng.sample([-50, -1.5, 0, 0.5, 1, 7, 12.75, 100, 1000], 2))
+            if kind == "integer" and hi - lo < 3:
+                hi = lo + 3
+            s = {"type": kind}
+            if rng.random() < 0.8:
+                s[rng.choice(["minimum", "exclusiveMinimum"])] = lo
+            s[rng.choice(["maximum", "exclusiveMaximum"])] = hi
+            return s
+        if pick == 2:
+            return {"type": "string", "format": rng.choice(STRICT_FORMATS)}
+        if pick == 3:
+            return {"type": "string", "pattern": rng.choice(["^[A-Z]{2}[0-9]{3}$", "^(yes|no)$", "^[a-z]{1,8}$"])}
+        if pick == 4:
+            return {"enum": rng.sample(["red", "green", "blue", 1, 2.5, None, True], rng.randint(1, 4))}
+        if pick == 5:
+            return {"const": rng.choice(["v1", 3, False])}
+        if pick == 6:
+            return {"type": [rng.choice(["number", "integer"]), "null"],
+                    "minimum": rng.choice([0, -1, 5, -40.5, 0.25, -0.001, 18])}
+        if pick == 7:
+            return {"type": "boolean"}
+        return {"type": "string", "maxLength": rng.randint(1, 12)}
+
+    def node(d: int) -> dict:
+        pick = rng.random()
+        if d >= 2 or pick < 0.5:
+            return leaf()
+        if pick < 0.7:
+            names = rng.sample(["a", "b", "c", "d", "e"], rng.randint(1, 3))
+            return {"type": "object", "properties": {n: node(d + 1) for n in names}, "required": names,
+                    "additionalProperties": False}
+        if pick < 0.85:
+            lo = rng.randint(0, 2)
+            return {"type": "array", "items": node(d + 1), "minItems": lo, "maxItems": lo + rng.randint(0, 2)}
+        return {"anyOf": [node(d + 1), node(d + 1)]}
+
+    names = rng.sample(["id", "name", "price", "when", "tags", "score", "next"], rng.randint(2, 4))
+    props = {n: node(1) for n in names}
+    schema = {"type": "object", "properties": props, "required": names, "additionalProperties": False}
+    if rng.random() < 0.3:  # a recursive $ref: a linked list of bounded integers
+        schema["$defs"] = {"item": {"type": "object", "properties": {
+            "v": {"type": "integer", "minimum": -3, "maximum": 3},
+            "next": {"anyOf": [{"$ref": "#/$defs/item"}, {"type": "null"}]}},
+            "required": ["v", "next"], "additionalProperties": False}}
+        props["list"] = {"$ref": "#/$defs/item"}
+        schema["required"] = [*names, "list"]
+    return schema

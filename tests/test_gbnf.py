@@ -16,6 +16,8 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from test_structured import run_typescript
 
+from lantern.server.structured import check_schema, schema_ebnf
+
 SEPARATORS = (", ", ": ")
 
 SCHEMA = {"type": "object", "properties": {
@@ -29,6 +31,14 @@ SCHEMA_OK = ['{"name": "ab-c", "age": 0}', '{"name": "x", "age": 12, "tags": ["a
 SCHEMA_BAD = ['{"name": "AB", "age": 0}', '{"name": "x", "age": -1}', '{"name": "x", "age": 1, "tags": ["a", "a", "a"]}',
               '{"name": "x"}', '{"name": "x", "age": 01}', '{"name": "x", "age": 1, "note": "abcd"}',
               '{"name":"x", "age": 1}', '{"name": "x", "age": 1, "other": 1}', '{"name": "x\x01", "age": 1}']
+
+# Number ranges: Lantern's own rules (lantern.server.number_grammar) swapped into xgrammar's grammar
+BOUNDED = {"type": "object", "properties": {"t": {"type": "number", "minimum": -40.5, "exclusiveMaximum": 50},
+                                            "n": {"type": ["integer", "null"], "exclusiveMinimum": -3, "maximum": 120}},
+           "required": ["t", "n"], "additionalProperties": False}
+BOUNDED_OK = ['{"t": -40.5, "n": 120}', '{"t": 49.999, "n": null}', '{"t": 0, "n": -2}', '{"t": -0.25, "n": 0}']
+BOUNDED_BAD = ['{"t": -40.51, "n": 1}', '{"t": 50, "n": 1}', '{"t": 1, "n": -3}', '{"t": 1, "n": 121}', '{"t": 1e1, "n": 1}',
+               '{"t": -0, "n": 1}', '{"t": 1, "n": 1.0}']
 
 TOOL_TAG = {"type": "structural_tag", "format": {
     "type": "triggered_tags", "triggers": ["<tool_call>"], "at_least_one": False, "stop_after_first": False,
@@ -66,6 +76,7 @@ def test_translated_grammars_accept_exactly_what_xgrammar_accepts():
         (xgr.Grammar.from_structural_tag(json.dumps(TOOL_TAG)), None, TOOL_OK, TOOL_BAD),
         (xgr.Grammar.from_structural_tag(json.dumps(REGEX)), None, REGEX_OK, REGEX_BAD),
         (xgr.Grammar.from_ebnf(EBNF), "root", EBNF_OK, EBNF_BAD),
+        (xgr.Grammar.from_ebnf(schema_ebnf(json.dumps(check_schema(BOUNDED)))), "root", BOUNDED_OK, BOUNDED_BAD),
     ]
     texts = [printed(g) for g, *_ in cases]
     roots = [root or re.findall(r"^(\S+) ::=", text, re.M)[-1] for (_, root, *_), text in zip(cases, texts)]

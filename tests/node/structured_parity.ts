@@ -1,15 +1,16 @@
 // Runs the browser's structured-output code (webruntime/src/structured.ts) under Node for
 // tests/test_structured.py, which compares every answer with the Python twin's.
 // Input (stdin): {requests: ChatCompletionRequest[], schemas: unknown[]}.
-// Output (stdout): {specs: ({spec} | {error})[], ebnf: string[], tight: (string | null)[], calls} -- ebnf from
-// web-xgrammar for each schema, tight: each structural tag spec as it is compiled.
+// Output (stdout): {specs: ({spec} | {error})[], ebnf: string[], numbers: string[][], tight: (string | null)[], calls} -- ebnf from
+// web-xgrammar for each schema, numbers: its number-range rules, tight: each structural tag spec as it is compiled.
 import { readFileSync } from "node:fs";
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
-import { checkSchema, parseToolCalls, requestSpec, tightStructuralTag } from "../../webruntime/src/structured";
+import { checkSchema, parseToolCalls, requestSpec, schemaEbnf, tightStructuralTag } from "../../webruntime/src/structured";
 import type { ChatCompletionRequest } from "../../webruntime/src/protocol";
 
 const xgr = (globalThis as unknown as { xgrammar: typeof XGrammar }).xgrammar;
+
 const input = JSON.parse(readFileSync(0, "utf8")) as { requests: ChatCompletionRequest[]; schemas: unknown[]; texts: string[] };
 const specs = input.requests.map((req) => {
   try {
@@ -19,8 +20,11 @@ const specs = input.requests.map((req) => {
   }
 });
 const ebnf: string[] = [];
+const numbers: string[][] = [];
 for (const schema of input.schemas) {
-  ebnf.push(await xgr.Testings._jsonSchemaToEBNF(JSON.stringify(checkSchema(schema)), false, -1, [", ", ": "], true));
+  const source = JSON.stringify(checkSchema(schema));
+  ebnf.push(await xgr.Testings._jsonSchemaToEBNF(source, false, -1, [", ", ": "], true));
+  numbers.push((await schemaEbnf(source)).split("\n").filter((line) => line.startsWith("lantern_number_")));
 }
 const tight: (string | null)[] = [];
 for (const s of specs) {
@@ -31,4 +35,4 @@ const calls = input.texts.map((t) => {
   const { content, calls } = parseToolCalls(t);
   return { content, calls: calls.map((c) => c.function) };
 });
-process.stdout.write(JSON.stringify({ specs, ebnf, tight, calls }));
+process.stdout.write(JSON.stringify({ specs, ebnf, numbers, tight, calls }));

@@ -9,10 +9,11 @@
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
 import { InvalidRequestError, LanternError } from "./errors";
+import { NumberRangeError, numberRules, placeholder, withNumberRules } from "./numbers";
 import type { ChatCompletionRequest, ChatMessage, Tool, ToolCall, ToolChoice } from "./protocol";
 
 declare const __SCHEMA_SUPPORT__: {
-  engine: string; keywords: string[]; formats: string[]; format_patterns: Record<string, string>; max_integer_range: number;
+  engine: string; keywords: string[]; formats: string[]; format_patterns: Record<string, string>;
 };
 const SUPPORT = __SCHEMA_SUPPORT__;
 const KEYWORDS = new Set(SUPPORT.keywords);
@@ -61,7 +62,6 @@ export function checkSchema(schema: unknown, where = "#"): Schema {
   if (Array.isArray(schema.allOf) && schema.allOf.length > 1) {
     throw new InvalidRequestError(`schema keyword 'allOf' at ${where}: only one subschema is supported`);
   }
-  if (BOUNDS.some((b) => b in schema)) out = checkBounds(out, where);
   for (const key of SCHEMA_MAPS) {
     const v = schema[key];
     if (isObject(v)) out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkSchema(s, `${where}/${key}/${k}`)]));
@@ -71,34 +71,39 @@ export function checkSchema(schema: unknown, where = "#"): Schema {
     if (Array.isArray(v)) out[key] = v.map((s, i) => checkSchema(s, `${where}/${key}/${i}`));
   }
   for (const key of SCHEMA_ONE) if (key in schema) out[key] = checkSchema(schema[key], `${where}/${key}`);
+  if (BOUNDS.some((b) => b in schema)) out = boundedNumber(out, where);
   return out;
 }
 
-function checkBounds(schema: Record<string, unknown>, where: string): Record<string, unknown> {
-  for (const key of BOUNDS) {
-    if (key in schema && typeof schema[key] !== "number") throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a number`);
-  }
-  let lo = schema.minimum as number | undefined;
-  let hi = schema.maximum as number | undefined;
-  if (schema.type === "integer") {
-    if ("exclusiveMinimum" in schema) lo = Math.max(lo ?? -Infinity, Math.floor(schema.exclusiveMinimum as number) + 1);
-    if ("exclusiveMaximum" in schema) hi = Math.min(hi ?? Infinity, Math.ceil(schema.exclusiveMaximum as number) - 1);
-    if (lo !== undefined && hi !== undefined) {
-      lo = Math.ceil(lo);
-      hi = Math.floor(hi);
-      if (hi < lo) throw new InvalidRequestError(`schema at ${where}: no integer lies between the bounds`);
-      if (hi - lo + 1 <= SUPPORT.max_integer_range) {
-        const rest = Object.fromEntries(Object.entries(schema).filter(([k]) => !BOUNDS.includes(k) && k !== "type"));
-        return { ...rest, enum: Array.from({ length: hi - lo + 1 }, (_, i) => lo! + i) };
-      }
+/** A bounded number or integer as a placeholder for numbers.ts (see structured.py's _bounded_number). */
+function boundedNumber(schema: Record<string, unknown>, where: string): Record<string, unknown> {
+  const present = BOUNDS.filter((k) => k in schema);
+  for (const key of present) {
+    const value = schema[key];
+    if (typeof value !== "number" || !Number.isFinite(value)) {
+      throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a finite number`);
     }
   }
-  const present = BOUNDS.filter((k) => k in schema);
-  if ((schema.type === "integer" || schema.type === "number") && present.length === 1 && present[0] === "minimum" && lo === 0) {
-    return schema;  // non-negative: xgrammar enforces this one exactly
+  const types = typeof schema.type === "string" ? [schema.type] : Array.isArray(schema.type) ? schema.type as unknown[] : [];
+  const numeric = types.filter((t) => t === "number" || t === "integer");
+  if (!numeric.length) throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where} needs "type": "number" or "integer"`);
+  for (const key of ["enum", "const"]) {
+    if (key in schema) {
+      throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where} cannot be combined with '${key}': ` +
+        "list only the allowed values");
+    }
   }
-  throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where}: ${SUPPORT.engine} does not enforce this ` +
-    `bound exactly; Lantern supports integer ranges of at most ${SUPPORT.max_integer_range} values and \`minimum: 0\``);
+  const key = placeholder(numeric.includes("number") ? "number" : "integer", schema);
+  try {
+    numberRules(key, "n");
+  } catch (err) {
+    if (!(err instanceof NumberRangeError)) throw err;
+    throw new InvalidRequestError(`schema keywords ${present.map((k) => `'${k}'`).join(", ")} at ${where}: ${err.message}`);
+  }
+  const rest = Object.fromEntries(Object.entries(schema).filter(([k]) => !BOUNDS.includes(k) && k !== "type"));
+  const others = types.filter((t) => t !== "number" && t !== "integer");
+  if (!others.length) return { ...rest, const: key };
+  return { ...rest, anyOf: [{ const: key }, { type: others.length > 1 ? others : others[0] }] };
 }
 
 // ---- requests -> grammar specs ------------------------------------------------------------------
@@ -291,6 +296,21 @@ function listenToEngine(): void {
 const SEPARATORS: [string, string] = [", ", ": "];
 
 /**
+ * The EBNF grammar of a checked schema (JSON text) in the layout above, number placeholders swapped
+ * for their exact rules. The twin of structured.py's schema_ebnf.
+ */
+export async function schemaEbnf(source: string): Promise<string> {
+  const grammar = await xgr().Grammar.fromJSONSchema(source, false, -1, SEPARATORS, true);
+  try {
+    return withNumberRules(grammar.toString());
+  } finally {
+    grammar.dispose();
+  }
+}
+
+const hasNumbers = (spec: GrammarSpec): boolean => spec.kind === "json_schema" && spec.source.includes("lantern:");
+
+/**
  * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
  * above. xgrammar's structural tags put free whitespace inside JSON, where a small model can loop
  * until max_tokens; response_format's JSON has none. The twin of structured.py's tight_structural_tag.
@@ -300,12 +320,7 @@ export async function tightStructuralTag(source: string): Promise<string> {
     if (Array.isArray(node)) return Promise.all(node.map(visit));
     if (!isObject(node)) return node;
     if (node.type === "json_schema" && "json_schema" in node) {
-      const grammar = await xgr().Grammar.fromJSONSchema(JSON.stringify(node.json_schema), false, -1, SEPARATORS, true);
-      try {
-        return { type: "grammar", grammar: grammar.toString() };
-      } finally {
-        grammar.dispose();
-      }
+      return { type: "grammar", grammar: await schemaEbnf(JSON.stringify(node.json_schema)) };
     }
     const out: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(node)) out[k] = await visit(v);
@@ -332,8 +347,8 @@ async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise
  */
 export async function printGrammar(spec: GrammarSpec): Promise<{ text: string; root: string }> {
   const G = xgr().Grammar;
-  const grammar = await engineCall(spec, () => (spec.kind === "json_schema"
-    ? G.fromJSONSchema(spec.source, false, -1, SEPARATORS, true)
+  const grammar = await engineCall(spec, () => (hasNumbers(spec) ? schemaEbnf(spec.source).then((text) => G.fromEBNF(text))
+    : spec.kind === "json_schema" ? G.fromJSONSchema(spec.source, false, -1, SEPARATORS, true)
     : spec.kind === "ebnf" ? G.fromEBNF(spec.source) : tightStructuralTag(spec.source).then((tag) => G.fromStructuralTag(tag))));
   try {
     const text = grammar.toString();
@@ -378,8 +393,8 @@ export class GrammarCompiler {
       this.hits++;
       return hit;
     }
-    const compiled = await engineCall(spec, () => (spec.kind === "json_schema"
-      ? this.compiler.compileJSONSchema(spec.source, false, -1, SEPARATORS, true)
+    const compiled = await engineCall(spec, () => (hasNumbers(spec) ? schemaEbnf(spec.source).then((text) => this.compiler.compileGrammar(text))
+      : spec.kind === "json_schema" ? this.compiler.compileJSONSchema(spec.source, false, -1, SEPARATORS, true)
       : spec.kind === "ebnf" ? this.compiler.compileGrammar(spec.source)
         : tightStructuralTag(spec.source).then((tag) => this.compiler.compileStructuralTag(tag))));
     this.cache.set(key, compiled);

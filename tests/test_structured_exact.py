@@ -1,0 +1,193 @@
+"""Exact structured output, grammars only (no model, seconds): number ranges (server/number_grammar.py
+and its browser twin webruntime/src/numbers.ts) accept exactly the numbers a standard validator
+finds within the bounds (IEEE-754 doubles), both languages write the same rules, and string formats
+let through only strings jsonschema's FormatChecker and ajv-formats both find valid."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+import xgrammar
+from xgrammar.testing import _get_matcher_from_grammar
+
+from test_structured import run_typescript
+
+from lantern.server.number_grammar import MAX_DIGITS, NumberRangeError, number_rules, placeholder
+from lantern.server.structured import SUPPORT, check_schema, schema_ebnf
+
+BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# The texts the grammar writes: no exponent, no "-0", at most MAX_DIGITS digits (a leading "0." not counted).
+WRITTEN = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+
+
+def grammar(kind: str, schema: dict):
+    """accepts(text) -> bool: xgrammar's own matcher on the rules for ``schema``, one matcher reused."""
+    rules = number_rules(placeholder(kind, schema), "n")
+    matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf("\n".join(["root ::= n_0", *rules])))
+
+    def accepts(text: str) -> bool:
+        try:
+            return matcher.accept_string(text) and matcher.is_terminated()
+        finally:
+            matcher.reset()
+    return accepts
+
+
+def writable(text: str, kind: str) -> bool:
+    m = WRITTEN.fullmatch(text)
+    if not m or (kind == "integer" and m[2]) or (text.startswith("-") and float(text) == 0):
+        return False
+    whole, _, fraction = text.lstrip("-").partition(".")
+    return (0 if whole == "0" else len(whole)) + len(fraction) <= MAX_DIGITS
+
+
+def valid(schema: dict, text: str) -> bool:
+    value = json.loads(text)
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def near(values) -> set[str]:
+    """Texts on, just inside and just outside each value, and a few steps away."""
+    out = set()
+    for v in values:
+        for delta in (0, 1, 0.5, 0.1, 0.01, 1e-6, 1e-9, 1e-13):
+            for x in (v - delta, v + delta):
+                out |= {repr(float(x)), f"{x:.14g}", f"{x:.15g}", f"{x:.3f}", str(round(x))}
+        if float(v).is_integer():
+            out |= {str(int(v)), f"{int(v)}.0", f"{int(v)}.000001"}
+    return {t for t in out if "e" not in t and "n" not in t}
+
+
+@pytest.mark.parametrize("kind, schema, inside, outside", [
+    ("number", {"minimum": -1.5, "maximum": 2.25}, ["-1.5", "2.25", "0", "-1.4999", "2.2499999"], ["-1.50001", "2.2500001", "-2", "3"]),
+    ("number", {"exclusiveMinimum": -1.5, "exclusiveMaximum": 2.25}, ["-1.4999999", "2.2499999", "0"], ["-1.5", "2.25", "-1.50", "2.250"]),
+    ("number", {"exclusiveMinimum": 0}, ["0.000000000000001", "1", "123456789012345"], ["0", "0.0", "-0.1", "-0"]),
+    ("number", {"minimum": 0, "exclusiveMaximum": 1}, ["0", "0.0", "0.999999999999999"], ["1", "1.0", "-0.000001"]),
+    ("number", {"minimum": 0.1, "maximum": 0.3}, ["0.1", "0.2", "0.3", "0.25"], ["0.09999", "0.30001", "0.300000000000001"]),
+    ("number", {"maximum": -0.5}, ["-0.5", "-0.50", "-7", "-100000"], ["-0.49999", "0", "1"]),
+    ("number", {"exclusiveMaximum": 0.30000000000000004}, ["0.3", "0.300000000000000"], ["0.31", "0.30000000000000004"]),
+    ("integer", {"minimum": -5, "exclusiveMaximum": 3}, ["-5", "0", "2"], ["-6", "3", "2.0", "1.5", "-0"]),
+    ("integer", {"exclusiveMinimum": 17.5, "maximum": 120}, ["18", "120", "99"], ["17", "121", "125", "129", "1200"]),
+    ("integer", {"minimum": 0, "maximum": 10**6}, ["0", "1000000", "999999"], ["1000001", "-1", "10000000"]),
+    ("integer", {"minimum": -10**12, "maximum": -10**11}, ["-1000000000000", "-100000000000"], ["-99999999999", "-1000000000001"]),
+])
+def test_values_just_inside_each_bound_are_accepted_and_just_outside_refused(kind, schema, inside, outside):
+    g = grammar(kind, schema)
+    for text in inside:
+        assert g(text) and valid({"type": kind, **schema}, text), (schema, text)
+    for text in outside:
+        assert not g(text), (schema, text)
+
+
+def random_schemas(rng: random.Random, count: int):
+    def bound():
+        pick = rng.random()
+        if pick < 0.3:
+            return rng.randint(-1000, 1000)
+        if pick < 0.6:
+            return round(rng.uniform(-100, 100), rng.randint(0, 4))
+        if pick < 0.75:
+            return rng.choice([0, 0.1, 0.2, 0.3, 1e-7, 1 / 3, 0.1 + 0.2, 2.5e-5, 1e15, 123456789.123, -1e-3])
+        return rng.uniform(-5, 5)  # 16-17 digit doubles
+    for _ in range(count):
+        kind = rng.choice(["number", "integer"])
+        yield kind, {key: bound() for key in rng.sample(BOUNDS, rng.randint(1, 3))}
+
+
+def test_random_bounds_accept_exactly_what_jsonschema_validates(report):
+    """For random bounds (integers, short and 17-digit decimals, either side of zero, inclusive or
+    not): on texts around every bound and at random, the grammar accepts a text iff it is one the
+    grammar writes and jsonschema finds it within the bounds."""
+    rng = random.Random(16)
+    checked = empty = accepted = 0
+    for kind, schema in random_schemas(rng, 400):
+        texts = near(schema.values()) | {f"{rng.uniform(-2000, 2000):.{rng.randint(0, 6)}f}" for _ in range(30)}
+        want = {t for t in texts if writable(t, kind) and valid({"type": kind, **schema}, t)}
+        try:
+            g = grammar(kind, schema)
+        except NumberRangeError:
+            assert not want, (kind, schema, sorted(want)[:5])
+            empty += 1
+            continue
+        got = {t for t in texts if g(t)}
+        assert got == want, (kind, schema, sorted(got ^ want)[:5])
+        checked += len(texts)
+        accepted += len(got)
+    report(f"number ranges: 400 random bounds, {checked} texts: the grammar accepts the {accepted} jsonschema "
+           f"validates and no other; {empty} ranges hold no {MAX_DIGITS}-digit number and are refused")
+
+
+def test_typescript_writes_the_same_rules():
+    rng = random.Random(17)
+    cases = [{"kind": kind, "schema": schema} for kind, schema in random_schemas(rng, 300)]
+    cases += [{"kind": "number", "schema": {"minimum": 1e21, "maximum": 1e22}},
+              {"kind": "number", "schema": {"exclusiveMinimum": 1e-20, "exclusiveMaximum": 2e-20}}]
+    out = run_typescript("numbers.ts", {"schemas": cases})["out"]
+    for case, ts in zip(cases, out):
+        key = placeholder(case["kind"], case["schema"])
+        assert ts["placeholder"] == key, case
+        try:
+            assert ts.get("rules") == number_rules(key, "n"), (case, ts)
+        except NumberRangeError as err:
+            assert ts["error"] == f"NumberRangeError: {err}", case
+    assert sum("error" in ts for ts in out) >= 2
+
+
+# ---- string formats ------------------------------------------------------------------------------
+
+OPENAI_FORMATS = ["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"]
+FORMAT_SAMPLES = {  # (valid, invalid)
+    "date": (["2024-02-29", "2000-02-29", "2023-02-28", "2023-12-31", "0001-01-01", "1900-02-28"],
+             ["2023-02-29", "1900-02-29", "2023-02-31", "2023-04-31", "2023-13-01", "2023-00-10", "2023-1-1", "0000-01-01"]),
+    "time": (["00:00:00Z", "23:59:59+01:00", "12:30:00.5-05:30", "08:15:00Z"],
+             ["25:00:00Z", "24:00:00Z", "12:60:00Z", "12:00:60Z", "12:00", "12:00:00+24:00", "12:00:00"]),
+    "date-time": (["2024-02-29T12:00:00Z", "1999-12-31T23:59:59.123456+14:00"],
+                  ["2023-02-29T12:00:00Z", "2024-02-29T25:00:00Z", "2024-02-29 12:00:00Z", "2024-02-29T12:00:00"]),
+    "ipv4": (["0.0.0.0", "1.2.3.4", "255.255.255.255", "192.168.0.1"],
+             ["256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.-1"]),
+    "ipv6": (["::", "::1", "2001:db8::1", "1:2:3:4:5:6:7:8", "::ffff:1.2.3.4", "fe80::"],
+             ["1:2:3:4:5:6:7:8:9", ":::", "1::2::3", "12345::", "g::1", "fe80::1%eth0"]),
+    "hostname": (["example.com", "a", "a-b.c", "localhost", "xn--80ak6aa92e.com", "x" * 62 + ".com"],
+                 ["-a.com", "a-.com", "a..b", "x" * 64 + ".com", "a_b.com", "a b"]),
+    "email": (["a@b.com", "first.last@example.co.uk", "x+tag@mail-host.org"],
+              ["@b.com", "a@", "a b@c.com", "a..b@c.com", "a@-b.com", "a@b-.com", "plain"]),
+    "uuid": (["123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000"],
+             ["123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400", "zzze4567-e89b-12d3-a456-426614174000"]),
+    "duration": (["P1D", "PT1H", "P1Y2M3DT4H5M6S", "P1W", "PT0S"], ["P", "PT", "P1DT", "1D", "P1M1W"]),
+    # beyond OpenAI's list
+    "uri": (["http://a.com", "https://a.com/b?c=d#e", "mailto:a@b.com", "urn:isbn:123"],
+            ["/relative", "http://a b.com", "http://a.com/%zz", "1http://a"]),
+    "json-pointer": (["", "/a", "/a~0b", "/a~1"], ["a", "/~2"]),
+    "relative-json-pointer": (["0", "1/a", "0#"], ["-1", "01", "a"]),
+}
+
+
+def test_the_validator_checks_every_format_openai_lists():
+    checkers = jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers
+    assert set(OPENAI_FORMATS) <= set(checkers), set(OPENAI_FORMATS) - set(checkers)
+    assert set(OPENAI_FORMATS) <= set(FORMAT_SAMPLES) == set(SUPPORT["formats"]) | set(SUPPORT["format_patterns"])
+
+
+def test_formats_let_through_only_strings_both_validators_accept(report):
+    """Every sample the grammar accepts is valid for jsonschema (FormatChecker with the format-nongpl
+    checkers) and for ajv-formats; the valid samples are all accepted, the invalid all refused."""
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    cases = [{"schema": {"type": "string", "format": fmt}, "texts": [json.dumps(t) for t in valid + invalid]}
+             for fmt, (valid, invalid) in FORMAT_SAMPLES.items()]
+    ajv = run_typescript("ajv_check.ts", {"cases": cases})["out"]
+    for (fmt, (valid, invalid)), ajv_ok in zip(FORMAT_SAMPLES.items(), ajv):
+        matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(json.dumps(
+            check_schema({"type": "string", "format": fmt})))))
+        for text, by_ajv in zip(valid + invalid, ajv_ok):
+            accepted = matcher.accept_string(json.dumps(text)) and matcher.is_terminated()
+            matcher.reset()
+            if accepted:
+                assert checker.conforms(text, fmt) and by_ajv, (fmt, text, "accepted but invalid")
+            assert accepted == (text in valid), (fmt, text, accepted)
+    total = sum(len(v) + len(i) for v, i in FORMAT_SAMPLES.values())
+    report(f"formats: {len(FORMAT_SAMPLES)} formats, {total} samples (2023-02-29, 25:00:00Z, 256.1.1.1 among them): "
+           "the grammar accepts exactly the valid ones, each valid for jsonschema and ajv-formats")

@@ -1,0 +1,329 @@
+// Exact grammars for JSON numbers between bounds, which xgrammar 0.1.27 does not enforce exactly.
+// The twin of the server's lantern/server/number_grammar.py, which explains the method (why at most
+// 15 digits keeps IEEE-754 comparisons exact, the automaton, the merging of states). Both print the
+// same placeholders and the same rules, character for character (tests/test_structured_numbers.py).
+
+export const MAX_DIGITS = 15;
+const PREFIX = "lantern:";
+const PLACEHOLDER_IN_EBNF = /"\\"(lantern:(?:number|integer)(?::(?:ge|gt|le|lt)=-?[0-9]+(?:\.[0-9]+)?)*)\\""/g;
+const SYMBOLS = "-.0123456789";
+
+/** A finite decimal: sign, integer digits (no leading zeros, "" below 1), fraction (no trailing zeros). */
+interface Decimal { negative: boolean; whole: string; fraction: string }
+
+const text = (d: Decimal): string => {
+  const body = (d.whole || "0") + (d.fraction ? `.${d.fraction}` : "");
+  return d.negative ? `-${body}` : body;
+};
+const significant = (d: Decimal): number => (d.whole + d.fraction).replace(/^0+|0+$/g, "").length;
+const isZero = (d: Decimal): boolean => !d.whole && !d.fraction;
+
+function decimalFromText(s: string): Decimal {
+  const [mantissa, exponent = "0"] = s.toLowerCase().split("e");
+  const negative = mantissa.startsWith("-");
+  const [w, f = ""] = mantissa.replace(/^[+-]/, "").split(".");
+  const digits = w + f;
+  const point = w.length + parseInt(exponent, 10);
+  let whole: string;
+  let fraction: string;
+  if (point <= 0) [whole, fraction] = ["", "0".repeat(-point) + digits];
+  else if (point >= digits.length) [whole, fraction] = [digits + "0".repeat(point - digits.length), ""];
+  else [whole, fraction] = [digits.slice(0, point), digits.slice(point)];
+  whole = whole.replace(/^0+/, "");
+  fraction = fraction.replace(/0+$/, "");
+  return { negative: negative && !!(whole || fraction), whole, fraction };
+}
+
+/** The shortest decimal that reads back as `value` (what String and Python's repr print). */
+const decimalOf = (value: number): Decimal => decimalFromText(String(value));
+
+/** `d` cut to MAX_DIGITS significant digits, towards +infinity if `up` else towards -infinity. */
+function roundInwards(d: Decimal, up: boolean): Decimal {
+  if (significant(d) <= MAX_DIGITS) return d;
+  const digits = d.whole + d.fraction;
+  const first = digits.length - digits.replace(/^0+/, "").length;
+  const keep = first + MAX_DIGITS;
+  let kept = digits.slice(0, keep);
+  const dropped = digits.slice(keep);
+  if (up !== d.negative && /[1-9]/.test(dropped)) kept = (BigInt(kept) + 1n).toString().padStart(kept.length, "0");
+  const point = d.whole.length + (kept.length - keep);
+  kept += "0".repeat(Math.max(0, point - kept.length));
+  return { negative: d.negative, whole: kept.slice(0, point).replace(/^0+/, ""), fraction: kept.slice(point).replace(/0+$/, "") };
+}
+
+/** The placeholder string for a bounded `kind` ("number"/"integer") subschema; every bound kept. */
+export function placeholder(kind: string, schema: Record<string, unknown>): string {
+  const parts = [PREFIX + kind];
+  for (const [key, op] of [["minimum", "ge"], ["exclusiveMinimum", "gt"], ["maximum", "le"], ["exclusiveMaximum", "lt"]]) {
+    if (key in schema) parts.push(`${op}=${text(decimalOf(schema[key] as number))}`);
+  }
+  return parts.join(":");
+}
+
+type Side = [number, boolean] | null;  // (value, inclusive)
+type DecimalBound = [Decimal, boolean] | null;
+
+function tighter(a: Side, b: Side, lower: boolean): Side {
+  if (a === null || b === null) return a ?? b;
+  if (a[0] !== b[0]) return (a[0] > b[0]) === lower ? a : b;
+  return !a[1] ? a : b;  // the same value: exclusive wins
+}
+
+function parsePlaceholder(key: string): [string, DecimalBound, DecimalBound] {
+  const [kind, ...ops] = key.slice(PREFIX.length).split(":");
+  let lower: Side = null;
+  let upper: Side = null;
+  for (const op of ops) {
+    const [name, value] = op.split("=");
+    const bound: Side = [Number(value), name === "ge" || name === "le"];
+    if (name === "ge" || name === "gt") lower = tighter(lower, bound, true);
+    else upper = tighter(upper, bound, false);
+  }
+  return [kind, inwards(lower, true), inwards(upper, false)];
+}
+
+/** A bound as a decimal of at most MAX_DIGITS digits; cut, it becomes inclusive (see the Python twin). */
+function inwards(bound: Side, up: boolean): DecimalBound {
+  if (bound === null) return null;
+  const exact = decimalOf(bound[0]);
+  const cut = roundInwards(exact, up);
+  return [cut, bound[1] || text(cut) !== text(exact)];
+}
+
+// ---- comparing a magnitude with a bound, one character at a time -------------------------------
+// A comparator state: "i,n,c" in the integer part (n digits in, c the comparison so far), "f,j" equal
+// so far with j fraction digits in, or "<" / ">" settled. Strings, so states compare and hash as keys.
+
+function digitStep(state: string, d: string, bound: Decimal, inFraction: boolean): string {
+  if (state === "<" || state === ">") return state;
+  const parts = state.split(",");
+  if (inFraction) {
+    const j = Number(parts[1]);
+    if (j < bound.fraction.length) return d < bound.fraction[j] ? "<" : d > bound.fraction[j] ? ">" : `f,${j + 1}`;
+    return d !== "0" ? ">" : state;
+  }
+  const n = Number(parts[1]);
+  let c = parts[2];
+  if (n >= bound.whole.length) return ">";
+  if (c === "=") c = d < bound.whole[n] ? "<" : d > bound.whole[n] ? ">" : "=";
+  return `i,${n + 1},${c}`;
+}
+
+function pointStep(state: string, bound: Decimal): string {
+  if (state === "<" || state === ">" || state.startsWith("f")) return state;
+  const [, n, c] = state.split(",");
+  if (Number(n) < bound.whole.length) return "<";
+  return c !== "=" ? c : "f,0";
+}
+
+function endOf(state: string, bound: Decimal): string {
+  state = pointStep(state, bound);
+  if (state === "<" || state === ">") return state;
+  return Number(state.split(",")[1]) < bound.fraction.length ? "<" : "=";
+}
+
+interface Bound { value: Decimal; inclusive: boolean }
+type Cmp = [string | null, string | null];
+type MagState = [string, number, Cmp];  // phase, digits so far, comparators
+
+class Magnitude {
+  constructor(readonly lower: Bound | null, readonly upper: Bound | null, readonly integer: boolean) {}
+
+  start(): MagState {
+    return ["S", 0, this.settle("i,0,=", "i,0,=")!];
+  }
+
+  private settle(lo: string | null, hi: string | null): Cmp | null {
+    if (this.lower === null || lo === ">") lo = null;
+    else if (lo === "<") return null;
+    if (this.upper === null || hi === "<") hi = null;
+    else if (hi === ">") return null;
+    return [lo, hi];
+  }
+
+  step([phase, count, [lo, hi]]: MagState, ch: string): MagState | null {
+    const lb = this.lower?.value as Decimal;
+    const ub = this.upper?.value as Decimal;
+    if (ch === ".") {
+      if ((phase !== "Z" && phase !== "I") || this.integer) return null;
+      const cmp = this.settle(lo && pointStep(lo, lb), hi && pointStep(hi, ub));
+      return cmp && ["D", count, cmp];
+    }
+    if (ch === "-" || phase === "Z" || count + (phase !== "S" || ch !== "0" ? 1 : 0) > MAX_DIGITS) return null;
+    if (phase === "S" && ch === "0") return ["Z", 0, [lo, hi]];
+    const frac = phase === "D" || phase === "F";
+    const cmp = this.settle(lo && digitStep(lo, ch, lb, frac), hi && digitStep(hi, ch, ub, frac));
+    return cmp && [frac ? "F" : "I", count + 1, cmp];
+  }
+
+  accepts([phase, , [lo, hi]]: MagState): boolean {
+    if (phase !== "Z" && phase !== "I" && phase !== "F") return false;
+    if (lo !== null) {
+      const r = endOf(lo, this.lower!.value);
+      if (!(r === ">" || (r === "=" && this.lower!.inclusive))) return false;
+    }
+    if (hi !== null) {
+      const r = endOf(hi, this.upper!.value);
+      if (!(r === "<" || (r === "=" && this.upper!.inclusive))) return false;
+    }
+    return true;
+  }
+}
+
+type State = "top" | [string, MagState];
+interface Automaton { start: State; step(s: State, ch: string): State | null; accepts(s: State): boolean }
+
+function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound): Automaton {
+  const integer = kind === "integer";
+  const parts = new Map<string, Magnitude>();
+  if (upper === null || !(upper[0].negative || (isZero(upper[0]) && !upper[1]))) {
+    const lo = lower === null || lower[0].negative ? null : { value: lower[0], inclusive: lower[1] };
+    parts.set("+", new Magnitude(lo, upper && { value: upper[0], inclusive: upper[1] }, integer));
+  }
+  if (lower === null || lower[0].negative) {
+    const abs = (d: Decimal): Decimal => ({ ...d, negative: false });
+    const lo = upper !== null && upper[0].negative ? { value: abs(upper[0]), inclusive: upper[1] }
+      : { value: { negative: false, whole: "", fraction: "" }, inclusive: false };
+    const hi = lower !== null ? { value: abs(lower[0]), inclusive: lower[1] } : null;
+    parts.set("-", new Magnitude(lo, hi, integer));
+  }
+  return {
+    start: "top",
+    step(state, ch) {
+      if (state === "top") {
+        if (ch === "-") return parts.has("-") ? ["-", parts.get("-")!.start()] : null;
+        if (!parts.has("+")) return null;
+        state = ["+", parts.get("+")!.start()];
+      }
+      const [side, inner] = state;
+      const next = parts.get(side)!.step(inner, ch);
+      return next && [side, next];
+    },
+    accepts: (state) => state !== "top" && parts.get(state[0])!.accepts(state[1]),
+  };
+}
+
+/** The minimal DFA (states numbered breadth-first from 0 = start), or null if it accepts nothing. */
+function minimalDfa(a: Automaton): [Map<string, number>[], boolean[]] | null {
+  const keyOf = (s: State) => JSON.stringify(s);
+  const order: State[] = [a.start];
+  const index = new Map([[keyOf(a.start), 0]]);
+  const edges: Map<string, number>[] = [];
+  for (let k = 0; k < order.length; k++) {
+    const out = new Map<string, number>();
+    for (const ch of SYMBOLS) {
+      const next = a.step(order[k], ch);
+      if (next === null) continue;
+      const key = keyOf(next);
+      if (!index.has(key)) {
+        index.set(key, order.length);
+        order.push(next);
+      }
+      out.set(ch, index.get(key)!);
+    }
+    edges.push(out);
+  }
+  const final = order.map((s) => a.accepts(s));
+  const live = new Set(final.flatMap((f, i) => (f ? [i] : [])));
+  for (let grew = true; grew;) {
+    grew = false;
+    edges.forEach((out, i) => {
+      if (!live.has(i) && [...out.values()].some((t) => live.has(t))) {
+        live.add(i);
+        grew = true;
+      }
+    });
+  }
+  if (!live.has(0)) return null;
+  const sorted = [...live].sort((x, y) => x - y);
+  let cls = new Map(sorted.map((i) => [i, final[i] ? 1 : 0]));
+  for (;;) {
+    const names = new Map<string, number>();
+    const next = new Map<number, number>();
+    for (const i of sorted) {
+      const sig = JSON.stringify([cls.get(i), [...edges[i]].filter(([, t]) => live.has(t)).map(([ch, t]) => [ch, cls.get(t)])]);
+      if (!names.has(sig)) names.set(sig, names.size);
+      next.set(i, names.get(sig)!);
+    }
+    if (names.size === new Set(cls.values()).size) break;
+    cls = next;
+  }
+  const rep = new Map<number, number>();
+  for (const i of sorted) if (!rep.has(cls.get(i)!)) rep.set(cls.get(i)!, i);
+  const number = new Map([[cls.get(0)!, 0]]);
+  const queue = [cls.get(0)!];
+  const trans: Map<string, number>[] = [];
+  const accepting: boolean[] = [];
+  for (let q = 0; q < queue.length; q++) {
+    const c = queue[q];
+    const i = c === cls.get(0) ? 0 : rep.get(c)!;
+    const out = new Map<string, number>();
+    for (const [ch, t] of edges[i]) {
+      if (!live.has(t)) continue;
+      const tc = cls.get(t)!;
+      if (!number.has(tc)) {
+        number.set(tc, number.size);
+        queue.push(tc);
+      }
+      out.set(ch, number.get(tc)!);
+    }
+    trans.push(out);
+    accepting.push(final[i]);
+  }
+  return [trans, accepting];
+}
+
+const isDigit = (c: string) => c >= "0" && c <= "9";
+
+function symbolsText(chars: string[]): string {
+  if (chars.length === 1) return `"${chars[0]}"`;
+  const out: string[] = [];
+  for (let k = 0; k < chars.length;) {
+    let j = k;
+    while (j + 1 < chars.length && chars[j + 1].charCodeAt(0) === chars[j].charCodeAt(0) + 1 && isDigit(chars[j + 1]) && isDigit(chars[k])) j++;
+    out.push(j === k ? chars[k] : j > k + 1 ? `${chars[k]}-${chars[j]}` : chars[k] + chars[j]);
+    k = j + 1;
+  }
+  return `[${out.join("")}]`;
+}
+
+function dfaRules(name: string, trans: Map<string, number>[], accepting: boolean[]): string[] {
+  return trans.map((out, i) => {
+    const alts = accepting[i] ? ['""'] : [];
+    const targets = new Map<string, [number, string[]]>();  // "-" on its own: never inside a class
+    for (const ch of SYMBOLS) {
+      if (!out.has(ch)) continue;
+      const t = out.get(ch)!;
+      const key = `${t},${ch === "-"}`;
+      if (!targets.has(key)) targets.set(key, [t, []]);
+      targets.get(key)![1].push(ch);
+    }
+    for (const [t, chars] of targets.values()) alts.push(`${symbolsText(chars)} ${name}_${t}`);
+    return `${name}_${i} ::= ${alts.join(" | ")}`;
+  });
+}
+
+/** No number the grammar can write lies between the bounds. */
+export class NumberRangeError extends Error {
+  override name = "NumberRangeError";
+}
+
+/** The EBNF rules (start: `${name}_0`) for the placeholder `key`. */
+export function numberRules(key: string, name: string): string[] {
+  const [kind, lower, upper] = parsePlaceholder(key);
+  const dfa = minimalDfa(numberAutomaton(kind, lower, upper));
+  if (dfa === null) throw new NumberRangeError(`no ${kind} of at most ${MAX_DIGITS} digits lies between the bounds`);
+  return dfaRules(name, ...dfa);
+}
+
+/** xgrammar's printed grammar with every number placeholder replaced by its exact rules. */
+export function withNumberRules(ebnf: string): string {
+  const names = new Map<string, string>();
+  const swapped = ebnf.replace(PLACEHOLDER_IN_EBNF, (_, key: string) => {
+    if (!names.has(key)) names.set(key, `lantern_number_${names.size}`);
+    return `${names.get(key)}_0`;
+  });
+  if (!names.size) return ebnf;
+  const rules = [...names].flatMap(([key, name]) => numberRules(key, name));
+  return `${swapped.replace(/\n+$/, "")}\n${rules.join("\n")}\n`;
+}
