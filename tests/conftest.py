@@ -104,6 +104,13 @@ WASM_FREE_FILES = {"test_chat_template.py", "test_cpu_kernels.py", "test_gguf_in
                    "test_tiny_model.py"}
 
 
+# Then the files that take longest (5-10 minutes each with both cores busy), longest first, so that with
+# one pytest worker per core the short files fill the end instead of one long file running alone.
+# test_families builds no SmolLM2: one worker runs it while the other builds the shared SmolLM2 artifact.
+LONG_FILES = ["test_families.py", "test_smollm2.py", "test_structured_browser.py", "test_wasm_device.py",
+              "test_runtime.py", "test_validate.py", "test_site.py", "test_gguf.py", "test_webgpu.py"]
+
+
 _RUNTIME_THREAD = []
 
 
@@ -131,7 +138,10 @@ def pytest_sessionfinish(session):
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in WASM_FREE_FILES)  # stable: the order within stays
+    def rank(item) -> tuple[bool, int]:
+        name = item.path.name
+        return name not in WASM_FREE_FILES, LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
+    items.sort(key=rank)  # stable: the order within a file stays
     if os.environ.get("CI"):
         return  # CI installs everything: a missing tool must fail there, not skip
     needs_browser = not shutil.which("chromium")
