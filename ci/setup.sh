@@ -19,14 +19,16 @@ quiet() {  # quiet COMMAND...: run COMMAND; show its output only if it fails
 
 # The llamacpp engine's bindings (the pyproject's `llamacpp` extra) compile llama.cpp: ~4 minutes of
 # both cores without the multimodal library. Start that first, in the background, while the steps
-# below mostly wait on downloads; the wheel stays in $wheels for later runs.
+# below mostly wait on downloads; the wheel stays in $wheels for later runs and clones.
 llama_spec=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["llamacpp"][0])')
 # Native code for this CPU, but no AMX: where the hypervisor does not hand AMX state to the guest (seen
 # here on a Firecracker VM whose CPU lists amx_int8), ggml's AMX kernels die of SIGILL in llama_decode.
 amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 llama_cmake="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF '-DCMAKE_C_FLAGS=$amx_off' '-DCMAKE_CXX_FLAGS=$amx_off'"
 llama_key=$(echo "$llama_spec $llama_cmake" | sha256sum | cut -c1-12)
-wheels=.lantern-cache/wheels/$llama_key  # a wheel per spec and build flags
+# A wheel per spec and build flags, outside the checkout so that a fresh clone on the same machine
+# (CI's) takes it instead of compiling again.
+wheels=${LANTERN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lantern/wheels}/$llama_key
 llama_pid=
 llama_install=
 if ! { [ -x .venv/bin/python ] && [ "$(cat .venv/llama-cpp-build 2>/dev/null)" = "$llama_key" ] &&

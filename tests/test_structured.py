@@ -267,9 +267,9 @@ def test_openai_client_gets_json_schema_output(client):
                              "note": {"type": ["string", "null"], "maxLength": 12},
                              "size": {"anyOf": [{"type": "integer", "minimum": 1, "exclusiveMaximum": 4}, {"enum": ["big"]}]}},
               "$defs": {"name": {"type": "string", "maxLength": 10}}}
-    reply = chat(client, "Describe a product for sale.", temperature=0,
+    reply = chat(client, "Describe a product for sale.", temperature=0, max_tokens=160,
                  response_format={"type": "json_schema", "json_schema": {"name": "product", "schema": strict, "strict": True}})
-    assert reply.choices[0].finish_reason == "stop", reply
+    assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
     jsonschema.Draft202012Validator(strict, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(
         json.loads(reply.choices[0].message.content))
 
