@@ -19,7 +19,7 @@ the fraction. States that cannot reach an end within the bounds are dropped, so 
 write itself into a dead end, and equivalent states are merged (Moore's partition refinement).
 
 The twin is webruntime/src/numbers.ts: the same placeholders and the same rules, character for
-character (tests/test_structured_numbers.py runs both).
+character (tests/test_structured_exact.py runs both).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Decimal:
 
     def digits(self) -> int:
         """Significant digits."""
-        return len((self.whole + self.fraction).strip("0")) if (self.whole or self.fraction) else 0
+        return len((self.whole + self.fraction).strip("0"))
 
 
 def decimal_of(value: float) -> Decimal:
@@ -311,7 +311,7 @@ def minimal_dfa(start, step, accepts) -> tuple[list[dict[str, int]], list[bool]]
         rep.setdefault(cls[i], i)
     trans, accepting = [], []
     for c in queue:
-        i = rep[c] if c != cls[0] else 0
+        i = rep[c]  # the start state for its own class: 0 is the smallest live state
         out = {}
         for ch, t in edges[i].items():
             if t in live:
@@ -358,16 +358,16 @@ class NumberRangeError(ValueError):
 
 def number_rules(key: str, name: str) -> list[str]:
     """The EBNF rules (start: ``{name}_0``) for the placeholder ``key``."""
-    return list(_rules(key, name))
+    return dfa_rules(name, *_dfa(key))
 
 
-@functools.lru_cache(maxsize=512)  # a request's schema is checked, then compiled: the same rules twice
-def _rules(key: str, name: str) -> tuple[str, ...]:
+@functools.lru_cache(maxsize=512)  # a request's schema is checked, then compiled: one automaton for both
+def _dfa(key: str) -> tuple[list[dict[str, int]], list[bool]]:
     kind, lower, upper = parse_placeholder(key)
     dfa = minimal_dfa(*number_automaton(kind, lower, upper))
     if dfa is None:
         raise NumberRangeError(f"no {kind} of at most {MAX_DIGITS} digits lies between the bounds")
-    return tuple(dfa_rules(name, *dfa))
+    return dfa
 
 
 def with_number_rules(ebnf: str) -> str:

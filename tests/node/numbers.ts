@@ -1,5 +1,5 @@
 // Runs the browser's number-range grammars (webruntime/src/numbers.ts) under Node for
-// tests/test_structured_numbers.py, which compares them with the Python twin's, rule for rule.
+// tests/test_structured_exact.py, which compares them with the Python twin's, rule for rule.
 // Input (stdin): {schemas: {kind, schema}[]}. Output: {out: ({placeholder, rules} | {error})[]}.
 import { readFileSync } from "node:fs";
 import { numberRules, placeholder } from "../../webruntime/src/numbers";

@@ -1,10 +1,10 @@
 // Exact grammars for JSON numbers between bounds, which xgrammar 0.1.27 does not enforce exactly.
 // The twin of the server's lantern/server/number_grammar.py, which explains the method (why at most
 // 15 digits keeps IEEE-754 comparisons exact, the automaton, the merging of states). Both print the
-// same placeholders and the same rules, character for character (tests/test_structured_numbers.py).
+// same placeholders and the same rules, character for character (tests/test_structured_exact.py).
 
 export const MAX_DIGITS = 15;
-const PREFIX = "lantern:";
+export const PREFIX = "lantern:";
 const PLACEHOLDER_IN_EBNF = /"\\"(lantern:(?:number|integer)(?::(?:ge|gt|le|lt)=-?[0-9]+(?:\.[0-9]+)?)*)\\""/g;
 const SYMBOLS = "-.0123456789";
 
@@ -256,7 +256,7 @@ function minimalDfa(a: Automaton): [Map<string, number>[], boolean[]] | null {
   const accepting: boolean[] = [];
   for (let q = 0; q < queue.length; q++) {
     const c = queue[q];
-    const i = c === cls.get(0) ? 0 : rep.get(c)!;
+    const i = rep.get(c)!;  // the start state for its own class: 0 is the smallest live state
     const out = new Map<string, number>();
     for (const [ch, t] of edges[i]) {
       if (!live.has(t)) continue;
@@ -308,10 +308,17 @@ export class NumberRangeError extends Error {
   override name = "NumberRangeError";
 }
 
+// a request's schema is checked, then compiled: one automaton for both (null: the range is empty)
+const automata = new Map<string, [Map<string, number>[], boolean[]] | null>();
+
 /** The EBNF rules (start: `${name}_0`) for the placeholder `key`. */
 export function numberRules(key: string, name: string): string[] {
   const [kind, lower, upper] = parsePlaceholder(key);
-  const dfa = minimalDfa(numberAutomaton(kind, lower, upper));
+  if (!automata.has(key)) {
+    if (automata.size >= 512) automata.clear();
+    automata.set(key, minimalDfa(numberAutomaton(kind, lower, upper)));
+  }
+  const dfa = automata.get(key)!;
   if (dfa === null) throw new NumberRangeError(`no ${kind} of at most ${MAX_DIGITS} digits lies between the bounds`);
   return dfaRules(name, ...dfa);
 }

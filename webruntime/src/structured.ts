@@ -9,7 +9,7 @@
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
 import { InvalidRequestError, LanternError } from "./errors";
-import { NumberRangeError, numberRules, placeholder, withNumberRules } from "./numbers";
+import { NumberRangeError, PREFIX as NUMBER_PREFIX, numberRules, placeholder, withNumberRules } from "./numbers";
 import type { ChatCompletionRequest, ChatMessage, Tool, ToolCall, ToolChoice } from "./protocol";
 
 declare const __SCHEMA_SUPPORT__: {
@@ -308,7 +308,7 @@ export async function schemaEbnf(source: string): Promise<string> {
   }
 }
 
-const hasNumbers = (spec: GrammarSpec): boolean => spec.kind === "json_schema" && spec.source.includes("lantern:");
+const hasNumbers = (spec: GrammarSpec): boolean => spec.kind === "json_schema" && spec.source.includes(NUMBER_PREFIX);
 
 /**
  * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
