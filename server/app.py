@@ -357,7 +357,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
     fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
-    spec = request_spec(fmt, tools, choice, req.parallel_tool_calls)
+    spec = request_spec(fmt, tools, choice, req.parallel_tool_calls, req.schema_defaults.model_dump())
     calling = calls_tools(tools, choice)
     # a grammar that decides every token: no reasoning first (auto tool calls leave free text)
     strict = spec is not None and not (calling and choice in (None, "auto"))

@@ -1,10 +1,10 @@
 """Exact grammars for JSON numbers between bounds, which xgrammar 0.1.27 does not enforce exactly.
 
-A schema's bounded `number` or `integer` (minimum, maximum, exclusiveMinimum, exclusiveMaximum)
-is written in the grammar as a placeholder string, ``lantern:number:ge=-1.5:lt=100``
-(structured.check_schema does that). After xgrammar turns the schema into EBNF, ``with_number_rules``
-swaps each placeholder for rules that admit exactly the JSON numbers within the bounds, written
-with no exponent and at most MAX_DIGITS digits.
+A schema's `number` or `integer` with bounds (minimum, maximum, exclusiveMinimum, exclusiveMaximum)
+or a multipleOf is written in the grammar as a placeholder string, ``lantern:number:ge=-1.5:lt=100:mul=0.5``
+(structured.check_schema does that). After xgrammar turns the schema into EBNF,
+``structured.with_exact_rules`` swaps each placeholder for rules that admit exactly the JSON numbers
+within the bounds (and multiples, see multiple_of), written with no exponent and at most MAX_DIGITS digits.
 
 Why 15 digits: validators (jsonschema, ajv) read a number and its bounds as IEEE-754 doubles. Two
 different decimals of at most 15 significant digits are never the same double (15 is DBL_DIG: such
@@ -15,7 +15,8 @@ is first rounded inwards to 15 digits, which can only leave out values, never le
 
 The rules come from a small deterministic automaton over the characters ``-``, ``.``, ``0-9``: the
 integer part is compared with each bound's digit by digit (a longer integer part is larger), then
-the fraction. States that cannot reach an end within the bounds are dropped, so the model can never
+the fraction; for a multipleOf it also keeps the remainder of the digits read so far. States that
+cannot reach an end within the bounds are dropped, so the model can never
 write itself into a dead end, and equivalent states are merged (Moore's partition refinement).
 
 The twin is webruntime/src/numbers.ts: the same placeholders and the same rules, character for
@@ -25,13 +26,12 @@ character (tests/test_structured_exact.py runs both).
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 
 MAX_DIGITS = 15
+MAX_MULTIPLE = 250  # multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder (250: ~0.4 s)
 PREFIX = "lantern:"
 # A placeholder as xgrammar prints it inside a rule: the JSON string literal, quotes escaped.
-PLACEHOLDER_IN_EBNF = re.compile(r'"\\"(lantern:(?:number|integer)(?::(?:ge|gt|le|lt)=-?[0-9]+(?:\.[0-9]+)?)*)\\""')
 SYMBOLS = "-.0123456789"
 
 
@@ -101,10 +101,29 @@ class Bound:
 def placeholder(kind: str, schema: dict) -> str:
     """The placeholder string for a bounded ``kind`` ("number"/"integer") subschema; every bound kept."""
     parts = [PREFIX + kind]
-    for key, op in (("minimum", "ge"), ("exclusiveMinimum", "gt"), ("maximum", "le"), ("exclusiveMaximum", "lt")):
+    for key, op in (("minimum", "ge"), ("exclusiveMinimum", "gt"), ("maximum", "le"), ("exclusiveMaximum", "lt"),
+                    ("multipleOf", "mul")):
         if key in schema:
             parts.append(f"{op}={decimal_of(schema[key]).text()}")
     return ":".join(parts)
+
+
+def multiple_of(text: str) -> tuple[int, int]:
+    """(m, e) for a multipleOf written ``text``: x is a multiple when x * 10**e is an integer that m divides.
+
+    Validators divide doubles: jsonschema and ajv find 0.07 no multiple of 0.01 (0.07 / 0.01 is
+    7.000000000000001). For a multipleOf that is a binary fraction (an integer, 0.5, 0.25, 2.5, ...)
+    every multiple of at most MAX_DIGITS digits, divided by it, gives its whole quotient exactly, so
+    the validators agree with decimal arithmetic; any other multipleOf is refused."""
+    d = decimal_from_text(text)
+    if d.negative or not (d.whole or d.fraction):
+        raise NumberRangeError("must be a number above 0")
+    m, e = int(d.whole + d.fraction), len(d.fraction)
+    if m % 5 ** e:
+        raise NumberRangeError(f"{text} is not a binary fraction, and validators dividing doubles reject exact "
+                               f"multiples of it (0.07 / 0.01 = {0.07 / 0.01!r}); use an integer or a power-of-two "
+                               "fraction such as 0.5 or 0.25, or scale the value (cents as an integer)")
+    return m, e
 
 
 def _tighter(a: tuple[float, bool] | None, b: tuple[float, bool] | None, lower: bool) -> tuple[float, bool] | None:
@@ -115,18 +134,22 @@ def _tighter(a: tuple[float, bool] | None, b: tuple[float, bool] | None, lower: 
     return a if not a[1] else b  # the same value: exclusive wins
 
 
-def parse_placeholder(key: str) -> tuple[str, tuple[Decimal, bool] | None, tuple[Decimal, bool] | None]:
-    """(kind, lower, upper) of a placeholder; a bound is (decimal, inclusive), cut to MAX_DIGITS inwards."""
+def parse_placeholder(key: str):
+    """(kind, lower, upper, multiple) of a placeholder; a bound is (decimal, inclusive), cut to MAX_DIGITS
+    inwards; multiple is multiple_of's (m, e) or None."""
     kind, *ops = key[len(PREFIX):].split(":")
-    lower = upper = None
+    lower = upper = multiple = None
     for op in ops:
         name, value = op.split("=")
+        if name == "mul":
+            multiple = multiple_of(value)
+            continue
         bound = (float(value), name in ("ge", "le"))
         if name in ("ge", "gt"):
             lower = _tighter(lower, bound, True)
         else:
             upper = _tighter(upper, bound, False)
-    return kind, _inwards(lower, True), _inwards(upper, False)
+    return kind, _inwards(lower, True), _inwards(upper, False), multiple
 
 
 def _inwards(bound: tuple[float, bool] | None, up: bool) -> tuple[Decimal, bool] | None:
@@ -177,13 +200,15 @@ def _end(state, bound: Decimal) -> str:
 
 
 class _Magnitude:
-    """Reading a magnitude (digits, maybe a fraction) between ``lower`` and ``upper`` (Bound or None)."""
+    """Reading a magnitude (digits, maybe a fraction) between ``lower`` and ``upper`` (Bound or None),
+    a multiple of ``multiple`` ((m, e) from multiple_of, or None): then the state also holds the
+    digits read so far modulo m, and how many of them are fraction digits (at most e)."""
 
-    def __init__(self, lower: Bound | None, upper: Bound | None, integer: bool):
-        self.lower, self.upper, self.integer = lower, upper, integer
+    def __init__(self, lower: Bound | None, upper: Bound | None, integer: bool, multiple: tuple[int, int] | None):
+        self.lower, self.upper, self.integer, self.multiple = lower, upper, integer, multiple
 
     def start(self):
-        return ("S", 0, self._settle(("i", 0, "="), ("i", 0, "=")))
+        return ("S", 0, self._settle(("i", 0, "="), ("i", 0, "=")), self.multiple and (0, 0))
 
     def _settle(self, lo, hi):
         """Drop a comparator once its bound can no longer fail; None for a state that cannot succeed."""
@@ -198,25 +223,34 @@ class _Magnitude:
         return (lo, hi)
 
     def step(self, state, ch: str):
-        phase, count, (lo, hi) = state
+        phase, count, (lo, hi), rem = state
         lb = self.lower.value if self.lower else None
         ub = self.upper.value if self.upper else None
         if ch == ".":
             if phase not in ("Z", "I") or self.integer:
                 return None
             cmp = self._settle(lo and _point(lo, lb), hi and _point(hi, ub))
-            return cmp and ("D", count, cmp)
+            return cmp and ("D", count, cmp, rem)
         if ch == "-" or phase == "Z" or count + (phase != "S" or ch != "0") > MAX_DIGITS:
             return None
         if phase == "S" and ch == "0":
-            return ("Z", 0, (lo, hi))
+            return ("Z", 0, (lo, hi), rem)
         frac = phase in ("D", "F")
+        if rem:
+            m, e = self.multiple
+            if frac and rem[1] == e:  # past e fraction digits only zeros keep a multiple
+                if ch != "0":
+                    return None
+            else:
+                rem = ((rem[0] * 10 + int(ch)) % m, rem[1] + frac)
         cmp = self._settle(lo and _digit(lo, ch, lb, frac), hi and _digit(hi, ch, ub, frac))
-        return cmp and ("F" if frac else "I", count + 1, cmp)
+        return cmp and ("F" if frac else "I", count + 1, cmp, rem)
 
     def accepts(self, state) -> bool:
-        phase, _, (lo, hi) = state
+        phase, _, (lo, hi), rem = state
         if phase not in ("Z", "I", "F"):
+            return False
+        if rem and rem[0] * 10 ** (self.multiple[1] - rem[1]) % self.multiple[0]:
             return False
         if lo is not None:
             r = _end(lo, self.lower.value)
@@ -237,19 +271,21 @@ def _is_zero(d: Decimal) -> bool:
     return not (d.whole or d.fraction)
 
 
-def number_automaton(kind: str, lower: tuple[Decimal, bool] | None, upper: tuple[Decimal, bool] | None):
-    """(start, step, accepts) of the DFA for numbers of ``kind`` within the bounds."""
+def number_automaton(kind: str, lower: tuple[Decimal, bool] | None, upper: tuple[Decimal, bool] | None,
+                     multiple: tuple[int, int] | None = None):
+    """(start, step, accepts) of the DFA for numbers of ``kind`` within the bounds (and multiples of
+    ``multiple``, multiple_of's (m, e), if given)."""
     integer = kind == "integer"
     parts = {}
     # non-negative values: [max(lower, 0), upper]
     if upper is None or not (upper[0].negative or (_is_zero(upper[0]) and not upper[1])):
         lo = None if lower is None or lower[0].negative else Bound(lower[0], lower[1])
-        parts["+"] = _Magnitude(lo, upper and Bound(upper[0], upper[1]), integer)
+        parts["+"] = _Magnitude(lo, upper and Bound(upper[0], upper[1]), integer, multiple)
     # negative values, as magnitudes y = -x > 0: y >= |upper| (if upper < 0), y <= |lower|
     if lower is None or lower[0].negative:
         lo = Bound(_abs(upper[0]), upper[1]) if upper is not None and upper[0].negative else Bound(Decimal(False, "", ""), False)
         hi = Bound(_abs(lower[0]), lower[1]) if lower is not None else None
-        parts["-"] = _Magnitude(lo, hi, integer)
+        parts["-"] = _Magnitude(lo, hi, integer, multiple)
 
     start = ("top",)
 
@@ -270,13 +306,13 @@ def number_automaton(kind: str, lower: tuple[Decimal, bool] | None, upper: tuple
     return start, step, accepts
 
 
-def minimal_dfa(start, step, accepts) -> tuple[list[dict[str, int]], list[bool]] | None:
-    """The minimal DFA (states numbered from 0 = start in breadth-first order, symbols in SYMBOLS order)
-    as (transitions, accepting); None if it accepts nothing."""
+def minimal_dfa(start, step, accepts, symbols=SYMBOLS) -> tuple[list[dict], list[bool]] | None:
+    """The minimal DFA (states numbered from 0 = start in breadth-first order, symbols in ``symbols``
+    order) as (transitions, accepting); None if it accepts nothing. ``step`` returns None for no edge."""
     order, index, edges = [start], {start: 0}, []
     for state in order:  # breadth-first: grows while we walk it
         out = {}
-        for ch in SYMBOLS:
+        for ch in symbols:
             nxt = step(state, ch)
             if nxt is not None:
                 if nxt not in index:
@@ -363,22 +399,13 @@ def number_rules(key: str, name: str) -> list[str]:
 
 @functools.lru_cache(maxsize=512)  # a request's schema is checked, then compiled: one automaton for both
 def _dfa(key: str) -> tuple[list[dict[str, int]], list[bool]]:
-    kind, lower, upper = parse_placeholder(key)
-    dfa = minimal_dfa(*number_automaton(kind, lower, upper))
+    kind, lower, upper, multiple = parse_placeholder(key)
+    if multiple and multiple[0] > MAX_MULTIPLE:
+        raise NumberRangeError(f"a multipleOf whose digits read above {MAX_MULTIPLE} is not supported (its grammar "
+                               "keeps a rule per remainder)")
+    dfa = minimal_dfa(*number_automaton(kind, lower, upper, multiple))
     if dfa is None:
-        raise NumberRangeError(f"no {kind} of at most {MAX_DIGITS} digits lies between the bounds")
+        between = "lies between the bounds" if lower or upper else "exists"
+        raise NumberRangeError(f"no {kind} of at most {MAX_DIGITS} digits{' that is a multiple' if multiple else ''} "
+                               f"{between}")
     return dfa
-
-
-def with_number_rules(ebnf: str) -> str:
-    """xgrammar's printed grammar with every number placeholder replaced by its exact rules."""
-    names: dict[str, str] = {}
-
-    def swap(m: re.Match) -> str:
-        return names.setdefault(m[1], f"lantern_number_{len(names)}") + "_0"
-
-    text = PLACEHOLDER_IN_EBNF.sub(swap, ebnf)
-    if not names:
-        return ebnf
-    rules = [rule for key, name in names.items() for rule in number_rules(key, name)]
-    return text.rstrip("\n") + "\n" + "\n".join(rules) + "\n"

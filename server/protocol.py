@@ -88,6 +88,13 @@ class ResponseFormat(BaseModel):
     pattern: str | None = None
 
 
+class SchemaDefaults(BaseModel):
+    """Bounds for a schema's unbounded strings and arrays (request_rules.json's schema_defaults)."""
+
+    maxLength: int = _field(_CHAT["schema_defaults"]["fields"]["maxLength"])  # noqa: N815 (the schema keyword)
+    maxItems: int = _field(_CHAT["schema_defaults"]["fields"]["maxItems"])  # noqa: N815
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = _field(_SHARED["stream_options"]["fields"]["include_usage"])
 
@@ -148,6 +155,8 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool = _field(_CHAT["parallel_tool_calls"])
     # extra chat-template variables, as vLLM and llama.cpp's server take them (Qwen3's enable_thinking)
     chat_template_kwargs: dict[str, Any] | None = None
+    # Lantern's bounds for a schema's unbounded strings and arrays
+    schema_defaults: SchemaDefaults = Field(default_factory=SchemaDefaults)
 
 
 class CompletionRequest(SamplingFields):

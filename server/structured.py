@@ -18,6 +18,7 @@ import json
 import math
 import re
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LanternError
-from . import number_grammar
+from . import number_grammar, string_grammar, unique_grammar
 
 SUPPORT = json.loads((Path(__file__).with_name("schema_support.json")).read_text())
 _KEYWORDS = set(SUPPORT["keywords"])
 _FORMATS = set(SUPPORT["formats"])
 _FORMAT_PATTERNS = SUPPORT["format_patterns"]
+COMPILE_LIMITS = SUPPORT["compile_limits"]
 
 # The JSON texts the grammar allows: one line, OpenAI's separators (no runs of whitespace to loop on).
 JSON_LAYOUT = {"any_whitespace": False, "indent": None, "separators": (", ", ": "), "strict_mode": True}
@@ -48,15 +50,22 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames")
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_NUMERIC = (*_BOUNDS, "multipleOf")
+_LENGTHS = ("minLength", "maxLength")
+# A placeholder as xgrammar prints it inside a rule: the JSON string literal, quotes escaped.
+PLACEHOLDER_IN_EBNF = re.compile(r'"\\"(lantern:([a-z]+)(?::[-0-9a-z=.]+)*)\\""')
 
 
-def check_schema(schema, where: str = "#") -> dict | bool:
+def check_schema(schema, where: str = "#", defaults: dict | None = None) -> dict | bool:
     """A copy of ``schema`` that xgrammar enforces exactly, or StructuredOutputError naming the keyword.
 
     xgrammar ignores keywords it does not know and its numeric ranges and some formats are
     inexact, so: unknown keywords and formats are rejected; formats in `format_patterns` become
-    exact patterns; a bounded number or integer becomes a placeholder that number_grammar swaps for
-    exact rules once xgrammar has written the rest of the grammar (schema_ebnf).
+    exact patterns; a number or integer with bounds or multipleOf, a string with a pattern or
+    lengths, and an array with uniqueItems become placeholders that number_grammar, string_grammar
+    and unique_grammar swap for exact rules once xgrammar has written the rest of the grammar
+    (schema_ebnf). ``defaults`` (a request's schema_defaults) bound the strings and arrays the schema
+    leaves unbounded (with_default_bounds).
     """
     if isinstance(schema, bool):
         return schema
@@ -81,18 +90,89 @@ def check_schema(schema, where: str = "#") -> dict | bool:
         raise StructuredOutputError(f"schema keyword '$ref' at {where}: only local references (#/...) are supported")
     if len(schema.get("allOf") or []) > 1:
         raise StructuredOutputError(f"schema keyword 'allOf' at {where}: only one subschema is supported")
+    _check_contradictions(schema, where)
+    for key in schema.get("patternProperties") or {}:
+        try:
+            string_grammar.check_plain_pattern(key)
+        except string_grammar.PatternError as err:
+            raise StructuredOutputError(f"schema keyword 'patternProperties' at {where}: pattern '{key}': {err}") from None
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
-            out[key] = {k: check_schema(v, f"{where}/{key}/{k}") for k, v in schema[key].items()}
+            out[key] = {k: check_schema(v, f"{where}/{key}/{k}", defaults) for k, v in schema[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(schema.get(key), list):
-            out[key] = [check_schema(v, f"{where}/{key}/{i}") for i, v in enumerate(schema[key])]
+            out[key] = [check_schema(v, f"{where}/{key}/{i}", defaults) for i, v in enumerate(schema[key])]
     for key in _SCHEMA_ONE:
         if key in schema:
-            out[key] = check_schema(schema[key], f"{where}/{key}")
-    if any(b in schema for b in _BOUNDS):
-        out = _bounded_number(out, where)
+            out[key] = check_schema(schema[key], f"{where}/{key}", defaults)
+    out = with_default_bounds(out, defaults or {})
+    if any(k in schema for k in _NUMERIC):
+        out = _exact_number(out, where)
+    if "pattern" in schema or any(k in out for k in _LENGTHS):  # a format's own pattern alone: xgrammar's is exact
+        out = _exact_string(out, where, fmt if fmt in _FORMAT_PATTERNS else None)
+    if "uniqueItems" in schema:
+        out = _unique_items(out, where)
     return out
+
+
+def with_default_bounds(schema: dict, defaults: dict) -> dict:
+    """``schema`` with a request's schema_defaults filled in: maxLength on a string with no maxLength,
+    pattern, format or listed values; maxItems on an array with no maxItems or prefixItems. Counted
+    above the schema's own minimum (a minimum of the wrong type is refused later by name)."""
+    types = _types(schema)
+
+    def at_least(key: str, bound: int) -> int:
+        low = schema.get(key, 0)
+        return low + bound if isinstance(low, int) and not isinstance(low, bool) and low > 0 else bound
+
+    if (defaults.get("maxLength") and "string" in types
+            and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const"))):
+        schema = {**schema, "maxLength": at_least("minLength", defaults["maxLength"])}
+    if defaults.get("maxItems") and "array" in types and not any(k in schema for k in ("maxItems", "prefixItems")):
+        schema = {**schema, "maxItems": at_least("minItems", defaults["maxItems"])}
+    return schema
+
+
+def _types(schema: dict) -> list:
+    types = schema.get("type")
+    return [types] if isinstance(types, str) else types if isinstance(types, list) else []
+
+
+def _as_placeholder(schema: dict, key: str, own: tuple, kinds: list) -> dict:
+    """``schema`` with its ``own`` keywords replaced by the placeholder ``key`` (a const), as anyOf the
+    placeholder and its other types when it has types not in ``kinds``."""
+    rest = {k: v for k, v in schema.items() if k not in own and k != "type"}
+    others = [t for t in _types(schema) if t not in kinds]
+    if not others:
+        return {**rest, "const": key}
+    return {**rest, "anyOf": [{"const": key}, {"type": others if len(others) > 1 else others[0]}]}
+
+
+def _no_values_list(schema: dict, keyword: str, where: str) -> None:
+    for key in ("enum", "const"):
+        if key in schema:
+            raise StructuredOutputError(f"schema keyword '{keyword}' at {where} cannot be combined with '{key}': "
+                                        "list only the allowed values")
+
+
+def _check_contradictions(schema: dict, where: str) -> None:
+    """Refuse, by keyword, a schema no value satisfies: an empty enum, a minimum count above its maximum,
+    or a required property that additionalProperties: false forbids."""
+    if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
+        raise StructuredOutputError(f"schema keyword 'enum' at {where} must list at least one value")
+    for low, high in (("minItems", "maxItems"), ("minProperties", "maxProperties")):
+        for key in (low, high):
+            value = schema.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a whole number of at least 0")
+        if high in schema and schema.get(low, 0) > schema[high]:
+            raise StructuredOutputError(f"schema keywords '{low}', '{high}' at {where}: {low} {schema[low]} is above "
+                                        f"{high} {schema[high]}")
+    if schema.get("additionalProperties") is False and "patternProperties" not in schema:
+        missing = [n for n in schema.get("required") or [] if n not in (schema.get("properties") or {})]
+        if missing:
+            raise StructuredOutputError(f"schema keyword 'required' at {where}: {missing[0]!r} is required but not "
+                                        "in properties, and additionalProperties is false")
 
 
 def _finite(value: int | float) -> bool:
@@ -102,42 +182,112 @@ def _finite(value: int | float) -> bool:
         return False
 
 
-def _bounded_number(schema: dict, where: str) -> dict:
-    """A bounded number or integer as a placeholder for number_grammar (a nullable one, or one of
-    several types, as anyOf the placeholder and the other types)."""
-    present = [k for k in _BOUNDS if k in schema]
+def _exact_number(schema: dict, where: str) -> dict:
+    """A number or integer with bounds or multipleOf as a placeholder for number_grammar (a nullable
+    one, or one of several types, as anyOf the placeholder and the other types)."""
+    present = [k for k in _NUMERIC if k in schema]
     for key in present:
         value = schema[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a finite number")
-    types = schema.get("type")
-    types = [types] if isinstance(types, str) else types if isinstance(types, list) else []
-    numeric = [t for t in types if t in ("number", "integer")]
+    numeric = [t for t in _types(schema) if t in ("number", "integer")]
     if not numeric:
         raise StructuredOutputError(f"schema keyword '{present[0]}' at {where} needs \"type\": \"number\" or "
                                     "\"integer\"")
-    for key in ("enum", "const"):
-        if key in schema:
-            raise StructuredOutputError(f"schema keyword '{present[0]}' at {where} cannot be combined with '{key}': "
-                                        "list only the allowed values")
+    _no_values_list(schema, present[0], where)
     key = number_grammar.placeholder("number" if "number" in numeric else "integer", schema)
+    try:
+        if "multipleOf" in schema:
+            number_grammar.multiple_of(number_grammar.decimal_of(schema["multipleOf"]).text())
+    except number_grammar.NumberRangeError as err:
+        raise StructuredOutputError(f"schema keyword 'multipleOf' at {where}: {err}") from None
     try:
         number_grammar.number_rules(key, "n")
     except number_grammar.NumberRangeError as err:
         raise StructuredOutputError(f"schema keywords {', '.join(repr(k) for k in present)} at {where}: {err}") from None
-    rest = {k: v for k, v in schema.items() if k not in _BOUNDS and k != "type"}
-    others = [t for t in types if t not in ("number", "integer")]
-    if not others:
-        return {**rest, "const": key}
-    return {**rest, "anyOf": [{"const": key}, {"type": others if len(others) > 1 else others[0]}]}
+    return _as_placeholder(schema, key, _NUMERIC, ["number", "integer"])
+
+
+def _exact_string(schema: dict, where: str, fmt: str | None) -> dict:
+    """A string with a pattern (its own, or its format's) or lengths as a placeholder for string_grammar."""
+    for key in _LENGTHS:
+        value = schema.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a whole number of at least 0")
+    types = _types(schema)
+    if types and "string" not in types:
+        return schema  # pattern and lengths apply to strings only
+    named = [k for k in ("pattern", *_LENGTHS) if k in schema]
+    if fmt:
+        named = ["format", *(k for k in named if k != "pattern")]
+    if "format" in schema:
+        raise StructuredOutputError(f"schema keyword '{named[-1]}' at {where} cannot be combined with format "
+                                    f"{schema['format']!r}")
+    _no_values_list(schema, named[0], where)
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+    if hi is not None and lo > hi:
+        raise StructuredOutputError(f"schema keywords 'minLength', 'maxLength' at {where}: minLength {lo} is above "
+                                    f"maxLength {hi}")
+    pattern = schema.get("pattern")
+    if pattern is not None and not isinstance(pattern, str):
+        raise StructuredOutputError(f"schema keyword 'pattern' at {where} must be a string")
+    try:
+        key = string_grammar.placeholder(pattern, lo, hi)
+        string_grammar.string_rules(key, "s")
+    except string_grammar.PatternError as err:
+        raise StructuredOutputError(f"schema keyword{'s' if len(named) > 1 else ''} "
+                                    f"{', '.join(repr(k) for k in named)} at {where}: {err}") from None
+    return _as_placeholder(schema, key, ("pattern", *_LENGTHS), ["string"])
+
+
+def _unique_items(schema: dict, where: str) -> dict:
+    """An array with uniqueItems as a placeholder for unique_grammar (uniqueItems false: dropped)."""
+    if not isinstance(schema["uniqueItems"], bool):
+        raise StructuredOutputError(f"schema keyword 'uniqueItems' at {where} must be true or false")
+    if not schema["uniqueItems"]:
+        return {k: v for k, v in schema.items() if k != "uniqueItems"}
+    types = _types(schema)
+    if types and "array" not in types:
+        return schema
+    _no_values_list(schema, "uniqueItems", where)
+    try:
+        if "prefixItems" in schema:
+            raise unique_grammar.UniqueItemsError("uniqueItems cannot be combined with prefixItems")
+        key = unique_grammar.placeholder(unique_grammar.item_values(schema.get("items")), schema.get("minItems", 0),
+                                         schema.get("maxItems"))
+        unique_grammar.unique_rules(key, "u")
+    except unique_grammar.UniqueItemsError as err:
+        raise StructuredOutputError(f"schema keyword 'uniqueItems' at {where}: {err}") from None
+    return _as_placeholder(schema, key, ("items", "uniqueItems", "minItems", "maxItems"), ["array"])
+
+
+_RULES = {"number": number_grammar.number_rules, "integer": number_grammar.number_rules,
+          "string": string_grammar.string_rules, "unique": unique_grammar.unique_rules}
+
+
+def with_exact_rules(ebnf: str) -> str:
+    """xgrammar's printed grammar with every placeholder replaced by its exact rules."""
+    names: dict[str, tuple[str, str]] = {}
+
+    def swap(m: re.Match) -> str:
+        kind = "number" if m[2] == "integer" else m[2]
+        if m[1] not in names:
+            names[m[1]] = (m[2], f"lantern_{kind}_{sum(n.startswith(f'lantern_{kind}_') for _, n in names.values())}")
+        return names[m[1]][1] + "_0"
+
+    text = PLACEHOLDER_IN_EBNF.sub(swap, ebnf)
+    if not names:
+        return ebnf
+    rules = [rule for key, (kind, name) in names.items() for rule in _RULES[kind](key, name)]
+    return text.rstrip("\n") + "\n" + "\n".join(rules) + "\n"
 
 
 def schema_ebnf(source: str) -> str:
-    """The EBNF grammar of a checked schema (JSON text) in JSON_LAYOUT, number placeholders swapped
-    for their exact rules. The twin of structured.ts's ``schemaEbnf``."""
+    """The EBNF grammar of a checked schema (JSON text) in JSON_LAYOUT, placeholders swapped for their
+    exact rules. The twin of structured.ts's ``schemaEbnf``."""
     import xgrammar
 
-    return number_grammar.with_number_rules(str(xgrammar.Grammar.from_json_schema(source, **JSON_LAYOUT)))
+    return with_exact_rules(str(xgrammar.Grammar.from_json_schema(source, **JSON_LAYOUT)))
 
 
 # ---- requests -> grammar specs ------------------------------------------------------------------
@@ -150,16 +300,16 @@ class GrammarSpec:
     source: str
 
 
-def _schema_text(schema, where: str) -> str:
+def _schema_text(schema, where: str, defaults: dict | None) -> str:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as err:
             raise StructuredOutputError(f"{where} is not valid JSON: {err}") from None
-    return json.dumps(check_schema(schema), sort_keys=True)
+    return json.dumps(check_schema(schema, defaults=defaults), sort_keys=True)
 
 
-def response_format_spec(fmt: dict | None) -> GrammarSpec | None:
+def response_format_spec(fmt: dict | None, defaults: dict | None = None) -> GrammarSpec | None:
     """The grammar for a `response_format` (OpenAI's, WebLLM's, and Lantern's grammar/regex forms)."""
     if not fmt or fmt.get("type", "text") == "text":
         return None
@@ -167,12 +317,12 @@ def response_format_spec(fmt: dict | None) -> GrammarSpec | None:
     if kind == "json_object":
         schema = fmt.get("schema")  # WebLLM passes a schema as a JSON string here
         return GrammarSpec("json_schema", _schema_text(schema if schema is not None else {"type": "object"},
-                                                       "response_format.schema"))
+                                                       "response_format.schema", defaults))
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise StructuredOutputError("response_format.json_schema must be {name, schema, strict}")
-        return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema"))
+        return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema", defaults))
     if kind == "grammar":
         if not isinstance(fmt.get("grammar"), str) or not fmt["grammar"].strip():
             raise StructuredOutputError("response_format.grammar must be an EBNF string with a `root` rule")
@@ -186,10 +336,11 @@ def response_format_spec(fmt: dict | None) -> GrammarSpec | None:
                                 "grammar, regex")
 
 
-def _tool_tag(fn: dict) -> dict:
+def _tool_tag(fn: dict, defaults: dict | None) -> dict:
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     return {"type": "tag", "begin": f'{TOOL_OPEN}{{"name": {json.dumps(fn["name"])}, "arguments": ',
-            "content": {"type": "json_schema", "json_schema": check_schema(params, f"#/tools/{fn['name']}/parameters")},
+            "content": {"type": "json_schema",
+                        "json_schema": check_schema(params, f"#/tools/{fn['name']}/parameters", defaults)},
             "end": "}" + TOOL_CLOSE}
 
 
@@ -198,7 +349,7 @@ def calls_tools(tools: list[dict], choice) -> bool:
     return bool(tools) and choice != "none"
 
 
-def tool_spec(tools: list[dict], choice, parallel: bool) -> GrammarSpec | None:
+def tool_spec(tools: list[dict], choice, parallel: bool, defaults: dict | None = None) -> GrammarSpec | None:
     """The grammar for tool calls: free text with calls (auto), calls only (required), or one function."""
     if not calls_tools(tools, choice):
         return None
@@ -208,9 +359,9 @@ def tool_spec(tools: list[dict], choice, parallel: bool) -> GrammarSpec | None:
         if name not in by_name:
             raise StructuredOutputError(f"tool_choice names the function {name!r}, which is not in tools "
                                         f"({', '.join(by_name)})")
-        fmt = _tool_tag(by_name[name])
+        fmt = _tool_tag(by_name[name], defaults)
     else:
-        tags = [_tool_tag(fn) for fn in by_name.values()]
+        tags = [_tool_tag(fn, defaults) for fn in by_name.values()]
         if choice == "required":
             fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
                    "stop_after_first": not parallel}
@@ -220,12 +371,14 @@ def tool_spec(tools: list[dict], choice, parallel: bool) -> GrammarSpec | None:
     return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}, sort_keys=True))
 
 
-def request_spec(response_format: dict | None, tools: list[dict], tool_choice, parallel: bool) -> GrammarSpec | None:
-    """The one grammar a chat request asks for: from its tools, or from its response_format."""
+def request_spec(response_format: dict | None, tools: list[dict], tool_choice, parallel: bool,
+                 defaults: dict | None = None) -> GrammarSpec | None:
+    """The one grammar a chat request asks for: from its tools, or from its response_format. ``defaults``:
+    the request's schema_defaults (bounds for unbounded strings and arrays); None: no bounds."""
     if tool_choice not in (None, "none", "auto") and not tools:
         raise StructuredOutputError("tool_choice needs tools")
-    calls = tool_spec(tools, tool_choice, parallel)
-    fmt = response_format_spec(response_format)
+    calls = tool_spec(tools, tool_choice, parallel, defaults)
+    fmt = response_format_spec(response_format, defaults)
     if calls and fmt:
         raise StructuredOutputError("response_format cannot be combined with tools in one request; "
                                     'use tool_choice: "none" or drop response_format')
@@ -321,9 +474,12 @@ def _engine_message(err: Exception) -> str:
 
 
 class GrammarCompiler:
-    """One per model: the vocabulary for xgrammar and a cache of compiled grammars by spec."""
+    """One per model: the vocabulary for xgrammar and a cache of compiled grammars (or of refusals) by spec.
 
-    def __init__(self, tokenizer_json: dict, token_postproc: str, vocab_size: int, stop_ids: list[int]):
+    A compile over ``limits`` (seconds, megabytes: schema_support.json's compile_limits) is refused."""
+
+    def __init__(self, tokenizer_json: dict, token_postproc: str, vocab_size: int, stop_ids: list[int],
+                 limits: dict = COMPILE_LIMITS):
         import xgrammar  # imported here: it pulls in torch, which only structured requests need
 
         self._xgr = xgrammar
@@ -338,6 +494,7 @@ class GrammarCompiler:
         self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=True)
         self._cache: dict[GrammarSpec, object] = {}
         self._lock = threading.Lock()
+        self.limits = limits
         self.vocab_size = vocab_size
         self.hits = 0
 
@@ -345,7 +502,10 @@ class GrammarCompiler:
         with self._lock:
             if spec in self._cache:
                 self.hits += 1
+                if isinstance(self._cache[spec], StructuredOutputError):
+                    raise self._cache[spec]
                 return self._cache[spec]
+        start = time.perf_counter()
         try:
             if spec.kind == "json_schema" and number_grammar.PREFIX in spec.source:
                 compiled = self._compiler.compile_grammar(schema_ebnf(spec.source))
@@ -358,8 +518,16 @@ class GrammarCompiler:
         except Exception as err:  # xgrammar raises RuntimeError/ValueError for bad schemas and grammars
             what = {"json_schema": "JSON schema", "ebnf": "EBNF grammar"}.get(spec.kind, "grammar")
             raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
+        seconds, megabytes = time.perf_counter() - start, compiled.memory_size_bytes / 2**20
+        if seconds > self.limits["seconds"] or megabytes > self.limits["megabytes"]:
+            compiled = StructuredOutputError(
+                f"compiling the grammar took {seconds:.1f} s and {megabytes:.0f} MB, over the limit of "
+                f"{self.limits['seconds']} s and {self.limits['megabytes']} MB: bound its strings and arrays "
+                "(maxLength, maxItems, schema_defaults) or simplify its patterns")
         with self._lock:
             self._cache[spec] = compiled
+        if isinstance(compiled, StructuredOutputError):
+            raise compiled
         return compiled
 
     def matcher(self, compiled) -> "TokenMask":

@@ -24,7 +24,8 @@ SCHEMAS: dict[str, dict] = {
     "enum": obj(color={"enum": ["red", "green", "blue"]}),
     "optional_field": obj(["ok"], ok={"type": "boolean"}, note={"type": "string", "maxLength": 6}),
     "nested_object": obj(user=obj(id={"type": "integer", "minimum": 1, "maximum": 9}, admin={"type": "boolean"})),
-    "array_min_max": obj(tags={"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3}),
+    "array_min_max": obj(tags={"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3,
+                               "uniqueItems": True}),
     "array_of_objects": {"type": "array", "items": obj(x={"type": "integer", "minimum": 0, "maximum": 9}),
                          "minItems": 2, "maxItems": 2},
     "any_of": obj(value={"anyOf": [{"type": "integer", "minimum": 0, "maximum": 50}, {"type": "boolean"}]}),
@@ -34,7 +35,7 @@ SCHEMAS: dict[str, dict] = {
     "format_ipv4": obj(host={"type": "string", "format": "ipv4"}),
     "number_bounds": obj(price={"type": "number", "exclusiveMinimum": 0, "maximum": 999.99},
                          celsius={"type": ["number", "null"], "minimum": -40.5, "exclusiveMaximum": 50},
-                         qty={"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10}),
+                         qty={"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 10, "multipleOf": 2}),
     "const_and_null_enum": obj(version={"const": 2}, mode={"enum": ["fast", "safe", None]}),
     "one_of_tagged": {"oneOf": [obj(kind={"const": "cat"}, lives={"type": "integer", "minimum": 1, "maximum": 9}),
                                 obj(kind={"const": "dog"}, good={"type": "boolean"})]},
@@ -72,11 +73,15 @@ BAD_REQUESTS = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "array", "uniqueItems": True}}}}, "uniqueItems"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "integer", "multipleOf": 3}}}}, "multipleOf"),
+        "type": "number", "multipleOf": 0.1}}}}, "multipleOf"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "string", "pattern": "(?<=a)b"}}}}, "pattern"),
     ({"response_format": {"type": "json_object", "schema": "{not json"}}, "not valid JSON"),
     ({"response_format": {"type": "grammar", "grammar": 'root ::= "a" | '}}, "EBNF"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
     ({"tool_choice": "required"}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "patternProperties": {"^[^a]+$": {"type": "integer"}}}}}}, "patternProperties"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "string", "format": "iri"}}}}, "format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
@@ -104,7 +109,7 @@ def cpu_runs(artifact_path, engine: str = "tvm") -> dict[tuple[str, int], dict]:
         for seed in SEEDS:
             req = ChatCompletionRequest(**request(name, seed))
             grammar = engine.compile_grammar(request_spec(req.response_format.model_dump(exclude_none=True), [], None,
-                                                          True))
+                                                          True, req.schema_defaults.model_dump()))
             prompt = engine.encode(engine.render_chat(MESSAGES))
             steps = []
             engine.generate(prompt, req, threading.Event(), steps.append, grammar=grammar)
@@ -134,11 +139,17 @@ def random_strict_schema(rng, depth: int = 0) -> dict:
             if rng.random() < 0.8:
                 s[rng.choice(["minimum", "exclusiveMinimum"])] = lo
             s[rng.choice(["maximum", "exclusiveMaximum"])] = hi
+            if rng.random() < 0.3:  # a multiple always lies inside: integers span 3, numbers 1
+                s["multipleOf"] = 2 if kind == "integer" else 0.25 if hi - lo >= 1 else 0.125
             return s
         if pick == 2:
             return {"type": "string", "format": rng.choice(STRICT_FORMATS)}
         if pick == 3:
-            return {"type": "string", "pattern": rng.choice(["^[A-Z]{2}[0-9]{3}$", "^(yes|no)$", "^[a-z]{1,8}$"])}
+            s = {"type": "string", "pattern": rng.choice(["^[A-Z]{2}[0-9]{3}$", "^(yes|no)$", "^[a-z]{1,8}$",
+                                                          "^\\w+( \\w+)*$", "^[^\\s]+@[^\\s]+$"])}
+            if rng.random() < 0.5:
+                s["maxLength"] = rng.randint(5, 12)
+            return s
         if pick == 4:
             return {"enum": rng.sample(["red", "green", "blue", 1, 2.5, None, True], rng.randint(1, 4))}
         if pick == 5:
@@ -158,9 +169,12 @@ def random_strict_schema(rng, depth: int = 0) -> dict:
             names = rng.sample(["a", "b", "c", "d", "e"], rng.randint(1, 3))
             return {"type": "object", "properties": {n: node(d + 1) for n in names}, "required": names,
                     "additionalProperties": False}
-        if pick < 0.85:
+        if pick < 0.8:
             lo = rng.randint(0, 2)
             return {"type": "array", "items": node(d + 1), "minItems": lo, "maxItems": lo + rng.randint(0, 2)}
+        if pick < 0.85:
+            return {"type": "array", "items": {"enum": rng.sample(["x", "y", "z", 1, True], 3)}, "uniqueItems": True,
+                    "maxItems": rng.randint(1, 3)}
         return {"anyOf": [node(d + 1), node(d + 1)]}
 
     names = rng.sample(["id", "name", "price", "when", "tags", "score", "next"], rng.randint(2, 4))

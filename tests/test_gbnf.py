@@ -57,6 +57,16 @@ REGEX_OK = ["Abc.", "Q-]z.xx", "Zzzzz."]
 REGEX_BAD = ["abc.", "Ab.", "Abcdef.", "Abc"]
 
 EBNF = 'root ::= "say " word ("," word)*\nword ::= [^\\x00-\\x20,\\\\"]+ | "\\"" [a-c]? "\\""'
+# Patterns with lengths, uniqueItems and multipleOf: lantern.server.string_grammar, unique_grammar, number_grammar
+EXACT = {"type": "object", "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z\\-\\]]{2}\\d$", "maxLength": 3},
+    "tags": {"type": "array", "items": {"enum": ["a", "b\"c"]}, "uniqueItems": True},
+    "q": {"type": "integer", "multipleOf": 5, "maximum": 20}, "s": {"type": "string", "maxLength": 2}},
+    "required": ["code", "tags", "q", "s"], "additionalProperties": False}
+EXACT_OK = ['{"code": "A]1", "tags": ["b\\"c", "a"], "q": 15, "s": "\\u00e9\\n"}', '{"code": "--0", "tags": [], "q": -5, "s": ""}']
+EXACT_BAD = ['{"code": "A]", "tags": [], "q": 0, "s": ""}', '{"code": "AB1", "tags": ["a", "a"], "q": 0, "s": ""}',
+             '{"code": "AB1", "tags": [], "q": 25, "s": ""}', '{"code": "AB1", "tags": [], "q": 7, "s": ""}',
+             '{"code": "AB1", "tags": [], "q": 0, "s": "\t"}', '{"code": "AB1", "tags": [], "q": 0, "s": "abc"}']
 EBNF_OK = ['say hi', 'say a,b,"c"', 'say é,""']
 EBNF_BAD = ['say ', 'say a b', 'say "d"', 'say a,']
 
@@ -77,6 +87,7 @@ def test_translated_grammars_accept_exactly_what_xgrammar_accepts():
         (xgr.Grammar.from_structural_tag(json.dumps(REGEX)), None, REGEX_OK, REGEX_BAD),
         (xgr.Grammar.from_ebnf(EBNF), "root", EBNF_OK, EBNF_BAD),
         (xgr.Grammar.from_ebnf(schema_ebnf(json.dumps(check_schema(BOUNDED)))), "root", BOUNDED_OK, BOUNDED_BAD),
+        (xgr.Grammar.from_ebnf(schema_ebnf(json.dumps(check_schema(EXACT)))), "root", EXACT_OK, EXACT_BAD),
     ]
     texts = [printed(g) for g, *_ in cases]
     roots = [root or re.findall(r"^(\S+) ::=", text, re.M)[-1] for (_, root, *_), text in zip(cases, texts)]

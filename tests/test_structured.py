@@ -29,15 +29,23 @@ WEBRUNTIME = repo_root() / "webruntime"
 
 def python_spec(req: dict):
     spec = request_spec(req.get("response_format"), req.get("tools") or [], req.get("tool_choice"),
-                        req.get("parallel_tool_calls", True))
+                        req.get("parallel_tool_calls", True), req.get("schema_defaults"))
     return spec and {"kind": spec.kind, "source": spec.source}
 
 
 # ---- schema checks (no model) --------------------------------------------------------------------
 
 @pytest.mark.parametrize("schema, keyword", [
-    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-    ({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}}, "multipleOf"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems"),  # items that cannot be listed
+    ({"type": "array", "items": {"type": "object"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.01}}}, "multipleOf"),  # not exact in doubles
+    ({"enum": []}, "enum"),
+    ({"type": "string", "pattern": "^a$", "minLength": 2}, "minLength"),  # no string matches both
+    ({"type": "string", "pattern": "x^y"}, "pattern"),
+    ({"type": "string", "minLength": 4, "maxLength": 3}, "maxLength"),
+    ({"type": "array", "minItems": 4, "maxItems": 3}, "minItems"),
+    ({"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}, "required"),
+    ({"type": "string", "format": "uuid", "maxLength": 8}, "maxLength"),
     ({"type": "integer", "not": {"const": 3}}, "not"),
     ({"type": "string", "format": "iri"}, "format"),
     ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf"),
@@ -94,6 +102,9 @@ def test_typescript_and_python_build_the_same_grammars():
     requests += [{"messages": [], "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}
                  for choice in ("auto", "required", "none", {"type": "function", "function": {"name": "add"}})
                  for parallel in (True, False)]
+    requests += [{**request(name, 1), "schema_defaults": bounds} for name in ("flat_required", "array_of_objects")
+                 for bounds in ({"maxLength": 5, "maxItems": 1}, {"maxLength": 0, "maxItems": 0}, {"maxLength": 300})]
+    requests += [{"messages": [], "tools": TOOLS, "tool_choice": "required", "schema_defaults": {"maxLength": 7}}]
     requests += [{"messages": [], "response_format": {"type": "regex", "pattern": "[a-z]+@[a-z]+\\.com"}},
                  {"messages": [], "response_format": {"type": "grammar", "grammar": 'root ::= "yes" | "no"'}},
                  {"messages": [], "response_format": {"type": "json_object"}},
@@ -133,10 +144,60 @@ def test_typescript_and_python_build_the_same_grammars():
     for (name, schema), web_ebnf, web_numbers in zip(SCHEMAS.items(), out["ebnf"], out["numbers"]):
         source = json.dumps(check_schema(schema))
         assert web_ebnf == xgrammar.testing._json_schema_to_ebnf(source, **JSON_LAYOUT), name
-        assert web_numbers == [line for line in schema_ebnf(source).splitlines() if line.startswith("lantern_number_")]
+        assert web_numbers == [line for line in schema_ebnf(source).splitlines() if line.startswith("lantern_")]
     for text, ts in zip(texts, out["calls"]):
         content, calls = parse_tool_calls(text)
         assert ts == {"content": content, "calls": [c["function"] for c in calls]}, text
+    # the browser refuses a compile over its time limit, and remembers the refusal
+    assert out["limit"][0] == out["limit"][1] and out["entries"] == 0
+    assert re.fullmatch(r"InvalidRequestError: compiling the grammar took \d+\.\d s, over the limit of 0 s: .*",
+                        out["limit"][0]), out["limit"]
+
+
+def test_unbounded_strings_and_arrays_get_the_request_s_default_bounds():
+    """schema_defaults (request_rules.json: maxLength 256, maxItems 64 unless the request says otherwise)
+    bound a free string and an array with no maximum, counted above a minimum; a pattern keeps its
+    own bounds; 0 turns a bound off."""
+    from lantern.server.protocol import ChatCompletionRequest
+
+    schema = {"type": "object", "properties": {
+        "s": {"type": ["string", "null"]}, "p": {"type": "string", "pattern": "^a+$"},
+        "a": {"type": "array", "items": {"type": "integer"}}, "m": {"type": "string", "minLength": 300}},
+        "required": ["s", "p", "a", "m"], "additionalProperties": False}
+
+    def accepts(defaults: dict | None):
+        req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], response_format={
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, **({"schema_defaults": defaults}
+                                                                                        if defaults is not None else {}))
+        assert req.schema_defaults.model_dump() == {"maxLength": 256, "maxItems": 64, **(defaults or {})}
+        spec = request_spec(req.response_format.model_dump(exclude_none=True), [], None, True,
+                            req.schema_defaults.model_dump())
+        return lambda s="x", p="a", a=(1,), m="m" * 300: _is_grammar_accept_string(  # noqa: E731
+            xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source)),
+            json.dumps({"s": s, "p": p, "a": list(a), "m": m}, separators=(", ", ": "), sort_keys=True))
+
+    table = accepts(None)
+    assert table(s="x" * 256) and not table(s="x" * 257) and table(s=None)
+    assert table(a=range(64)) and not table(a=range(65))
+    assert table(p="a" * 400) and table(m="m" * 556) and not table(m="m" * 557) and not table(m="m" * 299)
+    tight = accepts({"maxLength": 4, "maxItems": 2})
+    assert tight(s="x" * 4) and not tight(s="x" * 5) and not tight(a=(1, 2, 3)) and not tight(m="m" * 305)
+    off = accepts({"maxLength": 0, "maxItems": 0})
+    assert off(s="x" * 1000) and off(a=range(100))
+
+
+def test_a_compile_over_the_limits_is_refused_with_the_limit_and_remembered():
+    from lantern.server.structured import COMPILE_LIMITS, GrammarCompiler, GrammarSpec
+
+    assert COMPILE_LIMITS == {"seconds": 2, "megabytes": 64}
+    vocab = {c: i for i, c in enumerate('abcdefghij{}[]":, 0123456789')}
+    spec = GrammarSpec("json_schema", json.dumps(check_schema({"type": "string", "maxLength": 200})))
+    assert GrammarCompiler({"model": {"vocab": vocab}}, "raw", 32, [31]).compile(spec)  # within the real limits
+    small = GrammarCompiler({"model": {"vocab": vocab}}, "raw", 32, [31], limits={"seconds": 2, "megabytes": 0.01})
+    for _ in range(2):
+        with pytest.raises(StructuredOutputError, match=r"took \d+\.\d s and \d+ MB, over the limit of 2 s and 0.01 MB"):
+            small.compile(spec)
+    assert small.hits == 1  # the second refusal came from the cache
 
 
 def run_typescript(entry: str, payload: dict) -> dict:
@@ -200,7 +261,7 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
                                             response_format={"type": "json_schema",
                                                              "json_schema": {"name": f"s{k}", "schema": schema, "strict": True}})
                 grammar = engine.compile_grammar(spec := request_spec(req.response_format.model_dump(exclude_none=True),
-                                                                      [], None, True))
+                                                                      [], None, True, req.schema_defaults.model_dump()))
                 steps = []
                 engine.generate(prompt, req, threading.Event(), steps.append, grammar=grammar)
                 text, finish = "".join(s.delta for s in steps), steps[-1].finish

@@ -1,7 +1,10 @@
-"""Exact structured output, grammars only (no model, seconds): number ranges (server/number_grammar.py
-and its browser twin webruntime/src/numbers.ts) accept exactly the numbers a standard validator
-finds within the bounds (IEEE-754 doubles), both languages write the same rules, and string formats
-let through only strings jsonschema's FormatChecker and ajv-formats both find valid."""
+"""Exact structured output, grammars only (no model, seconds): number ranges and multiples
+(server/number_grammar.py and its browser twin webruntime/src/numbers.ts) accept exactly the numbers
+a standard validator finds within the bounds (IEEE-754 doubles); patterns and lengths
+(string_grammar.py, strings.ts) let through only strings both validators accept, and every ASCII
+string both match in full; uniqueItems arrays (unique_grammar.py, unique.ts) exactly the valid ones;
+both languages write the same rules; string formats let through only strings jsonschema's
+FormatChecker and ajv-formats both find valid."""
 
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ from xgrammar.testing import _get_matcher_from_grammar
 
 from test_structured import run_typescript
 
+from lantern.server import string_grammar, unique_grammar
 from lantern.server.number_grammar import MAX_DIGITS, NumberRangeError, number_rules, placeholder
-from lantern.server.structured import SUPPORT, check_schema, schema_ebnf
+from lantern.server.structured import SUPPORT, StructuredOutputError, check_schema, schema_ebnf
 
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # The texts the grammar writes: no exponent, no "-0", at most MAX_DIGITS digits (a leading "0." not counted).
@@ -26,8 +30,11 @@ WRITTEN = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
 
 def grammar(kind: str, schema: dict):
     """accepts(text) -> bool: xgrammar's own matcher on the rules for ``schema``, one matcher reused."""
-    rules = number_rules(placeholder(kind, schema), "n")
-    matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf("\n".join(["root ::= n_0", *rules])))
+    return accepts_of(number_rules(placeholder(kind, schema), "n"), "n")
+
+
+def accepts_of(rules: list[str], name: str):
+    matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf("\n".join([f"root ::= {name}_0", *rules])))
 
     def accepts(text: str) -> bool:
         try:
@@ -95,7 +102,10 @@ def random_schemas(rng: random.Random, count: int):
         return rng.uniform(-5, 5)  # 16-17 digit doubles
     for _ in range(count):
         kind = rng.choice(["number", "integer"])
-        yield kind, {key: bound() for key in rng.sample(BOUNDS, rng.randint(1, 3))}
+        schema = {key: bound() for key in rng.sample(BOUNDS, rng.randint(1, 3))}
+        if rng.random() < 0.3:
+            schema["multipleOf"] = rng.choice([1, 2, 3, 7, 10, 25, 0.5, 0.25, 2.5, 0.125])
+        yield kind, schema
 
 
 def test_random_bounds_accept_exactly_what_jsonschema_validates(report):
@@ -117,24 +127,209 @@ def test_random_bounds_accept_exactly_what_jsonschema_validates(report):
         assert got == want, (kind, schema, sorted(got ^ want)[:5])
         checked += len(texts)
         accepted += len(got)
-    report(f"number ranges: 400 random bounds, {checked} texts: the grammar accepts the {accepted} jsonschema "
-           f"validates and no other; {empty} ranges hold no {MAX_DIGITS}-digit number and are refused")
+    report(f"number ranges: 400 random bounds (30% with a multipleOf), {checked} texts: the grammar accepts the "
+           f"{accepted} jsonschema validates and no other; {empty} ranges hold no {MAX_DIGITS}-digit number and are refused")
+
+
+@pytest.mark.parametrize("schema, inside, outside", [
+    ({"type": "integer", "multipleOf": 3, "minimum": -10, "maximum": 10}, ["-9", "0", "3", "9"], ["-10", "-1", "10", "12"]),
+    ({"type": "number", "multipleOf": 0.25}, ["0.25", "-1.75", "3", "1.50", "2.0", "100.000"], ["0.3", "0.125", "1.2"]),
+    ({"type": "number", "multipleOf": 2, "exclusiveMaximum": 5}, ["4", "4.0", "-2", "0"], ["5", "6", "3", "4.5"]),
+    ({"type": "integer", "multipleOf": 0.5}, ["1", "-7", "0"], ["1.5", "0.5"]),
+])
+def test_multiple_of_is_exact(schema, inside, outside):
+    g = accepts_of(number_rules(placeholder(schema["type"], schema), "n"), "n")
+    for text in inside:
+        assert g(text) and valid(schema, text), (schema, text)
+    for text in outside:
+        assert not g(text), (schema, text)
+
+
+def test_a_multiple_of_validators_cannot_divide_exactly_is_refused_by_name():
+    for bad, words in [(0.01, "not a binary fraction"), (0.1, "0.07 / 0.01"), (0, "above 0"), (-2, "above 0"),
+                       (251, "above 250")]:
+        with pytest.raises(StructuredOutputError, match=re.escape("'multipleOf'")) as err:
+            check_schema({"type": "number", "multipleOf": bad})
+        assert words in str(err.value), (bad, err.value)
+    assert 0.07 / 0.01 != 7  # why 0.01 is refused: both validators divide doubles
+
+
+# ---- patterns and lengths ------------------------------------------------------------------------
+
+ATOMS = ["a", "b", "z", "0", "7", "\\.", "\\d", "\\w", "\\s", "\\D", "\\W", "\\S", ".", "[a-c]", "[^a]", "[^\\d]",
+         "[A-Z_]", "[\\w-]", "\\u00e9", "[é-ë]", "\\\\", '"', "\\/", " ", "\\n", "\\t", "[\\s\\S]", "中", "\\x41", "[-.]"]
+ALPHABET = "abz07.AZ_- \"\\/\n\t\r\x7féê中٣\u00a0\x1c\x01"
+
+
+def random_pattern(rng: random.Random, depth: int = 0) -> str:
+    parts = []
+    for _ in range(rng.randint(1, 3)):
+        if depth < 2 and rng.random() < 0.2:
+            inner = random_pattern(rng, depth + 1)
+            atom = f"({'?:' if rng.random() < 0.3 else ''}{inner}{'|' + random_pattern(rng, depth + 1) if rng.random() < 0.5 else ''})"
+        else:
+            atom = rng.choice(ATOMS)
+        parts.append(atom + rng.choice(["", "", "", "*", "+", "?", "{2}", "{1,3}", "{0,2}", "{2,}", "*?"]))
+    return ("^" if rng.random() < 0.5 else "") + "".join(parts) + ("$" if rng.random() < 0.5 else "")
+
+
+def sample(node, rng: random.Random) -> str:
+    """A random string the parsed pattern describes (anchors match empty)."""
+    kind = node[0]
+    if kind == "set":
+        lo, hi = rng.choice(node[1])
+        return chr(rng.randint(lo, min(hi, lo + 40)))
+    if kind == "cat":
+        return "".join(sample(n, rng) for n in node[1])
+    if kind == "alt":
+        return sample(rng.choice(node[1]), rng)
+    if kind == "rep":
+        return "".join(sample(node[1], rng) for _ in range(rng.randint(node[2], node[3] if node[3] is not None else node[2] + 3)))
+    return ""
+
+
+def json_text(s: str) -> str:
+    """A string as the grammar writes it: ASCII, short escapes, \\uXXXX for the rest (DEL included)."""
+    return json.dumps(s).replace("\x7f", "\\u007f")
+
+
+def test_patterns_and_lengths_let_through_only_valid_strings(report):
+    """150 random patterns (classes, shorthands, negations, groups, quantifiers, anchors, escapes, non-ASCII)
+    with random lengths, on strings sampled from each pattern, mutated and random: every string the
+    grammar accepts is valid for jsonschema and for ajv (the schema as given); among ASCII strings
+    (where Python and JavaScript read these patterns alike) it accepts exactly those both match in
+    full within the lengths."""
+    rng = random.Random(16)
+    cases, accepted, ascii_checked, refused = [], 0, 0, 0
+    while len(cases) < 150:
+        pattern = random_pattern(rng)
+        lo = rng.choice([0, 0, 1, 2])
+        hi = rng.choice([None, None, lo + rng.randint(0, 4)])
+        schema = {"type": "string", "pattern": pattern, "minLength": lo, **({"maxLength": hi} if hi is not None else {})}
+        try:
+            rules = string_grammar.string_rules(string_grammar.placeholder(pattern, lo, hi), "s")
+        except string_grammar.PatternError:
+            refused += 1
+            continue
+        node = string_grammar.parse_pattern(pattern)
+        texts = {sample(node, rng) for _ in range(12)}
+        texts |= {t[:k] + rng.choice(ALPHABET) + t[k + 1:] for t in list(texts) for k in range(len(t) + 1) if rng.random() < 0.3}
+        texts |= {"".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 5))) for _ in range(10)}
+        cases.append((schema, sorted(texts), accepts_of(rules, "s")))
+    anchored = [{"schema": {**s, "pattern": f"^(?:{s['pattern']})$"}, "texts": [json.dumps(t) for t in texts]}
+                for s, texts, _ in cases]
+    plain = [{"schema": s, "texts": [json.dumps(t) for t in texts]} for s, texts, _ in cases]
+    by_ajv = run_typescript("ajv_check.ts", {"cases": plain + anchored})["out"]
+    for (schema, texts, g), ajv_ok, ajv_full in zip(cases, by_ajv, by_ajv[len(cases):]):
+        validator = jsonschema.Draft202012Validator(schema)
+        for text, ok, full in zip(texts, ajv_ok, ajv_full):
+            got = g(json_text(text))
+            if got:
+                assert validator.is_valid(text) and ok, (schema, text)
+                accepted += 1
+            if all(ord(c) < 0x80 and not 0x1C <= ord(c) <= 0x1F for c in text):
+                both = (re.fullmatch(schema["pattern"], text) is not None and full
+                        and schema["minLength"] <= len(text) <= schema.get("maxLength", len(text)))
+                assert got == both, (schema, text, got)
+                ascii_checked += 1
+    total = sum(len(t) for _, t, _ in cases)
+    report(f"patterns: 150 random patterns with lengths, {total} strings: {accepted} accepted, each valid for "
+           f"jsonschema and ajv; on {ascii_checked} ASCII strings accepted = matched in full by both; "
+           f"{refused} patterns refused (empty or not read alike)")
+
+
+@pytest.mark.parametrize("pattern, what", [
+    ("a^b", "no string matches it"), ("(?=a)a", "lookaround"), ("\\bx", "\\b"), ("\\1", "\\1"), ("[]", "empty class"),
+    ("a{3,1}", "minimum is above"), ("a**", "quantifier on a quantifier"), ("(a", "unclosed '('"), ("a)", "unmatched"),
+    ("[\\d-z]", "class shorthand"), ("😀", "above U+FFFF"), ("\\p{L}", "\\p"), ("a{", "starts no"), ("[[a]]", "inside a class"),
+])
+def test_patterns_not_enforced_exactly_are_refused_by_name(pattern, what):
+    with pytest.raises(StructuredOutputError, match=re.escape("'pattern'")) as err:
+        check_schema({"type": "string", "pattern": pattern})
+    assert what in str(err.value), err.value
+
+
+def test_xgrammar_alone_lets_invalid_strings_through():
+    """Why Lantern writes string rules itself: xgrammar 0.1.27 on the same schemas."""
+    from xgrammar.testing import _is_grammar_accept_string as raw_accepts
+    raw = lambda schema: xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)  # noqa: E731
+    assert raw_accepts(raw({"type": "string", "pattern": "^[^a]+$"}), '"""')  # a raw quote: not JSON
+    assert raw_accepts(raw({"type": "string", "pattern": "^a$", "maxLength": 0}), '"a"')  # lengths dropped
+    assert raw_accepts(raw({"type": "string", "maxLength": 3}), '"\t"')  # a raw tab: not JSON
+    ours = lambda schema: accepts_of(string_grammar.string_rules(  # noqa: E731
+        string_grammar.placeholder(schema.get("pattern"), 0, schema.get("maxLength")), "s"), "s")
+    assert not ours({"pattern": "^[^a]+$"})('"""') and ours({"pattern": "^[^a]+$"})('"\\""')
+    assert not ours({"maxLength": 3})('"\t"') and ours({"maxLength": 3})('"\\t"')
+
+
+# ---- uniqueItems ----------------------------------------------------------------------------------
+
+def test_unique_items_accept_exactly_the_valid_arrays(report):
+    rng = random.Random(16)
+    pool = ["red", "green", "b\"q", "é", 1, 2.5, True, False, None, 0]
+    checked = accepted = 0
+    for _ in range(60):
+        values = rng.sample(pool, rng.randint(1, 5))
+        items = rng.choice([{"enum": values}, {"const": values[0]}, {"type": "boolean"}])
+        lo = rng.randint(0, 3)
+        hi = rng.choice([None, lo + rng.randint(0, 2)])
+        schema = {"type": "array", "items": items, "uniqueItems": True, "minItems": lo, **({"maxItems": hi} if hi is not None else {})}
+        try:
+            key = unique_grammar.placeholder(unique_grammar.item_values(items), lo, hi)
+            g = accepts_of(unique_grammar.unique_rules(key, "u"), "u")
+        except unique_grammar.UniqueItemsError:
+            assert not any(jsonschema.Draft202012Validator(schema).is_valid(list(c)) for c in
+                           [rng.sample(values + [True, False], k) for k in range(lo, lo + 1) if k <= len(values) + 2])
+            continue
+        choices = values + [True, False] + ["other"]
+        for _ in range(20):
+            arr = [rng.choice(choices) for _ in range(rng.randint(0, 5))]
+            text = "[" + ", ".join(unique_grammar.value_text(v) for v in arr) + "]"
+            want = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+            assert g(text) == want, (schema, text)
+            checked += 1
+            accepted += want
+    report(f"uniqueItems: 60 random arrays of enums, consts and booleans, {checked} arrays: the grammar accepts the "
+           f"{accepted} jsonschema validates and no other")
+
+
+def python_rules(case: dict) -> dict:
+    """What the Python twins make of one case of tests/node/exact_rules.ts."""
+    key = None
+    try:
+        if case["kind"] == "string":
+            key = string_grammar.placeholder(case["pattern"], case["min"], case["max"])
+            return {"placeholder": key, "rules": string_grammar.string_rules(key, "s")}
+        if case["kind"] == "unique":
+            key = unique_grammar.placeholder(unique_grammar.item_values(case["items"]), case["min"], case["max"])
+            return {"placeholder": key, "rules": unique_grammar.unique_rules(key, "u")}
+        key = placeholder(case["kind"], case["schema"])
+        return {"placeholder": key, "rules": number_rules(key, "n")}
+    except (NumberRangeError, string_grammar.PatternError, unique_grammar.UniqueItemsError) as err:
+        return {**({} if key is None else {"placeholder": key}), "error": f"{type(err).__name__}: {err}"}
 
 
 def test_typescript_writes_the_same_rules():
     rng = random.Random(17)
     cases = [{"kind": kind, "schema": schema} for kind, schema in random_schemas(rng, 300)]
     cases += [{"kind": "number", "schema": {"minimum": 1e21, "maximum": 1e22}},
-              {"kind": "number", "schema": {"exclusiveMinimum": 1e-20, "exclusiveMaximum": 2e-20}}]
-    out = run_typescript("numbers.ts", {"schemas": cases})["out"]
+              {"kind": "number", "schema": {"exclusiveMinimum": 1e-20, "exclusiveMaximum": 2e-20}},
+              {"kind": "number", "schema": {"multipleOf": 0.01}}, {"kind": "integer", "schema": {"multipleOf": 251}}]
+    for _ in range(150):
+        lo = rng.choice([0, 1, 3])
+        cases.append({"kind": "string", "pattern": rng.choice([random_pattern(rng), None]), "min": lo,
+                      "max": rng.choice([None, lo + rng.randint(0, 5)])})
+    cases += [{"kind": "string", "pattern": p, "min": 0, "max": None} for p in ["a^b", "(?=a)", "\\", "😀", "\ud800", "[z-a]"]]
+    cases += [{"kind": "string", "pattern": p, "min": 0, "max": 300} for p in SUPPORT["format_patterns"].values()]
+    for _ in range(40):
+        values = rng.sample(["x", "é", 'q"', 1, 2.5, 1.0, True, None, 1e21], rng.randint(1, 4))
+        cases.append({"kind": "unique", "items": rng.choice([{"enum": values}, {"type": "boolean"}, {"type": "string"},
+                                                             {"enum": values, "type": "string"}]),
+                      "min": rng.randint(0, 3), "max": rng.choice([None, 2])})
+    out = run_typescript("exact_rules.ts", {"cases": cases})["out"]
     for case, ts in zip(cases, out):
-        key = placeholder(case["kind"], case["schema"])
-        assert ts["placeholder"] == key, case
-        try:
-            assert ts.get("rules") == number_rules(key, "n"), (case, ts)
-        except NumberRangeError as err:
-            assert ts["error"] == f"NumberRangeError: {err}", case
-    assert sum("error" in ts for ts in out) >= 2
+        assert ts == python_rules(case), case
+    assert sum("error" in ts for ts in out) >= 8
 
 
 # ---- string formats ------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 // Runs the browser's structured-output code (webruntime/src/structured.ts) under Node for
 // tests/test_structured.py, which compares every answer with the Python twin's.
 // Input (stdin): {requests: ChatCompletionRequest[], schemas: unknown[]}.
-// Output (stdout): {specs: ({spec} | {error})[], ebnf: string[], numbers: string[][], tight: (string | null)[], calls} -- ebnf from
-// web-xgrammar for each schema, numbers: its number-range rules, tight: each structural tag spec as it is compiled.
+// Output (stdout): {specs: ({spec} | {error})[], ebnf: string[], numbers: string[][], tight: (string | null)[], calls, limit} -- ebnf from
+// web-xgrammar for each schema, numbers: its exact rules (numbers, strings, unique items), tight: each structural tag spec as it is compiled.
 import { readFileSync } from "node:fs";
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
-import { checkSchema, parseToolCalls, requestSpec, schemaEbnf, tightStructuralTag } from "../../webruntime/src/structured";
+import { checkSchema, GrammarCompiler, parseToolCalls, requestSpec, schemaEbnf, tightStructuralTag } from "../../webruntime/src/structured";
 import type { ChatCompletionRequest } from "../../webruntime/src/protocol";
 
 const xgr = (globalThis as unknown as { xgrammar: typeof XGrammar }).xgrammar;
@@ -24,7 +24,7 @@ const numbers: string[][] = [];
 for (const schema of input.schemas) {
   const source = JSON.stringify(checkSchema(schema));
   ebnf.push(await xgr.Testings._jsonSchemaToEBNF(source, false, -1, [", ", ": "], true));
-  numbers.push((await schemaEbnf(source)).split("\n").filter((line) => line.startsWith("lantern_number_")));
+  numbers.push((await schemaEbnf(source)).split("\n").filter((line) => line.startsWith("lantern_")));
 }
 const tight: (string | null)[] = [];
 for (const s of specs) {
@@ -35,4 +35,17 @@ const calls = input.texts.map((t) => {
   const { content, calls } = parseToolCalls(t);
   return { content, calls: calls.map((c) => c.function) };
 });
-process.stdout.write(JSON.stringify({ specs, ebnf, numbers, tight, calls }));
+// a compile over the time limit is refused, and the refusal remembered (limit 0 s: every compile is over it)
+const vocab = Object.fromEntries([..."abcdefghij{}[]\":, 0123456789"].map((c, i) => [c, i]));
+const compiler = await GrammarCompiler.create({ model: { vocab } }, "raw", 32, [31]);
+compiler.limits = { seconds: 0, megabytes: 64 };
+const limit: string[] = [];
+for (let k = 0; k < 2; k++) {
+  try {
+    await compiler.compile({ kind: "json_schema", source: '{"type": "string", "maxLength": 3}' });
+    limit.push("compiled");
+  } catch (err) {
+    limit.push(`${(err as Error).name}: ${(err as Error).message}`);
+  }
+}
+process.stdout.write(JSON.stringify({ specs, ebnf, numbers, tight, calls, limit, entries: compiler.entries }));

@@ -101,8 +101,8 @@ function tokenize(src: string): Tok[] {
   return out;
 }
 
-const hex = (cp: number) => (cp <= 0xff ? `\\x${cp.toString(16).padStart(2, "0")}`
-  : cp <= 0xffff ? `\\u${cp.toString(16).padStart(4, "0")}` : `\\U${cp.toString(16).padStart(8, "0")}`);
+// \u with four digits, not \x: xgrammar (which the tests read GBNF back with) takes every hex digit after \x
+const hex = (cp: number) => (cp <= 0xffff ? `\\u${cp.toString(16).padStart(4, "0")}` : `\\U${cp.toString(16).padStart(8, "0")}`);
 
 function stringLiteral(cps: number[]): string {
   const body = cps.map((cp) => {

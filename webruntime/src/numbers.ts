@@ -4,9 +4,9 @@
 // same placeholders and the same rules, character for character (tests/test_structured_exact.py).
 
 export const MAX_DIGITS = 15;
+const MAX_MULTIPLE = 250;  // multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder
 export const PREFIX = "lantern:";
-const PLACEHOLDER_IN_EBNF = /"\\"(lantern:(?:number|integer)(?::(?:ge|gt|le|lt)=-?[0-9]+(?:\.[0-9]+)?)*)\\""/g;
-const SYMBOLS = "-.0123456789";
+const SYMBOLS = [..."-.0123456789"];
 
 /** A finite decimal: sign, integer digits (no leading zeros, "" below 1), fraction (no trailing zeros). */
 interface Decimal { negative: boolean; whole: string; fraction: string }
@@ -54,10 +54,28 @@ function roundInwards(d: Decimal, up: boolean): Decimal {
 /** The placeholder string for a bounded `kind` ("number"/"integer") subschema; every bound kept. */
 export function placeholder(kind: string, schema: Record<string, unknown>): string {
   const parts = [PREFIX + kind];
-  for (const [key, op] of [["minimum", "ge"], ["exclusiveMinimum", "gt"], ["maximum", "le"], ["exclusiveMaximum", "lt"]]) {
+  for (const [key, op] of [["minimum", "ge"], ["exclusiveMinimum", "gt"], ["maximum", "le"], ["exclusiveMaximum", "lt"],
+    ["multipleOf", "mul"]]) {
     if (key in schema) parts.push(`${op}=${text(decimalOf(schema[key] as number))}`);
   }
   return parts.join(":");
+}
+
+/** The shortest decimal text of a number, with no exponent (number_grammar.decimal_of(v).text()). */
+export const decimalText = (value: number): string => text(decimalOf(value));
+
+/** [m, e] for a multipleOf written `s`: x is a multiple when x * 10**e is an integer m divides (see the twin). */
+export function multipleOf(s: string): [number, number] {
+  const d = decimalFromText(s);
+  if (d.negative || !(d.whole || d.fraction)) throw new NumberRangeError("must be a number above 0");
+  const m = Number(d.whole + d.fraction);
+  const e = d.fraction.length;
+  if (m % 5 ** e) {
+    throw new NumberRangeError(`${s} is not a binary fraction, and validators dividing doubles reject exact ` +
+      `multiples of it (0.07 / 0.01 = ${0.07 / 0.01}); use an integer or a power-of-two ` +
+      "fraction such as 0.5 or 0.25, or scale the value (cents as an integer)");
+  }
+  return [m, e];
 }
 
 type Side = [number, boolean] | null;  // (value, inclusive)
@@ -69,17 +87,22 @@ function tighter(a: Side, b: Side, lower: boolean): Side {
   return !a[1] ? a : b;  // the same value: exclusive wins
 }
 
-function parsePlaceholder(key: string): [string, DecimalBound, DecimalBound] {
+function parsePlaceholder(key: string): [string, DecimalBound, DecimalBound, Multiple] {
   const [kind, ...ops] = key.slice(PREFIX.length).split(":");
   let lower: Side = null;
   let upper: Side = null;
+  let multiple: Multiple = null;
   for (const op of ops) {
     const [name, value] = op.split("=");
+    if (name === "mul") {
+      multiple = multipleOf(value);
+      continue;
+    }
     const bound: Side = [Number(value), name === "ge" || name === "le"];
     if (name === "ge" || name === "gt") lower = tighter(lower, bound, true);
     else upper = tighter(upper, bound, false);
   }
-  return [kind, inwards(lower, true), inwards(upper, false)];
+  return [kind, inwards(lower, true), inwards(upper, false), multiple];
 }
 
 /** A bound as a decimal of at most MAX_DIGITS digits; cut, it becomes inclusive (see the Python twin). */
@@ -124,13 +147,15 @@ function endOf(state: string, bound: Decimal): string {
 
 interface Bound { value: Decimal; inclusive: boolean }
 type Cmp = [string | null, string | null];
-type MagState = [string, number, Cmp];  // phase, digits so far, comparators
+type Multiple = [number, number] | null;  // multipleOf's [m, e]
+type MagState = [string, number, Cmp, Multiple];  // phase, digits so far, comparators, [remainder, fraction digits]
 
 class Magnitude {
-  constructor(readonly lower: Bound | null, readonly upper: Bound | null, readonly integer: boolean) {}
+  constructor(readonly lower: Bound | null, readonly upper: Bound | null, readonly integer: boolean,
+    readonly multiple: Multiple) {}
 
   start(): MagState {
-    return ["S", 0, this.settle("i,0,=", "i,0,=")!];
+    return ["S", 0, this.settle("i,0,=", "i,0,=")!, this.multiple && [0, 0]];
   }
 
   private settle(lo: string | null, hi: string | null): Cmp | null {
@@ -141,23 +166,32 @@ class Magnitude {
     return [lo, hi];
   }
 
-  step([phase, count, [lo, hi]]: MagState, ch: string): MagState | null {
+  step([phase, count, [lo, hi], rem]: MagState, ch: string): MagState | null {
     const lb = this.lower?.value as Decimal;
     const ub = this.upper?.value as Decimal;
     if (ch === ".") {
       if ((phase !== "Z" && phase !== "I") || this.integer) return null;
       const cmp = this.settle(lo && pointStep(lo, lb), hi && pointStep(hi, ub));
-      return cmp && ["D", count, cmp];
+      return cmp && ["D", count, cmp, rem];
     }
     if (ch === "-" || phase === "Z" || count + (phase !== "S" || ch !== "0" ? 1 : 0) > MAX_DIGITS) return null;
-    if (phase === "S" && ch === "0") return ["Z", 0, [lo, hi]];
+    if (phase === "S" && ch === "0") return ["Z", 0, [lo, hi], rem];
     const frac = phase === "D" || phase === "F";
+    if (rem) {
+      const [m, e] = this.multiple!;
+      if (frac && rem[1] === e) {  // past e fraction digits only zeros keep a multiple
+        if (ch !== "0") return null;
+      } else {
+        rem = [(rem[0] * 10 + Number(ch)) % m, rem[1] + (frac ? 1 : 0)];
+      }
+    }
     const cmp = this.settle(lo && digitStep(lo, ch, lb, frac), hi && digitStep(hi, ch, ub, frac));
-    return cmp && [frac ? "F" : "I", count + 1, cmp];
+    return cmp && [frac ? "F" : "I", count + 1, cmp, rem];
   }
 
-  accepts([phase, , [lo, hi]]: MagState): boolean {
+  accepts([phase, , [lo, hi], rem]: MagState): boolean {
     if (phase !== "Z" && phase !== "I" && phase !== "F") return false;
+    if (rem && (rem[0] * 10 ** (this.multiple![1] - rem[1])) % this.multiple![0]) return false;
     if (lo !== null) {
       const r = endOf(lo, this.lower!.value);
       if (!(r === ">" || (r === "=" && this.lower!.inclusive))) return false;
@@ -171,21 +205,22 @@ class Magnitude {
 }
 
 type State = "top" | [string, MagState];
-interface Automaton { start: State; step(s: State, ch: string): State | null; accepts(s: State): boolean }
+/** A deterministic automaton given by its start, its step (null: no edge) and its accepting states. */
+export interface Automaton<T, S> { start: T; step(s: T, ch: S): T | null; accepts(s: T): boolean }
 
-function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound): Automaton {
+function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound, multiple: Multiple): Automaton<State, string> {
   const integer = kind === "integer";
   const parts = new Map<string, Magnitude>();
   if (upper === null || !(upper[0].negative || (isZero(upper[0]) && !upper[1]))) {
     const lo = lower === null || lower[0].negative ? null : { value: lower[0], inclusive: lower[1] };
-    parts.set("+", new Magnitude(lo, upper && { value: upper[0], inclusive: upper[1] }, integer));
+    parts.set("+", new Magnitude(lo, upper && { value: upper[0], inclusive: upper[1] }, integer, multiple));
   }
   if (lower === null || lower[0].negative) {
     const abs = (d: Decimal): Decimal => ({ ...d, negative: false });
     const lo = upper !== null && upper[0].negative ? { value: abs(upper[0]), inclusive: upper[1] }
       : { value: { negative: false, whole: "", fraction: "" }, inclusive: false };
     const hi = lower !== null ? { value: abs(lower[0]), inclusive: lower[1] } : null;
-    parts.set("-", new Magnitude(lo, hi, integer));
+    parts.set("-", new Magnitude(lo, hi, integer, multiple));
   }
   return {
     start: "top",
@@ -203,15 +238,18 @@ function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound)
   };
 }
 
-/** The minimal DFA (states numbered breadth-first from 0 = start), or null if it accepts nothing. */
-function minimalDfa(a: Automaton): [Map<string, number>[], boolean[]] | null {
-  const keyOf = (s: State) => JSON.stringify(s);
-  const order: State[] = [a.start];
+/**
+ * The minimal DFA (states numbered breadth-first from 0 = start, symbols in `symbols` order), or null if
+ * it accepts nothing. The twin of number_grammar.minimal_dfa.
+ */
+export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[]): [Map<S, number>[], boolean[]] | null {
+  const keyOf = (s: T) => JSON.stringify(s);
+  const order: T[] = [a.start];
   const index = new Map([[keyOf(a.start), 0]]);
-  const edges: Map<string, number>[] = [];
+  const edges: Map<S, number>[] = [];
   for (let k = 0; k < order.length; k++) {
-    const out = new Map<string, number>();
-    for (const ch of SYMBOLS) {
+    const out = new Map<S, number>();
+    for (const ch of symbols) {
       const next = a.step(order[k], ch);
       if (next === null) continue;
       const key = keyOf(next);
@@ -252,12 +290,12 @@ function minimalDfa(a: Automaton): [Map<string, number>[], boolean[]] | null {
   for (const i of sorted) if (!rep.has(cls.get(i)!)) rep.set(cls.get(i)!, i);
   const number = new Map([[cls.get(0)!, 0]]);
   const queue = [cls.get(0)!];
-  const trans: Map<string, number>[] = [];
+  const trans: Map<S, number>[] = [];
   const accepting: boolean[] = [];
   for (let q = 0; q < queue.length; q++) {
     const c = queue[q];
     const i = rep.get(c)!;  // the start state for its own class: 0 is the smallest live state
-    const out = new Map<string, number>();
+    const out = new Map<S, number>();
     for (const [ch, t] of edges[i]) {
       if (!live.has(t)) continue;
       const tc = cls.get(t)!;
@@ -313,24 +351,19 @@ const automata = new Map<string, [Map<string, number>[], boolean[]] | null>();
 
 /** The EBNF rules (start: `${name}_0`) for the placeholder `key`. */
 export function numberRules(key: string, name: string): string[] {
-  const [kind, lower, upper] = parsePlaceholder(key);
+  const [kind, lower, upper, multiple] = parsePlaceholder(key);
+  if (multiple && multiple[0] > MAX_MULTIPLE) {
+    throw new NumberRangeError(`a multipleOf whose digits read above ${MAX_MULTIPLE} is not supported (its grammar ` +
+      "keeps a rule per remainder)");
+  }
   if (!automata.has(key)) {
     if (automata.size >= 512) automata.clear();
-    automata.set(key, minimalDfa(numberAutomaton(kind, lower, upper)));
+    automata.set(key, minimalDfa(numberAutomaton(kind, lower, upper, multiple), SYMBOLS));
   }
   const dfa = automata.get(key)!;
-  if (dfa === null) throw new NumberRangeError(`no ${kind} of at most ${MAX_DIGITS} digits lies between the bounds`);
+  if (dfa === null) {
+    const between = lower || upper ? "lies between the bounds" : "exists";
+    throw new NumberRangeError(`no ${kind} of at most ${MAX_DIGITS} digits${multiple ? " that is a multiple" : ""} ${between}`);
+  }
   return dfaRules(name, ...dfa);
-}
-
-/** xgrammar's printed grammar with every number placeholder replaced by its exact rules. */
-export function withNumberRules(ebnf: string): string {
-  const names = new Map<string, string>();
-  const swapped = ebnf.replace(PLACEHOLDER_IN_EBNF, (_, key: string) => {
-    if (!names.has(key)) names.set(key, `lantern_number_${names.size}`);
-    return `${names.get(key)}_0`;
-  });
-  if (!names.size) return ebnf;
-  const rules = [...names].flatMap(([key, name]) => numberRules(key, name));
-  return `${swapped.replace(/\n+$/, "")}\n${rules.join("\n")}\n`;
 }

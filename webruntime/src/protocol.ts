@@ -60,6 +60,8 @@ export interface ChatCompletionRequest {
   parallel_tool_calls?: boolean;
   // extra chat-template variables, as vLLM and llama.cpp's server take them (Qwen3's enable_thinking)
   chat_template_kwargs?: Record<string, unknown>;
+  /** Lantern's bounds for a schema's unbounded strings and arrays (request_rules.json; 0: none). */
+  schema_defaults?: { maxLength?: number; maxItems?: number };
 }
 
 /** `chat.completions.create` of the engine, the worker client and the router: a stream for `stream: true`. */

@@ -106,7 +106,7 @@ class Cloud {
   /** Continue ``prompt`` (a rendered chat plus the text streamed so far) with the legacy endpoint. */
   async *continueText(prompt: string, req: ChatCompletionRequest, maxTokens: number | undefined,
                       signal?: AbortSignal): AsyncGenerator<{ text: string; finish: FinishReason | null }> {
-    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, chat_template_kwargs: _k, max_completion_tokens: _c,
+    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, chat_template_kwargs: _k, max_completion_tokens: _c, schema_defaults: _d,
       ...sampling } = req;
     const resp = await this.post("/completions", { ...sampling, prompt, max_tokens: maxTokens, stream: true }, signal);
     for await (const c of sse(resp)) {

@@ -9,11 +9,14 @@
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
 import { InvalidRequestError, LanternError } from "./errors";
-import { NumberRangeError, PREFIX as NUMBER_PREFIX, numberRules, placeholder, withNumberRules } from "./numbers";
+import * as numbers from "./numbers";
+import * as strings from "./strings";
+import * as unique from "./unique";
 import type { ChatCompletionRequest, ChatMessage, Tool, ToolCall, ToolChoice } from "./protocol";
 
 declare const __SCHEMA_SUPPORT__: {
   engine: string; keywords: string[]; formats: string[]; format_patterns: Record<string, string>;
+  compile_limits: { seconds: number; megabytes: number };
 };
 const SUPPORT = __SCHEMA_SUPPORT__;
 const KEYWORDS = new Set(SUPPORT.keywords);
@@ -33,10 +36,20 @@ const SCHEMA_MAPS = ["properties", "patternProperties", "$defs", "definitions"];
 const SCHEMA_LISTS = ["anyOf", "oneOf", "allOf", "prefixItems"];
 const SCHEMA_ONE = ["items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames"];
 const BOUNDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+const NUMERIC = [...BOUNDS, "multipleOf"];
+const LENGTHS = ["minLength", "maxLength"];
+// A placeholder as xgrammar prints it inside a rule: the JSON string literal, quotes escaped.
+const PLACEHOLDER_IN_EBNF = /"\\"(lantern:([a-z]+)(?::[-0-9a-z=.]+)*)\\""/g;
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 
-/** A copy of `schema` that xgrammar enforces exactly, or InvalidRequestError naming the keyword. */
-export function checkSchema(schema: unknown, where = "#"): Schema {
+/** Bounds for a schema's unbounded strings and arrays: a request's schema_defaults (0: none). */
+export interface SchemaDefaults { maxLength?: number; maxItems?: number }
+
+/**
+ * A copy of `schema` that xgrammar enforces exactly, or InvalidRequestError naming the keyword; `defaults`
+ * bound the strings and arrays it leaves unbounded (see structured.py's check_schema).
+ */
+export function checkSchema(schema: unknown, where = "#", defaults: SchemaDefaults = {}): Schema {
   if (typeof schema === "boolean") return schema;
   if (!isObject(schema)) throw new InvalidRequestError(`schema at ${where} must be an object or a boolean`);
   for (const key of Object.keys(schema)) {
@@ -62,48 +75,174 @@ export function checkSchema(schema: unknown, where = "#"): Schema {
   if (Array.isArray(schema.allOf) && schema.allOf.length > 1) {
     throw new InvalidRequestError(`schema keyword 'allOf' at ${where}: only one subschema is supported`);
   }
+  checkContradictions(schema, where);
+  for (const key of Object.keys(isObject(schema.patternProperties) ? schema.patternProperties : {})) {
+    try {
+      strings.checkPlainPattern(key);
+    } catch (err) {
+      if (!(err instanceof strings.PatternError)) throw err;
+      throw new InvalidRequestError(`schema keyword 'patternProperties' at ${where}: pattern '${key}': ${err.message}`);
+    }
+  }
   for (const key of SCHEMA_MAPS) {
     const v = schema[key];
-    if (isObject(v)) out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkSchema(s, `${where}/${key}/${k}`)]));
+    if (isObject(v)) out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkSchema(s, `${where}/${key}/${k}`, defaults)]));
   }
   for (const key of SCHEMA_LISTS) {
     const v = schema[key];
-    if (Array.isArray(v)) out[key] = v.map((s, i) => checkSchema(s, `${where}/${key}/${i}`));
+    if (Array.isArray(v)) out[key] = v.map((s, i) => checkSchema(s, `${where}/${key}/${i}`, defaults));
   }
-  for (const key of SCHEMA_ONE) if (key in schema) out[key] = checkSchema(schema[key], `${where}/${key}`);
-  if (BOUNDS.some((b) => b in schema)) out = boundedNumber(out, where);
+  for (const key of SCHEMA_ONE) if (key in schema) out[key] = checkSchema(schema[key], `${where}/${key}`, defaults);
+  out = withDefaultBounds(out, defaults);
+  if (NUMERIC.some((k) => k in schema)) out = exactNumber(out, where);
+  if ("pattern" in schema || LENGTHS.some((k) => k in out)) {  // a format's own pattern alone: xgrammar's is exact
+    out = exactString(out, where, typeof fmt === "string" && Object.hasOwn(FORMAT_PATTERNS, fmt) ? fmt : null);
+  }
+  if ("uniqueItems" in schema) out = uniqueItems(out, where);
   return out;
 }
 
-/** A bounded number or integer as a placeholder for numbers.ts (see structured.py's _bounded_number). */
-function boundedNumber(schema: Record<string, unknown>, where: string): Record<string, unknown> {
-  const present = BOUNDS.filter((k) => k in schema);
+const wholeNumber = (v: unknown): boolean => typeof v === "number" && Number.isInteger(v) && v >= 0;
+const quoted = (keys: string[]): string => keys.map((k) => `'${k}'`).join(", ");
+
+/** Refuse, by keyword, a schema no value satisfies (see structured.py's _check_contradictions). */
+function checkContradictions(schema: Record<string, unknown>, where: string): void {
+  if ("enum" in schema && !(Array.isArray(schema.enum) && schema.enum.length)) {
+    throw new InvalidRequestError(`schema keyword 'enum' at ${where} must list at least one value`);
+  }
+  for (const [low, high] of [["minItems", "maxItems"], ["minProperties", "maxProperties"]]) {
+    for (const key of [low, high]) {
+      if (!wholeNumber(schema[key] ?? 0)) throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a whole number of at least 0`);
+    }
+    if (high in schema && ((schema[low] ?? 0) as number) > (schema[high] as number)) {
+      throw new InvalidRequestError(`schema keywords '${low}', '${high}' at ${where}: ${low} ${schema[low]} is above ${high} ${schema[high]}`);
+    }
+  }
+  if (schema.additionalProperties === false && !("patternProperties" in schema)) {
+    const props = isObject(schema.properties) ? schema.properties : {};
+    const missing = (Array.isArray(schema.required) ? schema.required : []).filter((n) => !Object.hasOwn(props, n as string));
+    if (missing.length) {
+      throw new InvalidRequestError(`schema keyword 'required' at ${where}: '${missing[0]}' is required but not in properties, ` +
+        "and additionalProperties is false");
+    }
+  }
+}
+
+/** `schema` with a request's schema_defaults filled in (see structured.py's with_default_bounds). */
+export function withDefaultBounds(schema: Record<string, unknown>, defaults: SchemaDefaults): Record<string, unknown> {
+  const types = typesOf(schema);
+  const atLeast = (key: string, bound: number): number => {
+    const low = schema[key] ?? 0;
+    return typeof low === "number" && Number.isInteger(low) && low > 0 ? low + bound : bound;
+  };
+  if (defaults.maxLength && types.includes("string") && !["maxLength", "pattern", "format", "enum", "const"].some((k) => k in schema)) {
+    schema = { ...schema, maxLength: atLeast("minLength", defaults.maxLength) };
+  }
+  if (defaults.maxItems && types.includes("array") && !["maxItems", "prefixItems"].some((k) => k in schema)) {
+    schema = { ...schema, maxItems: atLeast("minItems", defaults.maxItems) };
+  }
+  return schema;
+}
+
+const typesOf = (schema: Record<string, unknown>): unknown[] =>
+  typeof schema.type === "string" ? [schema.type] : Array.isArray(schema.type) ? schema.type as unknown[] : [];
+
+/** `schema` with its `own` keywords replaced by the placeholder `key` (see structured.py's _as_placeholder). */
+function asPlaceholder(schema: Record<string, unknown>, key: string, own: string[], kinds: string[]): Record<string, unknown> {
+  const rest = Object.fromEntries(Object.entries(schema).filter(([k]) => !own.includes(k) && k !== "type"));
+  const others = typesOf(schema).filter((t) => !kinds.includes(t as string));
+  if (!others.length) return { ...rest, const: key };
+  return { ...rest, anyOf: [{ const: key }, { type: others.length > 1 ? others : others[0] }] };
+}
+
+function noValuesList(schema: Record<string, unknown>, keyword: string, where: string): void {
+  for (const key of ["enum", "const"]) {
+    if (key in schema) {
+      throw new InvalidRequestError(`schema keyword '${keyword}' at ${where} cannot be combined with '${key}': ` +
+        "list only the allowed values");
+    }
+  }
+}
+
+/** `err` as an InvalidRequestError naming `keys` at `where`, if it is one of `kind`; else rethrown. */
+function asRequestError(err: unknown, kind: new (...a: never[]) => Error, keys: string[], where: string): never {
+  if (!(err instanceof kind)) throw err;
+  throw new InvalidRequestError(`schema keyword${keys.length > 1 ? "s" : ""} ${quoted(keys)} at ${where}: ${err.message}`);
+}
+
+/** A number or integer with bounds or multipleOf as a placeholder for numbers.ts (see structured.py's _exact_number). */
+function exactNumber(schema: Record<string, unknown>, where: string): Record<string, unknown> {
+  const present = NUMERIC.filter((k) => k in schema);
   for (const key of present) {
     const value = schema[key];
     if (typeof value !== "number" || !Number.isFinite(value)) {
       throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a finite number`);
     }
   }
-  const types = typeof schema.type === "string" ? [schema.type] : Array.isArray(schema.type) ? schema.type as unknown[] : [];
-  const numeric = types.filter((t) => t === "number" || t === "integer");
+  const numeric = typesOf(schema).filter((t) => t === "number" || t === "integer");
   if (!numeric.length) throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where} needs "type": "number" or "integer"`);
-  for (const key of ["enum", "const"]) {
-    if (key in schema) {
-      throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where} cannot be combined with '${key}': ` +
-        "list only the allowed values");
-    }
-  }
-  const key = placeholder(numeric.includes("number") ? "number" : "integer", schema);
+  noValuesList(schema, present[0], where);
+  const key = numbers.placeholder(numeric.includes("number") ? "number" : "integer", schema);
   try {
-    numberRules(key, "n");
+    if ("multipleOf" in schema) numbers.multipleOf(numbers.decimalText(schema.multipleOf as number));
   } catch (err) {
-    if (!(err instanceof NumberRangeError)) throw err;
-    throw new InvalidRequestError(`schema keywords ${present.map((k) => `'${k}'`).join(", ")} at ${where}: ${err.message}`);
+    asRequestError(err, numbers.NumberRangeError, ["multipleOf"], where);
   }
-  const rest = Object.fromEntries(Object.entries(schema).filter(([k]) => !BOUNDS.includes(k) && k !== "type"));
-  const others = types.filter((t) => t !== "number" && t !== "integer");
-  if (!others.length) return { ...rest, const: key };
-  return { ...rest, anyOf: [{ const: key }, { type: others.length > 1 ? others : others[0] }] };
+  try {
+    numbers.numberRules(key, "n");
+  } catch (err) {
+    if (!(err instanceof numbers.NumberRangeError)) throw err;
+    throw new InvalidRequestError(`schema keywords ${quoted(present)} at ${where}: ${err.message}`);
+  }
+  return asPlaceholder(schema, key, NUMERIC, ["number", "integer"]);
+}
+
+/** A string with a pattern (its own, or its format's) or lengths as a placeholder for strings.ts. */
+function exactString(schema: Record<string, unknown>, where: string, fmt: string | null): Record<string, unknown> {
+  for (const key of LENGTHS) {
+    if (!wholeNumber(schema[key] ?? 0)) throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a whole number of at least 0`);
+  }
+  const types = typesOf(schema);
+  if (types.length && !types.includes("string")) return schema;  // pattern and lengths apply to strings only
+  let named = ["pattern", ...LENGTHS].filter((k) => k in schema);
+  if (fmt) named = ["format", ...named.filter((k) => k !== "pattern")];
+  if ("format" in schema) {
+    throw new InvalidRequestError(`schema keyword '${named[named.length - 1]}' at ${where} cannot be combined with format '${schema.format}'`);
+  }
+  noValuesList(schema, named[0], where);
+  const lo = (schema.minLength ?? 0) as number;
+  const hi = (schema.maxLength ?? null) as number | null;
+  if (hi !== null && lo > hi) {
+    throw new InvalidRequestError(`schema keywords 'minLength', 'maxLength' at ${where}: minLength ${lo} is above maxLength ${hi}`);
+  }
+  const pattern = schema.pattern ?? null;
+  if (pattern !== null && typeof pattern !== "string") throw new InvalidRequestError(`schema keyword 'pattern' at ${where} must be a string`);
+  let key = "";
+  try {
+    key = strings.placeholder(pattern, lo, hi);
+    strings.stringRules(key, "s");
+  } catch (err) {
+    asRequestError(err, strings.PatternError, named, where);
+  }
+  return asPlaceholder(schema, key, ["pattern", ...LENGTHS], ["string"]);
+}
+
+/** An array with uniqueItems as a placeholder for unique.ts (uniqueItems false: dropped). */
+function uniqueItems(schema: Record<string, unknown>, where: string): Record<string, unknown> {
+  if (typeof schema.uniqueItems !== "boolean") throw new InvalidRequestError(`schema keyword 'uniqueItems' at ${where} must be true or false`);
+  if (!schema.uniqueItems) return Object.fromEntries(Object.entries(schema).filter(([k]) => k !== "uniqueItems"));
+  const types = typesOf(schema);
+  if (types.length && !types.includes("array")) return schema;
+  noValuesList(schema, "uniqueItems", where);
+  let key = "";
+  try {
+    if ("prefixItems" in schema) throw new unique.UniqueItemsError("uniqueItems cannot be combined with prefixItems");
+    key = unique.placeholder(unique.itemValues(schema.items), (schema.minItems ?? 0) as number, (schema.maxItems ?? null) as number | null);
+    unique.uniqueRules(key, "u");
+  } catch (err) {
+    asRequestError(err, unique.UniqueItemsError, ["uniqueItems"], where);
+  }
+  return asPlaceholder(schema, key, ["items", "uniqueItems", "minItems", "maxItems"], ["array"]);
 }
 
 // ---- requests -> grammar specs ------------------------------------------------------------------
@@ -118,7 +257,7 @@ function stableJson(v: unknown): string {
   return JSON.stringify(v);
 }
 
-function schemaText(schema: unknown, where: string): string {
+function schemaText(schema: unknown, where: string, defaults: SchemaDefaults): string {
   if (typeof schema === "string") {
     try {
       schema = JSON.parse(schema);
@@ -126,19 +265,19 @@ function schemaText(schema: unknown, where: string): string {
       throw new InvalidRequestError(`${where} is not valid JSON: ${(err as Error).message}`);
     }
   }
-  return stableJson(checkSchema(schema));
+  return stableJson(checkSchema(schema, "#", defaults));
 }
 
-export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"]): GrammarSpec | null {
+export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"], defaults: SchemaDefaults = {}): GrammarSpec | null {
   if (!fmt || (fmt.type ?? "text") === "text") return null;
   switch (fmt.type) {
     case "json_object":  // WebLLM passes a schema as a JSON string here
-      return { kind: "json_schema", source: schemaText(fmt.schema ?? { type: "object" }, "response_format.schema") };
+      return { kind: "json_schema", source: schemaText(fmt.schema ?? { type: "object" }, "response_format.schema", defaults) };
     case "json_schema":
       if (!isObject(fmt.json_schema) || !("schema" in fmt.json_schema)) {
         throw new InvalidRequestError("response_format.json_schema must be {name, schema, strict}");
       }
-      return { kind: "json_schema", source: schemaText(fmt.json_schema.schema, "response_format.json_schema.schema") };
+      return { kind: "json_schema", source: schemaText(fmt.json_schema.schema, "response_format.json_schema.schema", defaults) };
     case "grammar":
       if (typeof fmt.grammar !== "string" || !fmt.grammar.trim()) {
         throw new InvalidRequestError("response_format.grammar must be an EBNF string with a `root` rule");
@@ -155,13 +294,13 @@ export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"]
   }
 }
 
-function toolTag(fn: Tool["function"]): Record<string, unknown> {
+function toolTag(fn: Tool["function"], defaults: SchemaDefaults): Record<string, unknown> {
   const params = fn.parameters ?? { type: "object", properties: {} };
   return { type: "tag", begin: `${TOOL_OPEN}{"name": ${JSON.stringify(fn.name)}, "arguments": `,
-    content: { type: "json_schema", json_schema: checkSchema(params, `#/tools/${fn.name}/parameters`) }, end: `}${TOOL_CLOSE}` };
+    content: { type: "json_schema", json_schema: checkSchema(params, `#/tools/${fn.name}/parameters`, defaults) }, end: `}${TOOL_CLOSE}` };
 }
 
-export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel: boolean): GrammarSpec | null {
+export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel: boolean, defaults: SchemaDefaults = {}): GrammarSpec | null {
   if (!tools.length || choice === "none") return null;
   const byName = new Map(tools.map((t) => [t.function.name, t.function]));
   let fmt: Record<string, unknown>;
@@ -171,9 +310,9 @@ export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel
     if (!fn) {
       throw new InvalidRequestError(`tool_choice names the function '${name}', which is not in tools (${[...byName.keys()].join(", ")})`);
     }
-    fmt = toolTag(fn);
+    fmt = toolTag(fn, defaults);
   } else {
-    const tags = [...byName.values()].map(toolTag);
+    const tags = [...byName.values()].map((fn) => toolTag(fn, defaults));
     fmt = choice === "required"
       ? { type: "tags_with_separator", tags, separator: "\n", at_least_one: true, stop_after_first: !parallel }
       : { type: "triggered_tags", triggers: [TOOL_OPEN], tags, at_least_one: false, stop_after_first: !parallel };
@@ -181,7 +320,10 @@ export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel
   return { kind: "structural_tag", source: stableJson({ type: "structural_tag", format: fmt }) };
 }
 
-/** The one grammar a chat request asks for: from its tools, or from its response_format. */
+/**
+ * The one grammar a chat request asks for: from its tools, or from its response_format, its schemas
+ * bounded by the request's schema_defaults (as checkRequest fills them in; absent: no bounds).
+ */
 export function requestSpec(req: ChatCompletionRequest): GrammarSpec | null {
   const tools = req.tools ?? [];
   for (const [i, t] of tools.entries()) {
@@ -197,8 +339,9 @@ export function requestSpec(req: ChatCompletionRequest): GrammarSpec | null {
   if (choice !== undefined && choice !== null && choice !== "none" && choice !== "auto" && !tools.length) {
     throw new InvalidRequestError("tool_choice needs tools");
   }
-  const calls = toolSpec(tools, choice ?? undefined, req.parallel_tool_calls ?? true);
-  const fmt = responseFormatSpec(req.response_format);
+  const defaults = req.schema_defaults ?? {};
+  const calls = toolSpec(tools, choice ?? undefined, req.parallel_tool_calls ?? true, defaults);
+  const fmt = responseFormatSpec(req.response_format, defaults);
   if (calls && fmt) {
     throw new InvalidRequestError("response_format cannot be combined with tools in one request; " +
       "use tool_choice: \"none\" or drop response_format");
@@ -302,13 +445,33 @@ const SEPARATORS: [string, string] = [", ", ": "];
 export async function schemaEbnf(source: string): Promise<string> {
   const grammar = await xgr().Grammar.fromJSONSchema(source, false, -1, SEPARATORS, true);
   try {
-    return withNumberRules(grammar.toString());
+    return withExactRules(grammar.toString());
   } finally {
     grammar.dispose();
   }
 }
 
-const hasNumbers = (spec: GrammarSpec): boolean => spec.kind === "json_schema" && spec.source.includes(NUMBER_PREFIX);
+const RULES: Record<string, (key: string, name: string) => string[]> = {
+  number: numbers.numberRules, integer: numbers.numberRules, string: strings.stringRules, unique: unique.uniqueRules,
+};
+
+/** xgrammar's printed grammar with every placeholder replaced by its exact rules (structured.py's with_exact_rules). */
+export function withExactRules(ebnf: string): string {
+  const names = new Map<string, [string, string]>();
+  const swapped = ebnf.replace(PLACEHOLDER_IN_EBNF, (_, key: string, kind: string) => {
+    const family = kind === "integer" ? "number" : kind;
+    if (!names.has(key)) {
+      const n = [...names.values()].filter(([, name]) => name.startsWith(`lantern_${family}_`)).length;
+      names.set(key, [kind, `lantern_${family}_${n}`]);
+    }
+    return `${names.get(key)![1]}_0`;
+  });
+  if (!names.size) return ebnf;
+  const rules = [...names].flatMap(([key, [kind, name]]) => RULES[kind](key, name));
+  return `${swapped.replace(/\n+$/, "")}\n${rules.join("\n")}\n`;
+}
+
+const hasPlaceholders = (spec: GrammarSpec): boolean => spec.kind === "json_schema" && spec.source.includes(numbers.PREFIX);
 
 /**
  * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
@@ -347,7 +510,7 @@ async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise
  */
 export async function printGrammar(spec: GrammarSpec): Promise<{ text: string; root: string }> {
   const G = xgr().Grammar;
-  const grammar = await engineCall(spec, () => (hasNumbers(spec) ? schemaEbnf(spec.source).then((text) => G.fromEBNF(text))
+  const grammar = await engineCall(spec, () => (hasPlaceholders(spec) ? schemaEbnf(spec.source).then((text) => G.fromEBNF(text))
     : spec.kind === "json_schema" ? G.fromJSONSchema(spec.source, false, -1, SEPARATORS, true)
     : spec.kind === "ebnf" ? G.fromEBNF(spec.source) : tightStructuralTag(spec.source).then((tag) => G.fromStructuralTag(tag))));
   try {
@@ -365,9 +528,12 @@ export interface TokenizerJson {
   added_tokens?: { id: number; content: string }[];
 }
 
-/** One per engine: the vocabulary for xgrammar and a cache of compiled grammars by spec. */
+/** One per engine: the vocabulary for xgrammar and a cache of compiled grammars (and of refusals) by spec. */
 export class GrammarCompiler {
   private readonly cache = new Map<string, XGrammar.CompiledGrammar>();
+  private readonly refused = new Map<string, InvalidRequestError>();
+  /** A compile over this is refused (schema_support.json's compile_limits). */
+  limits = SUPPORT.compile_limits;
   hits = 0;
 
   private constructor(private readonly compiler: XGrammar.GrammarCompiler, readonly vocabSize: number) {}
@@ -393,10 +559,21 @@ export class GrammarCompiler {
       this.hits++;
       return hit;
     }
-    const compiled = await engineCall(spec, () => (hasNumbers(spec) ? schemaEbnf(spec.source).then((text) => this.compiler.compileGrammar(text))
+    const refused = this.refused.get(key);
+    if (refused) throw refused;
+    const start = performance.now();
+    const compiled = await engineCall(spec, () => (hasPlaceholders(spec) ? schemaEbnf(spec.source).then((text) => this.compiler.compileGrammar(text))
       : spec.kind === "json_schema" ? this.compiler.compileJSONSchema(spec.source, false, -1, SEPARATORS, true)
       : spec.kind === "ebnf" ? this.compiler.compileGrammar(spec.source)
         : tightStructuralTag(spec.source).then((tag) => this.compiler.compileStructuralTag(tag))));
+    const seconds = (performance.now() - start) / 1000;
+    if (seconds > this.limits.seconds) {  // web-xgrammar reports no memory size: time only (schema_support.json)
+      compiled.dispose();
+      const err = new InvalidRequestError(`compiling the grammar took ${seconds.toFixed(1)} s, over the limit of ` +
+        `${this.limits.seconds} s: bound its strings and arrays (maxLength, maxItems, schema_defaults) or simplify its patterns`);
+      this.refused.set(key, err);
+      throw err;
+    }
     this.cache.set(key, compiled);
     return compiled;
   }

@@ -1,0 +1,512 @@
+// Exact grammars for JSON strings with a `pattern` or length bounds, which xgrammar 0.1.27 gets wrong.
+// The twin of the server's lantern/server/string_grammar.py, which explains the method (what xgrammar
+// does wrong, the part of ECMA-262 read alike by Python, the automaton, how characters are written).
+// Both print the same placeholders, errors and rules, character for character
+// (tests/test_structured_exact.py).
+import { type Automaton, PREFIX, minimalDfa } from "./numbers";
+
+const MAX_NFA_STATES = 4000;
+const MAX_DFA_STATES = 4000;
+const TOP = 0xffff;
+type Chars = [number, number][];  // sorted, disjoint, non-touching [lo, hi] pairs
+const ALL: Chars = [[0, 0xd7ff], [0xe000, TOP]];
+const ASCII: Chars = [[0, 0x7f]];
+const DIGITS: Chars = [[0x30, 0x39]];
+const WORD: Chars = [[0x30, 0x39], [0x41, 0x5a], [0x5f, 0x5f], [0x61, 0x7a]];
+const SPACE: Chars = [[0x09, 0x0d], [0x20, 0x20]];
+const SPACE_MAYBE: Chars = [[0x09, 0x0d], [0x1c, 0x20], [0x80, TOP]];
+const LINE_ENDS: Chars = [[0x0a, 0x0a], [0x0d, 0x0d], [0x2028, 0x2029]];
+const SHORT_ESCAPES: Record<number, string> = { 0x08: "b", 0x09: "t", 0x0a: "n", 0x0c: "f", 0x0d: "r" };
+const CONTROL_ESCAPES: Record<string, number> = { t: 0x09, n: 0x0a, v: 0x0b, f: 0x0c, r: 0x0d, "0": 0x00 };
+const SYNTAX = "^$\\.*+?()[]{}|/";
+const RAW: Chars = [[0x20, 0x21], [0x23, 0x5b], [0x5d, 0x7e]];  // written as is inside a JSON string
+
+/** A pattern Lantern cannot enforce exactly, or one that no string (within the lengths) matches. */
+export class PatternError extends Error {
+  override name = "PatternError";
+}
+
+// ---- sets of code points -----------------------------------------------------------------------
+
+function norm(pairs: Chars): Chars {
+  const out: Chars = [];
+  for (const [lo, hi] of [...pairs].sort((a, b) => a[0] - b[0] || a[1] - b[1])) {
+    const last = out[out.length - 1];
+    if (last && lo <= last[1] + 1) last[1] = Math.max(last[1], hi);
+    else out.push([lo, hi]);
+  }
+  return out;
+}
+
+function minus(a: Chars, b: Chars): Chars {
+  const out: Chars = [];
+  for (const [lo0, hi] of a) {
+    let lo = lo0;
+    for (const [blo, bhi] of b) {
+      if (bhi < lo || blo > hi) continue;
+      if (blo > lo) out.push([lo, blo - 1]);
+      lo = bhi + 1;
+      if (lo > hi) break;
+    }
+    if (lo <= hi) out.push([lo, hi]);
+  }
+  return norm(out);
+}
+
+const intersect = (a: Chars, b: Chars): Chars => minus(a, minus(a, b));
+const same = (a: Chars, b: Chars): boolean => JSON.stringify(a) === JSON.stringify(b);
+
+// ---- the pattern --------------------------------------------------------------------------------
+
+type Node = { t: "set"; chars: Chars } | { t: "cat"; items: Node[] } | { t: "alt"; branches: Node[] }
+  | { t: "rep"; node: Node; lo: number; hi: number | null } | { t: "bol" } | { t: "eol" };
+
+const isDigit = (ch: string): boolean => ch.length === 1 && ch >= "0" && ch <= "9";
+
+class Parser {
+  private i = 0;
+  private readonly p: string[];
+
+  constructor(pattern: string) {
+    this.p = Array.from(pattern);  // code points, so positions count as Python's do
+  }
+
+  private fail(what: string): never {
+    throw new PatternError(`${what} at position ${this.i} of the pattern`);
+  }
+
+  private peek(): string {
+    return this.i < this.p.length ? this.p[this.i] : "";
+  }
+
+  parse(): Node {
+    const node = this.alt();
+    if (this.i < this.p.length) this.fail("unmatched ')'");
+    return node;
+  }
+
+  private alt(): Node {
+    const branches = [this.seq()];
+    while (this.peek() === "|") {
+      this.i++;
+      branches.push(this.seq());
+    }
+    return branches.length === 1 ? branches[0] : { t: "alt", branches };
+  }
+
+  private seq(): Node {
+    const items: Node[] = [];
+    while (!["", "|", ")"].includes(this.peek())) items.push(this.quantified(this.atom()));
+    return { t: "cat", items };
+  }
+
+  private number(): number | null {
+    const start = this.i;
+    while (isDigit(this.peek())) this.i++;
+    return this.i > start ? Number(this.p.slice(start, this.i).join("")) : null;
+  }
+
+  private quantified(node: Node): Node {
+    const ch = this.peek();
+    let lo: number;
+    let hi: number | null;
+    if (ch === "*" || ch === "+" || ch === "?") {
+      this.i++;
+      [lo, hi] = ch === "*" ? [0, null] : ch === "+" ? [1, null] : [0, 1];
+    } else if (ch === "{") {
+      this.i++;
+      const n = this.number();
+      if (n === null) this.fail("a '{' that starts no {n,m} quantifier");
+      lo = n;
+      hi = lo;
+      if (this.peek() === ",") {
+        this.i++;
+        hi = this.number();
+      }
+      if (this.peek() !== "}") this.fail("an unclosed {n,m} quantifier");
+      this.i++;
+      if (hi !== null && hi < lo) this.fail(`a quantifier {${lo},${hi}} whose minimum is above its maximum`);
+    } else {
+      return node;
+    }
+    if (node.t === "bol" || node.t === "eol") this.fail("a quantifier on an anchor");
+    if (this.peek() === "?") this.i++;  // lazy: the same strings
+    if (["*", "+", "?", "{"].includes(this.peek())) this.fail("a quantifier on a quantifier");
+    return { t: "rep", node, lo, hi };
+  }
+
+  private atom(): Node {
+    const ch = this.peek();
+    this.i++;
+    if (ch === "(") {
+      if (this.peek() === "?") {
+        if (this.p[this.i + 1] === ":") this.i += 2;
+        else this.fail("lookaround and named groups are not supported");
+      }
+      const node = this.alt();
+      if (this.peek() !== ")") this.fail("an unclosed '('");
+      this.i++;
+      return node;
+    }
+    if (ch === "[") return { t: "set", chars: this.charClass() };
+    if (ch === ".") return { t: "set", chars: minus(ALL, LINE_ENDS) };
+    if (ch === "^") return { t: "bol" };
+    if (ch === "$") return { t: "eol" };
+    if (ch === "\\") return { t: "set", chars: this.escape(false)[0] };
+    if (ch === "*" || ch === "+" || ch === "?" || ch === "{") {
+      this.i--;
+      this.fail(`a quantifier '${ch}' with nothing to repeat`);
+    }
+    if (ch === "}" || ch === "]") {
+      this.i--;
+      this.fail(`a lone '${ch}'`);
+    }
+    return { t: "set", chars: this.literal(ch) };
+  }
+
+  private literal(ch: string): Chars {
+    const code = ch.codePointAt(0)!;
+    if (code > TOP || (code >= 0xd800 && code <= 0xdfff)) {
+      this.i--;
+      this.fail(code > TOP ? "a character above U+FFFF" : "a lone surrogate");
+    }
+    return [[code, code]];
+  }
+
+  /** [certain, possible] after a backslash: what every engine, and what some engine, matches. */
+  private escape(inClass: boolean): [Chars, Chars] {
+    const ch = this.peek();
+    this.i++;
+    const shorthand: Record<string, [Chars, Chars]> = {
+      d: [DIGITS, norm([...DIGITS, [0x80, TOP]])], w: [WORD, norm([...WORD, [0x80, TOP]])], s: [SPACE, SPACE_MAYBE],
+    };
+    const lower = ch.toLowerCase();
+    if (Object.hasOwn(shorthand, lower)) {
+      const [certain, possible] = shorthand[lower];
+      if (ch === lower) return [certain, possible];
+      return [intersect(minus(ALL, possible), ASCII), minus(ALL, certain)];
+    }
+    let code: number;
+    if (Object.hasOwn(CONTROL_ESCAPES, ch)) {
+      if (ch === "0" && isDigit(this.peek())) this.fail("an octal escape");
+      code = CONTROL_ESCAPES[ch];
+    } else if (ch === "x" || ch === "u") {
+      const width = ch === "x" ? 2 : 4;
+      const digits = this.p.slice(this.i, this.i + width).join("");
+      if (digits.length !== width || !/^[0-9A-Fa-f]+$/.test(digits)) this.fail(`an escape \\${ch} without ${width} hex digits`);
+      this.i += width;
+      code = parseInt(digits, 16);
+      if (code >= 0xd800 && code <= 0xdfff) this.fail("a surrogate escape");
+    } else if (ch !== "" && (SYNTAX.includes(ch) || (inClass && ch === "-"))) {
+      code = ch.codePointAt(0)!;
+    } else {
+      this.i--;
+      this.fail(ch ? `the escape \\${ch} (not read alike by JavaScript and Python)` : "a trailing backslash");
+    }
+    return [[[code, code]], [[code, code]]];
+  }
+
+  /** [certain, possible, single character?] of one class member. */
+  private classAtom(): [Chars, Chars, boolean] {
+    const ch = this.peek();
+    if (ch === "") this.fail("an unclosed '['");
+    this.i++;
+    if (ch === "\\") {
+      const [certain, possible] = this.escape(true);
+      return [certain, possible, certain.length === 1 && certain[0][0] === certain[0][1] && same(certain, possible)];
+    }
+    if (ch === "[") {
+      this.i--;
+      this.fail("a '[' inside a class (read differently by JavaScript and Python)");
+    }
+    const single = this.literal(ch);
+    return [single, single, true];
+  }
+
+  private charClass(): Chars {
+    const negated = this.peek() === "^";
+    if (negated) this.i++;
+    let certain: Chars = [];
+    let possible: Chars = [];
+    if (this.peek() === "]") this.fail("an empty class '[]'");
+    while (this.peek() !== "]") {
+      let [c1, p1, single] = this.classAtom();
+      const after = this.p[this.i + 1] ?? "";
+      if (this.peek() === "-" && after !== "]" && after !== "") {
+        this.i++;
+        const [c2, , single2] = this.classAtom();
+        if (!(single && single2)) this.fail("a range with a class shorthand at one end");
+        if (c2[0][0] < c1[0][0]) this.fail("a range out of order");
+        c1 = p1 = [[c1[0][0], c2[0][0]]];
+      }
+      certain = [...certain, ...c1];
+      possible = [...possible, ...p1];
+    }
+    this.i++;
+    if (negated) return minus(ALL, norm(possible));
+    return intersect(norm(certain), ALL);
+  }
+}
+
+const parsePattern = (pattern: string): Node => new Parser(pattern).parse();
+
+const PLAIN: Chars = [[0x20, 0x21], [0x23, 0x5b], [0x5d, 0x7e]];  // what a JSON string holds unescaped, ASCII
+
+/** PatternError unless `pattern` matches some string and only characters of PLAIN (see the twin). */
+export function checkPlainPattern(pattern: string): void {
+  const sets = (node: Node): Chars[] => (node.t === "set" ? [node.chars] : node.t === "cat" ? node.items.flatMap(sets)
+    : node.t === "alt" ? node.branches.flatMap(sets) : node.t === "rep" ? sets(node.node) : []);
+  if (sets(parsePattern(pattern)).some((chars) => minus(chars, PLAIN).length)) {
+    throw new PatternError("it may match a quote, a backslash, a control or a non-ASCII character, which the grammar engine " +
+      "would write unescaped here; narrow it to printable ASCII, or use propertyNames with the pattern (enforced exactly)");
+  }
+  stringDfa(pattern, 0, null);
+}
+
+// ---- pattern -> NFA -----------------------------------------------------------------------------
+
+type Edge = [kind: "eps" | "bol" | "eol" | "set", chars: Chars, target: number];
+
+class Nfa {
+  readonly edges: Edge[][] = [];
+
+  state(): number {
+    if (this.edges.length >= MAX_NFA_STATES) {
+      throw new PatternError(`the pattern needs more than ${MAX_NFA_STATES} automaton states (shorten its {n,m} counts)`);
+    }
+    this.edges.push([]);
+    return this.edges.length - 1;
+  }
+
+  build(node: Node, start: number): number {
+    switch (node.t) {
+      case "set": {
+        const end = this.state();
+        this.edges[start].push(["set", node.chars, end]);
+        return end;
+      }
+      case "bol":
+      case "eol": {
+        const end = this.state();
+        this.edges[start].push([node.t, [], end]);
+        return end;
+      }
+      case "cat":
+        for (const item of node.items) start = this.build(item, start);
+        return start;
+      case "alt": {
+        const end = this.state();
+        for (const branch of node.branches) this.edges[this.build(branch, start)].push(["eps", [], end]);
+        return end;
+      }
+      case "rep": {
+        for (let k = 0; k < node.lo; k++) start = this.build(node.node, start);
+        if (node.hi === null) {
+          const loop = this.state();
+          this.edges[start].push(["eps", [], loop]);
+          this.edges[this.build(node.node, loop)].push(["eps", [], loop]);
+          return loop;
+        }
+        const end = this.state();
+        for (let k = 0; k < node.hi - node.lo; k++) {
+          this.edges[start].push(["eps", [], end]);
+          start = this.build(node.node, start);
+        }
+        this.edges[start].push(["eps", [], end]);
+        return end;
+      }
+    }
+  }
+}
+
+// A thread is state * 2 + (1 if past `$`); a DFA state is "count|sorted threads".
+function closure(nfa: Nfa, threads: number[], atStart: boolean): number[] {
+  const seen = new Set(threads);
+  const todo = [...threads];
+  while (todo.length) {
+    const thread = todo.pop()!;
+    const ended = thread % 2;
+    for (const [kind, , target] of nfa.edges[thread >> 1]) {
+      if (kind === "eps" || (kind === "bol" && atStart) || kind === "eol") {
+        const next = target * 2 + (ended || kind === "eol" ? 1 : 0);
+        if (!seen.has(next)) {
+          seen.add(next);
+          todo.push(next);
+        }
+      }
+    }
+  }
+  return [...seen].sort((a, b) => a - b);
+}
+
+function minterms(sets: Chars[]): Chars[] {
+  const cuts = [...new Set(sets.flatMap((s) => s.flatMap(([lo, hi]) => [lo, hi + 1])))].sort((a, b) => a - b);
+  const groups = new Map<string, Chars>();
+  for (let k = 0; k + 1 < cuts.length; k++) {
+    const lo = cuts[k];
+    const member = sets.flatMap((s, i) => (s.some(([a, b]) => a <= lo && lo <= b) ? [i] : []));
+    if (!member.length) continue;
+    const key = member.join(",");
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key)!.push([lo, cuts[k + 1] - 1]);
+  }
+  return [...groups.values()].map(norm);
+}
+
+type Dfa = [Map<number, number>[], boolean[], Chars[]];
+
+function stringDfa(pattern: string | null, minLength: number, maxLength: number | null): Dfa {
+  const nfa = new Nfa();
+  const start = nfa.state();
+  const end = nfa.build(pattern !== null ? parsePattern(pattern) : { t: "rep", node: { t: "set", chars: ALL }, lo: 0, hi: null }, start);
+  const sets = minterms(nfa.edges.flatMap((edges) => edges.filter(([kind]) => kind === "set").map(([, chars]) => chars)));
+  const member = new Map<string, number[]>();
+  nfa.edges.forEach((edges, s) => {
+    for (const [kind, chars, target] of edges) {
+      if (kind !== "set") continue;
+      sets.forEach((term, m) => {
+        if (!same(intersect(term, chars), term)) return;
+        const key = `${s},${m}`;
+        if (!member.has(key)) member.set(key, []);
+        member.get(key)!.push(target);
+      });
+    }
+  });
+  const cap = maxLength ?? minLength;
+  const key = (threads: number[], count: number) => `${count}|${threads.join(",")}`;
+  const parse = (state: string): [number[], number] => {
+    const [count, threads] = state.split("|");
+    return [threads ? threads.split(",").map(Number) : [], Number(count)];
+  };
+  const first = key(closure(nfa, [start * 2], true), 0);
+  const seen = new Set([first]);
+  const automaton: Automaton<string, number> = {
+    start: first,
+    step(state, m) {
+      const [threads, count] = parse(state);
+      if (maxLength !== null && count >= maxLength) return null;
+      const moved = new Set<number>();
+      for (const thread of threads) {
+        if (thread % 2) continue;
+        for (const t of member.get(`${thread >> 1},${m}`) ?? []) moved.add(t * 2);
+      }
+      if (!moved.size) return null;
+      const next = key(closure(nfa, [...moved], false), Math.min(count + 1, cap));
+      seen.add(next);
+      if (seen.size > MAX_DFA_STATES) {
+        throw new PatternError(`the pattern with these lengths needs more than ${MAX_DFA_STATES} automaton states`);
+      }
+      return next;
+    },
+    accepts(state) {
+      const [threads, count] = parse(state);
+      return count >= minLength && threads.some((thread) => thread >> 1 === end);
+    },
+  };
+  const dfa = minimalDfa(automaton, sets.map((_, m) => m));
+  if (dfa === null) throw new PatternError(pattern !== null ? "no string matches it" : "no string has such a length");
+  return [dfa[0], dfa[1], sets];
+}
+
+// ---- writing character sets as JSON text --------------------------------------------------------
+
+function hexDigits(lo: number, hi: number): string {
+  if (lo === hi) return `"${lo.toString(16)}"`;
+  const parts: string[] = [];
+  for (const [a, b] of [[lo, Math.min(hi, 9)], [Math.max(lo, 10), hi]]) {
+    if (a <= b) parts.push(a === b ? a.toString(16) : `${a.toString(16)}-${b.toString(16)}`);
+  }
+  return `[${parts.join("")}]`;
+}
+
+function hexRanges(lo: number, hi: number, width: number): [number, number][][] {
+  if (width === 0) return [[]];
+  const base = 16 ** (width - 1);
+  let first = Math.floor(lo / base);
+  let last = Math.floor(hi / base);
+  if (first === last) return hexRanges(lo % base, hi % base, width - 1).map((rest) => [[first, first], ...rest]);
+  let out: [number, number][][] = [];
+  if (lo % base) {
+    const f = first;
+    out = out.concat(hexRanges(lo % base, base - 1, width - 1).map((rest) => [[f, f], ...rest]));
+    first++;
+  }
+  let tail: [number, number][][] = [];
+  if (hi % base !== base - 1) {
+    const l = last;
+    tail = hexRanges(0, hi % base, width - 1).map((rest) => [[l, l], ...rest]);
+    last--;
+  }
+  if (first <= last) out.push([[first, last], ...Array.from({ length: width - 1 }, (): [number, number] => [0, 15])]);
+  return out.concat(tail);
+}
+
+function classChar(code: number): string {
+  const ch = String.fromCharCode(code);
+  return "]\\^-".includes(ch) ? `\\${ch}` : ch;
+}
+
+function charsEbnf(chars: Chars): string {
+  const alts: string[] = [];
+  const raw = intersect(chars, RAW);
+  if (raw.length) alts.push(`[${raw.map(([lo, hi]) => (lo === hi ? classChar(lo) : `${classChar(lo)}-${classChar(hi)}`)).join("")}]`);
+  if (intersect(chars, [[0x22, 0x22]]).length) alts.push('"\\\\\\""');
+  if (intersect(chars, [[0x5c, 0x5c]]).length) alts.push('"\\\\\\\\"');
+  const escaped: Chars = [];
+  for (const [lo, hi] of minus(chars, [...RAW, [0x22, 0x22], [0x5c, 0x5c]])) {
+    for (let code = lo; code <= Math.min(hi, 0x1f); code++) {
+      if (Object.hasOwn(SHORT_ESCAPES, code)) alts.push(`"\\\\${SHORT_ESCAPES[code]}"`);
+      else escaped.push([code, code]);
+    }
+    if (hi > 0x1f) escaped.push([Math.max(lo, 0x7f), hi]);
+  }
+  if (escaped.length) {
+    const seqs = norm(escaped).flatMap(([lo, hi]) => hexRanges(lo, hi, 4));
+    const body = seqs.map((seq) => seq.map(([a, b]) => hexDigits(a, b)).join(" ")).join(" | ");
+    alts.push(seqs.length > 1 ? `"\\\\u" (${body})` : `"\\\\u" ${body}`);
+  }
+  return alts.map((a) => (a.includes(" ") && alts.length > 1 ? `(${a})` : a)).join(" | ");
+}
+
+// ---- placeholders -------------------------------------------------------------------------------
+
+const KIND = "string";
+const automata = new Map<string, Dfa>();
+
+/** The placeholder for a string subschema: its pattern and lengths, hex-encoded (see the twin). */
+export function placeholder(pattern: string | null, minLength: number, maxLength: number | null): string {
+  if (pattern !== null) parsePattern(pattern);
+  const bytes = new TextEncoder().encode(JSON.stringify([pattern, minLength, maxLength]));
+  return `${PREFIX}${KIND}:${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+function parsePlaceholder(key: string): [string | null, number, number | null] {
+  const hex = key.slice(PREFIX.length + KIND.length + 1);
+  const bytes = new Uint8Array(hex.length / 2).map((_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16));
+  return JSON.parse(new TextDecoder().decode(bytes));
+}
+
+/** The EBNF rules (start: `${name}_0`) for the placeholder `key`: the quoted string. */
+export function stringRules(key: string, name: string): string[] {
+  if (!automata.has(key)) {
+    if (automata.size >= 256) automata.clear();
+    automata.set(key, stringDfa(...parsePlaceholder(key)));
+  }
+  const [trans, accepting, sets] = automata.get(key)!;
+  const rules = [`${name}_0 ::= "\\"" ${name}_s0`];
+  const charRules = new Map<string, [string, Chars]>();
+  trans.forEach((out, i) => {
+    const alts = accepting[i] ? ['"\\""'] : [];
+    const byTarget = new Map<number, Chars>();
+    for (const [m, t] of out) byTarget.set(t, [...(byTarget.get(t) ?? []), ...sets[m]]);
+    for (const [t, unsorted] of byTarget) {
+      const chars = norm(unsorted);
+      const k = JSON.stringify(chars);
+      if (!charRules.has(k)) charRules.set(k, [`${name}_c${charRules.size}`, chars]);
+      alts.push(`${charRules.get(k)![0]} ${name}_s${t}`);
+    }
+    rules.push(`${name}_s${i} ::= ${alts.join(" | ")}`);
+  });
+  for (const [rule, chars] of charRules.values()) rules.push(`${rule} ::= ${charsEbnf(chars)}`);
+  return rules;
+}
