@@ -1,7 +1,8 @@
 """Benchmark (not a test): what grammar-constrained decoding costs, in both engines.
 
 The same prompt is answered without a schema, with a plain JSON schema and with one using OpenAI's
-strict-mode keywords Lantern writes its own grammar for (decimal and exclusive bounds, a date),
+strict-mode keywords Lantern writes its own grammar for (decimal and exclusive bounds, multipleOf, a
+date, a pattern with a length, uniqueItems; free strings bounded by the default schema_defaults),
 greedily, in the server's CPU engine and (with --browser) in the browser engine on WebGPU; printed
 per engine: decode tokens/s in each case, the ratios to free text, and each grammar's first-use
 compile time.
@@ -32,12 +33,16 @@ SCHEMA = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
     "type": "object", "required": ["name", "age"],
     "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "people", "schema": SCHEMA}}
-# OpenAI strict-mode keywords Lantern writes its own grammar for: decimal and exclusive bounds, formats
+# Keywords Lantern writes its own grammar for: decimal and exclusive bounds, multipleOf, formats, a pattern
+# with a length, uniqueItems
 STRICT = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
-    "type": "object", "required": ["name", "born", "height_m", "balance"], "additionalProperties": False,
-    "properties": {"name": {"type": "string", "maxLength": 12}, "born": {"type": "string", "format": "date"},
-                   "height_m": {"type": "number", "exclusiveMinimum": 0.3, "maximum": 2.5},
-                   "balance": {"type": ["number", "null"], "minimum": -1000.5}}}}
+    "type": "object", "required": ["name", "born", "height_m", "balance", "roles"], "additionalProperties": False,
+    "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]+$", "maxLength": 12},
+                   "born": {"type": "string", "format": "date"},
+                   "height_m": {"type": "number", "exclusiveMinimum": 0.3, "maximum": 2.5, "multipleOf": 0.25},
+                   "balance": {"type": ["number", "null"], "minimum": -1000.5},
+                   "roles": {"type": "array", "items": {"enum": ["admin", "editor", "viewer"]}, "uniqueItems": True,
+                             "minItems": 1, "maxItems": 2}}}}
 STRICT_FORMAT = {"type": "json_schema", "json_schema": {"name": "people_strict", "schema": STRICT, "strict": True}}
 
 
@@ -54,7 +59,8 @@ def cpu(path: Path, max_tokens: int, reps: int) -> dict:
         grammar = None
         if fmt:
             start = time.perf_counter()
-            grammar = engine.compile_grammar(response_format_spec(fmt))
+            defaults = ChatCompletionRequest(**request(fmt, max_tokens)).schema_defaults.model_dump()
+            grammar = engine.compile_grammar(response_format_spec(fmt, defaults))
             out["compile_ms_" + label] = (time.perf_counter() - start) * 1000
         speeds = []
         for _ in range(reps):
@@ -97,7 +103,7 @@ def main() -> int:
         print(f"{name:22} {r['free']:11.2f} {r['schema']:13.2f} {r['schema'] / r['free']:6.2f} {r['strict']:13.2f} "
               f"{r['strict'] / r['free']:6.2f}  {r['tokens_free']}/{r['tokens_schema']}/{r['tokens_strict']}")
     print(f"grammar compile (first use, CPU engine): schema {rows[0][1]['compile_ms_schema']:.1f} ms, "
-          f"strict (number ranges, date) {rows[0][1]['compile_ms_strict']:.1f} ms")
+          f"strict (ranges, multipleOf, date, pattern, uniqueItems) {rows[0][1]['compile_ms_strict']:.1f} ms")
     return 0
 
 

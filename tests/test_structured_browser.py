@@ -2,16 +2,22 @@
 
 The same suite as tests/test_structured.py's CPU run: every schema with two seeds, validated
 by ajv in the page (/runtime/schema-check.js); and the same seeds must give the same answers as the server's CPU engine.
+Random strict-mode schemas run on the tiny random model: validity must not depend on the model.
 """
 
 from __future__ import annotations
 
 import json
+import random
 
+import jsonschema
 import pytest
+import xgrammar
+from xgrammar.testing import _get_matcher_from_grammar
 
 from browser import launch, lantern_server
-from structured_cases import ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, cpu_runs, request
+from structured_cases import (ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, cpu_runs, random_strict_schema,
+                              request)
 
 from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 
@@ -26,6 +32,18 @@ def page(smollm2_q4, playwright):
         page.goto(base + "/engine.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
         page.evaluate("(m) => load(m)", f"/models/{smollm2_q4.path.name}/")
+        yield page
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_page(tiny_q4, playwright):
+    with lantern_server([tiny_q4.path]) as (base, _):
+        browser = launch(playwright)
+        page = browser.new_page()
+        page.goto(base + "/engine.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        page.evaluate("(m) => load(m)", f"/models/{tiny_q4.path.name}/")
         yield page
         browser.close()
 
@@ -101,3 +119,37 @@ def test_bad_structured_requests_are_rejected_up_front(page):
         assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
     stats = page.evaluate("engine.stats()")
     assert stats["queued"] == 0 and stats["kvSequences"] <= 1
+
+
+def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, report):
+    """16 random schemas over OpenAI's strict-mode keywords (the server's generator), on the tiny random
+    model on WebGPU, max_tokens 256: every finished answer validates with ajv (in the page) and with
+    jsonschema (every format checked); an answer cut by max_tokens is a prefix the grammar allows."""
+    from lantern.server.protocol import ChatCompletionRequest
+    from lantern.server.structured import request_spec, schema_ebnf
+
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    rng = random.Random(18)
+    finished = cut = 0
+    for k in range(16):
+        schema = random_strict_schema(rng)
+        req = {"messages": MESSAGES, "seed": k, "temperature": 1.0, "max_tokens": 256, "response_format": {
+            "type": "json_schema", "json_schema": {"name": f"s{k}", "schema": schema, "strict": True}}}
+        [reply] = chat(tiny_page, req)
+        ChatCompletion.model_validate(reply)
+        text, finish = reply["choices"][0]["message"]["content"], reply["choices"][0]["finish_reason"]
+        if finish == "length":
+            parsed = ChatCompletionRequest(**req)
+            spec = request_spec(parsed.response_format.model_dump(exclude_none=True), [], None, True,
+                                parsed.schema_defaults.model_dump())
+            assert _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source))).accept_string(text), \
+                (schema, text)
+            cut += 1
+            continue
+        assert finish == "stop", (schema, text, finish)
+        assert tiny_page.evaluate("([s, t]) => ajvCheck(s, t)", [schema, text]) is None, (schema, text)
+        jsonschema.Draft202012Validator(schema, format_checker=checker).validate(json.loads(text))
+        finished += 1
+    assert finished >= 10
+    report(f"random strict schemas (tiny model, browser, webgpu): 16 schemas: {finished} finished, 100% valid "
+           f"(ajv and jsonschema with format checks); {cut} cut by max_tokens (finish_reason length)")

@@ -386,3 +386,24 @@ def test_formats_let_through_only_strings_both_validators_accept(report):
     total = sum(len(v) + len(i) for v, i in FORMAT_SAMPLES.values())
     report(f"formats: {len(FORMAT_SAMPLES)} formats, {total} samples (2023-02-29, 25:00:00Z, 256.1.1.1 among them): "
            "the grammar accepts exactly the valid ones, each valid for jsonschema and ajv-formats")
+
+
+# ---- the keyword table ----------------------------------------------------------------------------
+
+def test_the_readme_lists_every_keyword_from_the_shared_table():
+    """schema_support.json's keyword table puts each accepted keyword in one row and names the refused
+    ones (each refused by name); README.md's table is written from it (ci/schema_table.py --check)."""
+    import subprocess
+    import sys
+
+    from browser import repo_root
+
+    rows = [k for row in SUPPORT["keyword_table"] for k in row["keywords"]]
+    assert len(rows) == len(set(rows)) and set(rows) == set(SUPPORT["keywords"])
+    for keyword in SUPPORT["refused"]:
+        assert keyword not in SUPPORT["keywords"]
+        with pytest.raises(StructuredOutputError, match=re.escape(f"'{keyword}'")):
+            check_schema({"type": "object", keyword: {}})
+    check = subprocess.run([sys.executable, "ci/schema_table.py", "--check"], cwd=repo_root(), capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout

@@ -1,0 +1,52 @@
+"""Write the README's table of JSON-schema keywords from server/schema_support.json.
+
+    .venv/bin/python ci/schema_table.py          # rewrite the table in README.md
+    .venv/bin/python ci/schema_table.py --check  # exit 1 if README.md's table is out of date
+
+The table sits between the two marker comments in README.md; tests/test_structured_exact.py runs the check.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+START, END = "<!-- schema-keywords: written by ci/schema_table.py -->", "<!-- /schema-keywords -->"
+
+
+def table(support: dict) -> str:
+    """The markdown table: one row per group of keywords, then the refused ones."""
+    lines = ["| keywords | in OpenAI's strict mode | how Lantern enforces them |", "| --- | --- | --- |"]
+    for row in support["keyword_table"]:
+        names = ", ".join(f"`{k}`" for k in row["keywords"])
+        lines.append(f"| {names} | {'yes' if row['openai'] else 'no'} | {row['enforced'].replace('|', '&#124;')} |")
+    refused = ", ".join(f"`{k}`" for k in support["refused"])
+    lines.append(f"| {refused}, and any keyword not above | no | refused: 400 / `InvalidRequestError` naming the keyword "
+                 "and where it is |")
+    return "\n".join(lines)
+
+
+def readme_with_table(readme: str, support: dict) -> str:
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table(support)}\n{END}{tail}"
+
+
+def main() -> int:
+    support = json.loads((ROOT / "server" / "schema_support.json").read_text())
+    path = ROOT / "README.md"
+    readme = path.read_text()
+    new = readme_with_table(readme, support)
+    if "--check" in sys.argv[1:]:
+        if new != readme:
+            print("README.md's schema keyword table is out of date: run .venv/bin/python ci/schema_table.py")
+            return 1
+        return 0
+    path.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
