@@ -306,7 +306,7 @@ def _schema_text(schema, where: str, defaults: dict | None) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as err:
             raise StructuredOutputError(f"{where} is not valid JSON: {err}") from None
-    return json.dumps(check_schema(schema, defaults=defaults), sort_keys=True)
+    return json.dumps(check_schema(schema, defaults=defaults))  # in the schema's order: xgrammar keeps it
 
 
 def response_format_spec(fmt: dict | None, defaults: dict | None = None) -> GrammarSpec | None:
@@ -368,7 +368,7 @@ def tool_spec(tools: list[dict], choice, parallel: bool, defaults: dict | None =
         else:
             fmt = {"type": "triggered_tags", "triggers": [TOOL_OPEN], "tags": tags, "at_least_one": False,
                    "stop_after_first": not parallel}
-    return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}, sort_keys=True))
+    return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
 
 
 def request_spec(response_format: dict | None, tools: list[dict], tool_choice, parallel: bool,

@@ -61,6 +61,16 @@ def test_schema_features_xgrammar_would_ignore_are_rejected_by_name(schema, keyw
         check_schema(schema)
 
 
+def test_properties_come_in_the_schema_s_order():
+    """As OpenAI's strict mode writes them: a model that reasons before it answers keeps that order."""
+    schema = {"type": "object", "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+              "required": ["reasoning", "answer"], "additionalProperties": False}
+    spec = request_spec({"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}, [], None, True)
+    grammar = xgrammar.Grammar.from_json_schema(spec.source, **JSON_LAYOUT)
+    assert _is_grammar_accept_string(grammar, '{"reasoning": "x", "answer": 1}')
+    assert not _is_grammar_accept_string(grammar, '{"answer": 1, "reasoning": "x"}')
+
+
 def test_number_ranges_are_enforced_exactly_inside_a_schema():
     # xgrammar 0.1.27 turns 18..120 into digit classes that also accept 121..129, and 0 < x < 1 into any number
     raw = xgrammar.Grammar.from_json_schema(json.dumps({"type": "integer", "minimum": 18, "maximum": 120}))
@@ -128,7 +138,8 @@ def test_typescript_and_python_build_the_same_grammars():
             assert ts["spec"] is None, req
         else:
             assert ts["spec"]["kind"] == py["spec"]["kind"], req
-            parse = json.loads if py["spec"]["kind"] != "ebnf" else str
+            # the same JSON with its keys in the same order (xgrammar writes properties in schema order)
+            parse = (lambda t: json.dumps(json.loads(t))) if py["spec"]["kind"] != "ebnf" else str  # noqa: E731
             assert parse(ts["spec"]["source"]) == parse(py["spec"]["source"]), req
     # Structural tags are compiled with their JSON tightened (no free whitespace). The two xgrammar builds
     # print a bounded repeat differently (maxLength), so the grammars are held equal by what they accept.
@@ -174,7 +185,7 @@ def test_unbounded_strings_and_arrays_get_the_request_s_default_bounds():
                             req.schema_defaults.model_dump())
         return lambda s="x", p="a", a=(1,), m="m" * 300: _is_grammar_accept_string(  # noqa: E731
             xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source)),
-            json.dumps({"s": s, "p": p, "a": list(a), "m": m}, separators=(", ", ": "), sort_keys=True))
+            json.dumps({"s": s, "p": p, "a": list(a), "m": m}, separators=(", ", ": ")))
 
     table = accepts(None)
     assert table(s="x" * 256) and not table(s="x" * 257) and table(s=None)
@@ -320,19 +331,29 @@ def test_openai_client_gets_json_schema_output(client):
     stream = chat(client, "Describe a user.", temperature=0, stream=True,
                   response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": schema}})
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == reply.choices[0].message.content
-    # OpenAI's strict-mode keywords together: number bounds, formats, nullable, anyOf, $defs and $ref
-    strict = {"type": "object", "additionalProperties": False, "required": ["item", "price", "when", "note", "size"],
+    # OpenAI's strict-mode keywords together: number bounds and multipleOf, formats, a pattern, nullable, anyOf,
+    # bounded arrays, $defs and $ref
+    strict = {"type": "object", "additionalProperties": False,
+              "required": ["item", "price", "when", "note", "size", "sku", "qty", "colors"],
               "properties": {"item": {"$ref": "#/$defs/name"},
                              "price": {"type": "number", "exclusiveMinimum": 0, "maximum": 99.5},
+                             "sku": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+                             "qty": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100},
+                             "colors": {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 1, "maxItems": 2},
                              "when": {"type": "string", "format": "date"},
                              "note": {"type": ["string", "null"], "maxLength": 12},
                              "size": {"anyOf": [{"type": "integer", "minimum": 1, "exclusiveMaximum": 4}, {"enum": ["big"]}]}},
               "$defs": {"name": {"type": "string", "maxLength": 10}}}
-    reply = chat(client, "Describe a product for sale.", temperature=0, max_tokens=160,
+    reply = chat(client, "Describe a product for sale.", temperature=0, max_tokens=256,
                  response_format={"type": "json_schema", "json_schema": {"name": "product", "schema": strict, "strict": True}})
     assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
     jsonschema.Draft202012Validator(strict, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(
         json.loads(reply.choices[0].message.content))
+    # Lantern's bound for free strings, set through the client's extra_body
+    free = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": False}
+    reply = chat(client, "Describe a user.", temperature=0, extra_body={"schema_defaults": {"maxLength": 3}},
+                 response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": free}})
+    assert len(json.loads(reply.choices[0].message.content)["name"]) <= 3
 
 
 @pytest.mark.slow

@@ -250,10 +250,13 @@ function uniqueItems(schema: Record<string, unknown>, where: string): Record<str
 /** What xgrammar compiles; `source` is a JSON schema text, an EBNF grammar or a structural tag (JSON). */
 export interface GrammarSpec { kind: "json_schema" | "ebnf" | "structural_tag"; source: string }
 
-/** JSON.stringify with sorted keys: Python's json.dumps(sort_keys=True), so specs compare equal. */
-function stableJson(v: unknown): string {
-  if (Array.isArray(v)) return `[${v.map(stableJson).join(", ")}]`;
-  if (isObject(v)) return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}: ${stableJson(v[k])}`).join(", ")}}`;
+/**
+ * JSON as Python's json.dumps writes it by default (", " and ": ", keys in order), so a spec is the
+ * server's. Key order is kept: xgrammar writes properties in the schema's order, as OpenAI does.
+ */
+function pyJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(pyJson).join(", ")}]`;
+  if (isObject(v)) return `{${Object.keys(v).map((k) => `${JSON.stringify(k)}: ${pyJson(v[k])}`).join(", ")}}`;
   return JSON.stringify(v);
 }
 
@@ -265,7 +268,7 @@ function schemaText(schema: unknown, where: string, defaults: SchemaDefaults): s
       throw new InvalidRequestError(`${where} is not valid JSON: ${(err as Error).message}`);
     }
   }
-  return stableJson(checkSchema(schema, "#", defaults));
+  return pyJson(checkSchema(schema, "#", defaults));
 }
 
 export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"], defaults: SchemaDefaults = {}): GrammarSpec | null {
@@ -287,7 +290,7 @@ export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"]
       if (typeof fmt.pattern !== "string" || !fmt.pattern) {
         throw new InvalidRequestError("response_format.pattern must be a regular expression string");
       }
-      return { kind: "structural_tag", source: stableJson({ type: "structural_tag", format: { type: "regex", pattern: fmt.pattern } }) };
+      return { kind: "structural_tag", source: pyJson({ type: "structural_tag", format: { type: "regex", pattern: fmt.pattern } }) };
     default:
       throw new InvalidRequestError(`response_format.type '${(fmt as { type: unknown }).type}' is not one of text, ` +
         "json_object, json_schema, grammar, regex");
@@ -317,7 +320,7 @@ export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel
       ? { type: "tags_with_separator", tags, separator: "\n", at_least_one: true, stop_after_first: !parallel }
       : { type: "triggered_tags", triggers: [TOOL_OPEN], tags, at_least_one: false, stop_after_first: !parallel };
   }
-  return { kind: "structural_tag", source: stableJson({ type: "structural_tag", format: fmt }) };
+  return { kind: "structural_tag", source: pyJson({ type: "structural_tag", format: fmt }) };
 }
 
 /**
