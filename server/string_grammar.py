@@ -51,6 +51,7 @@ LINE_ENDS = ((0x0A, 0x0A), (0x0D, 0x0D), (0x2028, 0x2029))  # what `.` leaves ou
 SHORT_ESCAPES = {0x08: "b", 0x09: "t", 0x0A: "n", 0x0C: "f", 0x0D: "r"}
 CONTROL_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "0": 0x00}
 SYNTAX = "^$\\.*+?()[]{}|/"
+RAW = ((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E))  # printable ASCII a JSON string holds unescaped
 
 
 class PatternError(ValueError):
@@ -277,11 +278,8 @@ def parse_pattern(pattern: str):
     return _Parser(pattern).parse()
 
 
-PLAIN = ((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E))  # what a JSON string holds unescaped, ASCII
-
-
 def check_plain_pattern(pattern: str) -> None:
-    """PatternError unless ``pattern`` matches some string and only ever characters of PLAIN, which
+    """PatternError unless ``pattern`` matches some string and only ever characters of RAW, which
     xgrammar's own regex (matched against the JSON text, as for patternProperties keys) gets right."""
     def sets(node):
         if node[0] == "set":
@@ -291,7 +289,7 @@ def check_plain_pattern(pattern: str) -> None:
                 yield from sets(child)
         elif node[0] == "rep":
             yield from sets(node[1])
-    if any(minus(chars, PLAIN) for chars in sets(parse_pattern(pattern))):
+    if any(minus(chars, RAW) for chars in sets(parse_pattern(pattern))):
         raise PatternError("it may match a quote, a backslash, a control or a non-ASCII character, which the grammar engine "
                            "would write unescaped here; narrow it to printable ASCII, or use propertyNames with the "
                            "pattern (enforced exactly)")
@@ -452,9 +450,6 @@ def _class_char(code: int) -> str:
     """A printable ASCII character inside an EBNF class (xgrammar reads a \\x escape greedily: \\x60b is one)."""
     ch = chr(code)
     return "\\" + ch if ch in "]\\^-" else ch
-
-
-RAW = ((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E))  # written as is inside a JSON string
 
 
 def chars_ebnf(chars) -> str:

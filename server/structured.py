@@ -171,7 +171,7 @@ def _check_contradictions(schema: dict, where: str) -> None:
     if schema.get("additionalProperties") is False and "patternProperties" not in schema:
         missing = [n for n in schema.get("required") or [] if n not in (schema.get("properties") or {})]
         if missing:
-            raise StructuredOutputError(f"schema keyword 'required' at {where}: {missing[0]!r} is required but not "
+            raise StructuredOutputError(f"schema keyword 'required' at {where}: '{missing[0]}' is required but not "
                                         "in properties, and additionalProperties is false")
 
 
@@ -222,7 +222,7 @@ def _exact_string(schema: dict, where: str, fmt: str | None) -> dict:
         named = ["format", *(k for k in named if k != "pattern")]
     if "format" in schema:
         raise StructuredOutputError(f"schema keyword '{named[-1]}' at {where} cannot be combined with format "
-                                    f"{schema['format']!r}")
+                                    f"'{schema['format']}'")
     _no_values_list(schema, named[0], where)
     lo, hi = schema.get("minLength", 0), schema.get("maxLength")
     if hi is not None and lo > hi:

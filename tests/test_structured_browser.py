@@ -7,6 +7,7 @@ Random strict-mode schemas run on the tiny random model: validity must not depen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 
@@ -24,28 +25,29 @@ from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def page(smollm2_q4, playwright):
-    with lantern_server([smollm2_q4.path]) as (base, _):
+@contextlib.contextmanager
+def engine_page(playwright, artifact):
+    """The test page with the browser engine loaded on ``artifact`` (WebGPU), served by lantern serve."""
+    with lantern_server([artifact.path]) as (base, _):
         browser = launch(playwright)
         page = browser.new_page()
         page.goto(base + "/engine.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-        page.evaluate("(m) => load(m)", f"/models/{smollm2_q4.path.name}/")
+        page.evaluate("(m) => load(m)", f"/models/{artifact.path.name}/")
         yield page
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(smollm2_q4, playwright):
+    with engine_page(playwright, smollm2_q4) as p:
+        yield p
 
 
 @pytest.fixture(scope="module")
 def tiny_page(tiny_q4, playwright):
-    with lantern_server([tiny_q4.path]) as (base, _):
-        browser = launch(playwright)
-        page = browser.new_page()
-        page.goto(base + "/engine.html")
-        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-        page.evaluate("(m) => load(m)", f"/models/{tiny_q4.path.name}/")
-        yield page
-        browser.close()
+    with engine_page(playwright, tiny_q4) as p:
+        yield p
 
 
 def chat(page, *requests: dict) -> list[dict]:

@@ -19,7 +19,7 @@ const LINE_ENDS: Chars = [[0x0a, 0x0a], [0x0d, 0x0d], [0x2028, 0x2029]];
 const SHORT_ESCAPES: Record<number, string> = { 0x08: "b", 0x09: "t", 0x0a: "n", 0x0c: "f", 0x0d: "r" };
 const CONTROL_ESCAPES: Record<string, number> = { t: 0x09, n: 0x0a, v: 0x0b, f: 0x0c, r: 0x0d, "0": 0x00 };
 const SYNTAX = "^$\\.*+?()[]{}|/";
-const RAW: Chars = [[0x20, 0x21], [0x23, 0x5b], [0x5d, 0x7e]];  // written as is inside a JSON string
+const RAW: Chars = [[0x20, 0x21], [0x23, 0x5b], [0x5d, 0x7e]];  // printable ASCII a JSON string holds unescaped
 
 /** A pattern Lantern cannot enforce exactly, or one that no string (within the lengths) matches. */
 export class PatternError extends Error {
@@ -250,13 +250,11 @@ class Parser {
 
 const parsePattern = (pattern: string): Node => new Parser(pattern).parse();
 
-const PLAIN: Chars = [[0x20, 0x21], [0x23, 0x5b], [0x5d, 0x7e]];  // what a JSON string holds unescaped, ASCII
-
-/** PatternError unless `pattern` matches some string and only characters of PLAIN (see the twin). */
+/** PatternError unless `pattern` matches some string and only characters of RAW (see the twin). */
 export function checkPlainPattern(pattern: string): void {
   const sets = (node: Node): Chars[] => (node.t === "set" ? [node.chars] : node.t === "cat" ? node.items.flatMap(sets)
     : node.t === "alt" ? node.branches.flatMap(sets) : node.t === "rep" ? sets(node.node) : []);
-  if (sets(parsePattern(pattern)).some((chars) => minus(chars, PLAIN).length)) {
+  if (sets(parsePattern(pattern)).some((chars) => minus(chars, RAW).length)) {
     throw new PatternError("it may match a quote, a backslash, a control or a non-ASCII character, which the grammar engine " +
       "would write unescaped here; narrow it to printable ASCII, or use propertyNames with the pattern (enforced exactly)");
   }
