@@ -357,7 +357,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
     fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
-    spec = request_spec(fmt, tools, choice, req.parallel_tool_calls, req.schema_defaults.model_dump())
+    # schema checks and grammar compiles can take a while (a long string: a long automaton): off the event loop
+    spec = await asyncio.to_thread(request_spec, fmt, tools, choice, req.parallel_tool_calls,
+                                   req.schema_defaults.model_dump())
     calling = calls_tools(tools, choice)
     # a grammar that decides every token: no reasoning first (auto tool calls leave free text)
     strict = spec is not None and not (calling and choice in (None, "auto"))
@@ -367,7 +369,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         raise ApiError(400, str(err), param="chat_template_kwargs") from None
     prompt_text = slot.engine.render_chat(messages, tools if calling else None, kwargs)
     prompt = server.prepare(slot, prompt_text, req)
-    grammar = slot.engine.compile_grammar(spec)
+    grammar = await asyncio.to_thread(slot.engine.compile_grammar, spec)
     turn = ChatTurn(slot, req, prompt_text, calling, strict)
     return await server.respond(req, slot, prompt, turn.chunk, turn.final, grammar=grammar,
                                 hold_from=TOOL_OPEN if calling else None)

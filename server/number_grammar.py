@@ -29,6 +29,7 @@ import functools
 from dataclasses import dataclass
 
 MAX_DIGITS = 15
+MAX_MERGED = 500  # minimal_dfa merges equal states of automata up to this size
 MAX_MULTIPLE = 250  # multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder (250: ~0.4 s)
 PREFIX = "lantern:"
 # A placeholder as xgrammar prints it inside a rule: the JSON string literal, quotes escaped.
@@ -321,19 +322,24 @@ def minimal_dfa(start, step, accepts, symbols=SYMBOLS) -> tuple[list[dict], list
                 out[ch] = index[nxt]
         edges.append(out)
     final = [accepts(s) for s in order]
-    live = {i for i, f in enumerate(final) if f}  # states that can still reach an end
-    grew = True
-    while grew:
-        grew = False
-        for i, out in enumerate(edges):
-            if i not in live and any(t in live for t in out.values()):
+    sources: list[list[int]] = [[] for _ in order]
+    for i, out in enumerate(edges):
+        for t in out.values():
+            sources[t].append(i)
+    live = {i for i, f in enumerate(final) if f}  # states that can still reach an end: back from the ends
+    todo = list(live)
+    while todo:
+        for i in sources[todo.pop()]:
+            if i not in live:
                 live.add(i)
-                grew = True
+                todo.append(i)
     if 0 not in live:
         return None
-    # Moore: split classes until every state in a class goes where its classmates go
-    cls = {i: int(final[i]) for i in live}
-    while True:
+    # Moore: split classes until every state in a class goes where its classmates go. It takes a round
+    # per state on a long counting chain (maxLength 1000: seconds), where states are distinct anyway:
+    # past MAX_MERGED states each stays its own class (the rules are longer, never wrong).
+    cls = {i: int(final[i]) if len(live) <= MAX_MERGED else i for i in live}
+    while len(live) <= MAX_MERGED:
         sig = {i: (cls[i], tuple((ch, cls[t]) for ch, t in edges[i].items() if t in live)) for i in live}
         names: dict = {}
         new = {i: names.setdefault(sig[i], len(names)) for i in sorted(live)}

@@ -38,7 +38,8 @@ import re
 from .number_grammar import PREFIX, minimal_dfa
 
 MAX_NFA_STATES = 4000  # a pattern larger than this (after {n,m} copies) is refused
-MAX_DFA_STATES = 4000  # states of the string automaton before merging, lengths counted
+MAX_DFA_STATES = 2000  # states of the string automaton before merging, lengths counted (xgrammar's compile
+                       # of a 1000-state chain: ~1.2 s against a 151k vocabulary)
 TOP = 0xFFFF
 ALL = ((0, 0xD7FF), (0xE000, TOP))  # code points a string may hold (no lone surrogates)
 ASCII = ((0, 0x7F),)

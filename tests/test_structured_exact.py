@@ -249,6 +249,13 @@ def test_patterns_not_enforced_exactly_are_refused_by_name(pattern, what):
     assert what in str(err.value), err.value
 
 
+def test_long_strings_beyond_the_merged_size_stay_exact():
+    """A 700-character bound makes an automaton past MAX_MERGED states, left unmerged: still exact."""
+    g = accepts_of(string_grammar.string_rules(string_grammar.placeholder("[a-c]*x", 3, 700), "s"), "s")
+    assert g(json.dumps("ab" * 349 + "x")) and not g(json.dumps("ab" * 350 + "x")) and not g(json.dumps("ax"))
+    assert not g(json.dumps("ab" * 10 + "y"))
+
+
 def test_xgrammar_alone_lets_invalid_strings_through():
     """Why Lantern writes string rules itself: xgrammar 0.1.27 on the same schemas."""
     from xgrammar.testing import _is_grammar_accept_string as raw_accepts
@@ -321,6 +328,9 @@ def test_typescript_writes_the_same_rules():
                       "max": rng.choice([None, lo + rng.randint(0, 5)])})
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": None} for p in ["a^b", "(?=a)", "\\", "😀", "\ud800", "[z-a]"]]
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": 300} for p in SUPPORT["format_patterns"].values()]
+    # automata past number_grammar.MAX_MERGED states are not merged: the same unmerged rules on both sides
+    cases += [{"kind": "string", "pattern": None, "min": 0, "max": 1200}, {"kind": "string", "pattern": "[a-c]*x", "min": 3,
+                                                                            "max": 700}]
     for _ in range(40):
         values = rng.sample(["x", "é", 'q"', 1, 2.5, 1.0, True, None, 1e21], rng.randint(1, 4))
         cases.append({"kind": "unique", "items": rng.choice([{"enum": values}, {"type": "boolean"}, {"type": "string"},

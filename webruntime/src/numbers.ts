@@ -4,6 +4,7 @@
 // same placeholders and the same rules, character for character (tests/test_structured_exact.py).
 
 export const MAX_DIGITS = 15;
+const MAX_MERGED = 500;  // minimalDfa merges equal states of automata up to this size
 const MAX_MULTIPLE = 250;  // multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder
 export const PREFIX = "lantern:";
 const SYMBOLS = [..."-.0123456789"];
@@ -262,20 +263,23 @@ export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[]): [Map<S, numb
     edges.push(out);
   }
   const final = order.map((s) => a.accepts(s));
-  const live = new Set(final.flatMap((f, i) => (f ? [i] : [])));
-  for (let grew = true; grew;) {
-    grew = false;
-    edges.forEach((out, i) => {
-      if (!live.has(i) && [...out.values()].some((t) => live.has(t))) {
+  const sources: number[][] = order.map(() => []);
+  edges.forEach((out, i) => { for (const t of out.values()) sources[t].push(i); });
+  const live = new Set(final.flatMap((f, i) => (f ? [i] : [])));  // states that can still reach an end: back from the ends
+  const todo = [...live];
+  while (todo.length) {
+    for (const i of sources[todo.pop()!]) {
+      if (!live.has(i)) {
         live.add(i);
-        grew = true;
+        todo.push(i);
       }
-    });
+    }
   }
   if (!live.has(0)) return null;
   const sorted = [...live].sort((x, y) => x - y);
-  let cls = new Map(sorted.map((i) => [i, final[i] ? 1 : 0]));
-  for (;;) {
+  // Moore's refinement; past MAX_MERGED states each stays its own class (see the twin)
+  let cls = new Map(sorted.map((i) => [i, live.size <= MAX_MERGED ? (final[i] ? 1 : 0) : i]));
+  while (live.size <= MAX_MERGED) {
     const names = new Map<string, number>();
     const next = new Map<number, number>();
     for (const i of sorted) {

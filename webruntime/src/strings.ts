@@ -6,7 +6,7 @@
 import { type Automaton, PREFIX, minimalDfa } from "./numbers";
 
 const MAX_NFA_STATES = 4000;
-const MAX_DFA_STATES = 4000;
+const MAX_DFA_STATES = 2000;
 const TOP = 0xffff;
 type Chars = [number, number][];  // sorted, disjoint, non-touching [lo, hi] pairs
 const ALL: Chars = [[0, 0xd7ff], [0xe000, TOP]];
