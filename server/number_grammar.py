@@ -29,7 +29,6 @@ import functools
 from dataclasses import dataclass
 
 MAX_DIGITS = 15
-MAX_MERGED = 500  # minimal_dfa merges equal states of automata up to this size
 MAX_MULTIPLE = 250  # multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder (250: ~0.4 s)
 PREFIX = "lantern:"
 # A placeholder as xgrammar prints it inside a rule: the JSON string literal, quotes escaped.
@@ -307,9 +306,10 @@ def number_automaton(kind: str, lower: tuple[Decimal, bool] | None, upper: tuple
     return start, step, accepts
 
 
-def minimal_dfa(start, step, accepts, symbols=SYMBOLS) -> tuple[list[dict], list[bool]] | None:
+def minimal_dfa(start, step, accepts, symbols=SYMBOLS, merge_limit: int | None = None) -> tuple[list[dict], list[bool]] | None:
     """The minimal DFA (states numbered from 0 = start in breadth-first order, symbols in ``symbols``
-    order) as (transitions, accepting); None if it accepts nothing. ``step`` returns None for no edge."""
+    order) as (transitions, accepting); None if it accepts nothing. ``step`` returns None for no edge.
+    With ``merge_limit``, an automaton of more live states is only trimmed, not merged."""
     order, index, edges = [start], {start: 0}, []
     for state in order:  # breadth-first: grows while we walk it
         out = {}
@@ -336,10 +336,11 @@ def minimal_dfa(start, step, accepts, symbols=SYMBOLS) -> tuple[list[dict], list
     if 0 not in live:
         return None
     # Moore: split classes until every state in a class goes where its classmates go. It takes a round
-    # per state on a long counting chain (maxLength 1000: seconds), where states are distinct anyway:
-    # past MAX_MERGED states each stays its own class (the rules are longer, never wrong).
-    cls = {i: int(final[i]) if len(live) <= MAX_MERGED else i for i in live}
-    while len(live) <= MAX_MERGED:
+    # per state on a long counting chain (a string's maxLength 1000: seconds), where states are distinct
+    # anyway: past merge_limit each stays its own class (the rules are longer, never wrong).
+    merge = merge_limit is None or len(live) <= merge_limit
+    cls = {i: int(final[i]) if merge else i for i in live}
+    while merge:
         sig = {i: (cls[i], tuple((ch, cls[t]) for ch, t in edges[i].items() if t in live)) for i in live}
         names: dict = {}
         new = {i: names.setdefault(sig[i], len(names)) for i in sorted(live)}

@@ -38,6 +38,7 @@ import re
 from .number_grammar import PREFIX, minimal_dfa
 
 MAX_NFA_STATES = 4000  # a pattern larger than this (after {n,m} copies) is refused
+MAX_MERGED = 500  # equal states are merged in string automata up to this size (see minimal_dfa)
 MAX_DFA_STATES = 2000  # states of the string automaton before merging, lengths counted (xgrammar's compile
                        # of a 1000-state chain: ~1.2 s against a 151k vocabulary)
 TOP = 0xFFFF
@@ -406,7 +407,7 @@ def string_dfa(pattern: str | None, min_length: int, max_length: int | None):
         threads, count = state
         return count >= min_length and any(s == end for s, _ in threads)
 
-    dfa = minimal_dfa(first, step, accepts, range(len(sets)))
+    dfa = minimal_dfa(first, step, accepts, range(len(sets)), MAX_MERGED)
     if dfa is None:
         raise PatternError("no string matches it" if pattern is not None else "no string has such a length")
     trans, accepting = dfa

@@ -328,7 +328,7 @@ def test_typescript_writes_the_same_rules():
                       "max": rng.choice([None, lo + rng.randint(0, 5)])})
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": None} for p in ["a^b", "(?=a)", "\\", "😀", "\ud800", "[z-a]"]]
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": 300} for p in SUPPORT["format_patterns"].values()]
-    # automata past number_grammar.MAX_MERGED states are not merged: the same unmerged rules on both sides
+    # automata past string_grammar.MAX_MERGED states are not merged: the same unmerged rules on both sides
     cases += [{"kind": "string", "pattern": None, "min": 0, "max": 1200}, {"kind": "string", "pattern": "[a-c]*x", "min": 3,
                                                                             "max": 700}]
     for _ in range(40):

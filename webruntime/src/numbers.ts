@@ -4,7 +4,6 @@
 // same placeholders and the same rules, character for character (tests/test_structured_exact.py).
 
 export const MAX_DIGITS = 15;
-const MAX_MERGED = 500;  // minimalDfa merges equal states of automata up to this size
 const MAX_MULTIPLE = 250;  // multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder
 export const PREFIX = "lantern:";
 const SYMBOLS = [..."-.0123456789"];
@@ -241,9 +240,9 @@ function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound,
 
 /**
  * The minimal DFA (states numbered breadth-first from 0 = start, symbols in `symbols` order), or null if
- * it accepts nothing. The twin of number_grammar.minimal_dfa.
+ * it accepts nothing; past `mergeLimit` live states only trimmed. The twin of number_grammar.minimal_dfa.
  */
-export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[]): [Map<S, number>[], boolean[]] | null {
+export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[], mergeLimit: number | null = null): [Map<S, number>[], boolean[]] | null {
   const keyOf = (s: T) => JSON.stringify(s);
   const order: T[] = [a.start];
   const index = new Map([[keyOf(a.start), 0]]);
@@ -277,9 +276,10 @@ export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[]): [Map<S, numb
   }
   if (!live.has(0)) return null;
   const sorted = [...live].sort((x, y) => x - y);
-  // Moore's refinement; past MAX_MERGED states each stays its own class (see the twin)
-  let cls = new Map(sorted.map((i) => [i, live.size <= MAX_MERGED ? (final[i] ? 1 : 0) : i]));
-  while (live.size <= MAX_MERGED) {
+  // Moore's refinement; past mergeLimit states each stays its own class (see the twin)
+  const merge = mergeLimit === null || live.size <= mergeLimit;
+  let cls = new Map(sorted.map((i) => [i, merge ? (final[i] ? 1 : 0) : i]));
+  while (merge) {
     const names = new Map<string, number>();
     const next = new Map<number, number>();
     for (const i of sorted) {

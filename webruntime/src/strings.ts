@@ -6,6 +6,7 @@
 import { type Automaton, PREFIX, minimalDfa } from "./numbers";
 
 const MAX_NFA_STATES = 4000;
+const MAX_MERGED = 500;  // equal states are merged in string automata up to this size
 const MAX_DFA_STATES = 2000;
 const TOP = 0xffff;
 type Chars = [number, number][];  // sorted, disjoint, non-touching [lo, hi] pairs
@@ -401,7 +402,7 @@ function stringDfa(pattern: string | null, minLength: number, maxLength: number 
       return count >= minLength && threads.some((thread) => thread >> 1 === end);
     },
   };
-  const dfa = minimalDfa(automaton, sets.map((_, m) => m));
+  const dfa = minimalDfa(automaton, sets.map((_, m) => m), MAX_MERGED);
   if (dfa === null) throw new PatternError(pattern !== null ? "no string matches it" : "no string has such a length");
   return [dfa[0], dfa[1], sets];
 }
