@@ -357,9 +357,10 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
     fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
-    # schema checks and grammar compiles can take a while (a long string: a long automaton): off the event loop
-    spec = await asyncio.to_thread(request_spec, fmt, tools, choice, req.parallel_tool_calls,
-                                   req.schema_defaults.model_dump())
+    # schema checks and grammar compiles can take a while (a long string: a long automaton): off the event
+    # loop; a plain request stays on it (a thread hop would reorder a burst's admissions)
+    args = (fmt, tools, choice, req.parallel_tool_calls, req.schema_defaults.model_dump())
+    spec = await asyncio.to_thread(request_spec, *args) if fmt or tools else request_spec(*args)
     calling = calls_tools(tools, choice)
     # a grammar that decides every token: no reasoning first (auto tool calls leave free text)
     strict = spec is not None and not (calling and choice in (None, "auto"))
@@ -369,7 +370,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
         raise ApiError(400, str(err), param="chat_template_kwargs") from None
     prompt_text = slot.engine.render_chat(messages, tools if calling else None, kwargs)
     prompt = server.prepare(slot, prompt_text, req)
-    grammar = await asyncio.to_thread(slot.engine.compile_grammar, spec)
+    grammar = await asyncio.to_thread(slot.engine.compile_grammar, spec) if spec else None
     turn = ChatTurn(slot, req, prompt_text, calling, strict)
     return await server.respond(req, slot, prompt, turn.chunk, turn.final, grammar=grammar,
                                 hold_from=TOOL_OPEN if calling else None)
