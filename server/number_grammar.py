@@ -26,6 +26,7 @@ character (tests/test_structured_exact.py runs both).
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 
 MAX_DIGITS = 15
@@ -106,6 +107,17 @@ def placeholder(kind: str, schema: dict) -> str:
         if key in schema:
             parts.append(f"{op}={decimal_of(schema[key]).text()}")
     return ":".join(parts)
+
+
+def payload_placeholder(kind: str, payload) -> str:
+    """A placeholder carrying ``payload`` (JSON) hex-encoded: xgrammar prints a placeholder as a JSON
+    string, so it must hold nothing xgrammar would escape (string_grammar's and unique_grammar's)."""
+    return f"{PREFIX}{kind}:{json.dumps(payload, ensure_ascii=False, separators=(',', ':')).encode().hex()}"
+
+
+def placeholder_payload(key: str):
+    """The payload of a payload_placeholder."""
+    return json.loads(bytes.fromhex(key.split(":", 2)[2]).decode())
 
 
 def multiple_of(text: str) -> tuple[int, int]:

@@ -32,10 +32,9 @@ character (tests/test_structured_exact.py runs both).
 from __future__ import annotations
 
 import functools
-import json
 import re
 
-from .number_grammar import PREFIX, minimal_dfa
+from .number_grammar import minimal_dfa, payload_placeholder, placeholder_payload
 
 MAX_NFA_STATES = 4000  # a pattern larger than this (after {n,m} copies) is refused
 MAX_MERGED = 500  # equal states are merged in string automata up to this size (see minimal_dfa)
@@ -514,15 +513,9 @@ def placeholder(pattern: str | None, min_length: int, max_length: int | None) ->
     first, so a lone surrogate (which UTF-8 cannot hold) is a PatternError."""
     if pattern is not None:
         parse_pattern(pattern)
-    payload = json.dumps([pattern, min_length, max_length], ensure_ascii=False, separators=(",", ":"))
-    return f"{PREFIX}{KIND}:{payload.encode().hex()}"
-
-
-def parse_placeholder(key: str) -> tuple[str | None, int, int | None]:
-    pattern, lo, hi = json.loads(bytes.fromhex(key[len(PREFIX) + len(KIND) + 1:]).decode())
-    return pattern, lo, hi
+    return payload_placeholder(KIND, [pattern, min_length, max_length])
 
 
 @functools.lru_cache(maxsize=256)  # a request's schema is checked, then compiled: one automaton for both
 def _dfa(key: str):
-    return string_dfa(*parse_placeholder(key))
+    return string_dfa(*placeholder_payload(key))

@@ -121,15 +121,15 @@ def with_default_bounds(schema: dict, defaults: dict) -> dict:
     above the schema's own minimum (a minimum of the wrong type is refused later by name)."""
     types = _types(schema)
 
-    def at_least(key: str, bound: int) -> int:
+    def above_minimum(key: str, bound: int) -> int:
         low = schema.get(key, 0)
         return low + bound if isinstance(low, int) and not isinstance(low, bool) and low > 0 else bound
 
     if (defaults.get("maxLength") and "string" in types
             and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const"))):
-        schema = {**schema, "maxLength": at_least("minLength", defaults["maxLength"])}
+        schema = {**schema, "maxLength": above_minimum("minLength", defaults["maxLength"])}
     if defaults.get("maxItems") and "array" in types and not any(k in schema for k in ("maxItems", "prefixItems")):
-        schema = {**schema, "maxItems": at_least("minItems", defaults["maxItems"])}
+        schema = {**schema, "maxItems": above_minimum("minItems", defaults["maxItems"])}
     return schema
 
 
@@ -155,16 +155,20 @@ def _no_values_list(schema: dict, keyword: str, where: str) -> None:
                                         "list only the allowed values")
 
 
+def _check_whole_numbers(schema: dict, keys: tuple, where: str) -> None:
+    for key in keys:
+        value = schema.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a whole number of at least 0")
+
+
 def _check_contradictions(schema: dict, where: str) -> None:
     """Refuse, by keyword, a schema no value satisfies: an empty enum, a minimum count above its maximum,
     or a required property that additionalProperties: false forbids."""
     if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
         raise StructuredOutputError(f"schema keyword 'enum' at {where} must list at least one value")
     for low, high in (("minItems", "maxItems"), ("minProperties", "maxProperties")):
-        for key in (low, high):
-            value = schema.get(key, 0)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a whole number of at least 0")
+        _check_whole_numbers(schema, (low, high), where)
         if high in schema and schema.get(low, 0) > schema[high]:
             raise StructuredOutputError(f"schema keywords '{low}', '{high}' at {where}: {low} {schema[low]} is above "
                                         f"{high} {schema[high]}")
@@ -210,10 +214,7 @@ def _exact_number(schema: dict, where: str) -> dict:
 
 def _exact_string(schema: dict, where: str, fmt: str | None) -> dict:
     """A string with a pattern (its own, or its format's) or lengths as a placeholder for string_grammar."""
-    for key in _LENGTHS:
-        value = schema.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a whole number of at least 0")
+    _check_whole_numbers(schema, _LENGTHS, where)
     types = _types(schema)
     if types and "string" not in types:
         return schema  # pattern and lengths apply to strings only

@@ -11,10 +11,9 @@ The twin is webruntime/src/unique.ts (tests/test_structured_exact.py runs both).
 
 from __future__ import annotations
 
-import functools
 import json
 
-from .number_grammar import PREFIX, decimal_of
+from .number_grammar import decimal_of, payload_placeholder, placeholder_payload
 
 MAX_RULES = 2000  # sets of used values the rules may need
 KIND = "unique"
@@ -62,18 +61,16 @@ def item_values(items) -> list[str]:
 
 
 def placeholder(values: list[str], min_items: int, max_items: int | None) -> str:
-    payload = json.dumps([values, min_items, max_items], separators=(",", ":"))
-    return f"{PREFIX}{KIND}:{payload.encode().hex()}"
+    return payload_placeholder(KIND, [values, min_items, max_items])
 
 
 def _ebnf_literal(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-@functools.lru_cache(maxsize=256)
 def unique_rules(key: str, name: str) -> list[str]:
     """The EBNF rules (start: ``{name}_0``) for the placeholder ``key``: the whole array."""
-    values, lo, hi = json.loads(bytes.fromhex(key[len(PREFIX) + len(KIND) + 1:]).decode())
+    values, lo, hi = placeholder_payload(key)
     hi = len(values) if hi is None else min(hi, len(values))
     if lo > hi:
         raise UniqueItemsError(f"minItems {lo} needs more distinct values than the {len(values)} its items allow"

@@ -61,6 +61,18 @@ export function placeholder(kind: string, schema: Record<string, unknown>): stri
   return parts.join(":");
 }
 
+/** A placeholder carrying `payload` (JSON) hex-encoded (see number_grammar.payload_placeholder). */
+export function payloadPlaceholder(kind: string, payload: unknown): string {
+  const bytes = new TextEncoder().encode(JSON.stringify(payload));
+  return `${PREFIX}${kind}:${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+/** The payload of a payloadPlaceholder. */
+export function placeholderPayload(key: string): unknown {
+  const hex = key.split(":")[2];
+  return JSON.parse(new TextDecoder().decode(new Uint8Array(hex.length / 2).map((_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16))));
+}
+
 /** The shortest decimal text of a number, with no exponent (number_grammar.decimal_of(v).text()). */
 export const decimalText = (value: number): string => text(decimalOf(value));
 

@@ -3,7 +3,7 @@
 // does wrong, the part of ECMA-262 read alike by Python, the automaton, how characters are written).
 // Both print the same placeholders, errors and rules, character for character
 // (tests/test_structured_exact.py).
-import { type Automaton, PREFIX, minimalDfa } from "./numbers";
+import { type Automaton, minimalDfa, payloadPlaceholder, placeholderPayload } from "./numbers";
 
 const MAX_NFA_STATES = 4000;
 const MAX_MERGED = 500;  // equal states are merged in string automata up to this size
@@ -475,21 +475,14 @@ const automata = new Map<string, Dfa>();
 /** The placeholder for a string subschema: its pattern and lengths, hex-encoded (see the twin). */
 export function placeholder(pattern: string | null, minLength: number, maxLength: number | null): string {
   if (pattern !== null) parsePattern(pattern);
-  const bytes = new TextEncoder().encode(JSON.stringify([pattern, minLength, maxLength]));
-  return `${PREFIX}${KIND}:${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
-}
-
-function parsePlaceholder(key: string): [string | null, number, number | null] {
-  const hex = key.slice(PREFIX.length + KIND.length + 1);
-  const bytes = new Uint8Array(hex.length / 2).map((_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16));
-  return JSON.parse(new TextDecoder().decode(bytes));
+  return payloadPlaceholder(KIND, [pattern, minLength, maxLength]);
 }
 
 /** The EBNF rules (start: `${name}_0`) for the placeholder `key`: the quoted string. */
 export function stringRules(key: string, name: string): string[] {
   if (!automata.has(key)) {
     if (automata.size >= 256) automata.clear();
-    automata.set(key, stringDfa(...parsePlaceholder(key)));
+    automata.set(key, stringDfa(...(placeholderPayload(key) as [string | null, number, number | null])));
   }
   const [trans, accepting, sets] = automata.get(key)!;
   const rules = [`${name}_0 ::= "\\"" ${name}_s0`];

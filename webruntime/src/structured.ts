@@ -102,7 +102,14 @@ export function checkSchema(schema: unknown, where = "#", defaults: SchemaDefaul
   return out;
 }
 
-const wholeNumber = (v: unknown): boolean => typeof v === "number" && Number.isInteger(v) && v >= 0;
+function checkWholeNumbers(schema: Record<string, unknown>, keys: string[], where: string): void {
+  for (const key of keys) {
+    const v = schema[key] ?? 0;
+    if (!(typeof v === "number" && Number.isInteger(v) && v >= 0)) {
+      throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a whole number of at least 0`);
+    }
+  }
+}
 const quoted = (keys: string[]): string => keys.map((k) => `'${k}'`).join(", ");
 
 /** Refuse, by keyword, a schema no value satisfies (see structured.py's _check_contradictions). */
@@ -111,9 +118,7 @@ function checkContradictions(schema: Record<string, unknown>, where: string): vo
     throw new InvalidRequestError(`schema keyword 'enum' at ${where} must list at least one value`);
   }
   for (const [low, high] of [["minItems", "maxItems"], ["minProperties", "maxProperties"]]) {
-    for (const key of [low, high]) {
-      if (!wholeNumber(schema[key] ?? 0)) throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a whole number of at least 0`);
-    }
+    checkWholeNumbers(schema, [low, high], where);
     if (high in schema && ((schema[low] ?? 0) as number) > (schema[high] as number)) {
       throw new InvalidRequestError(`schema keywords '${low}', '${high}' at ${where}: ${low} ${schema[low]} is above ${high} ${schema[high]}`);
     }
@@ -131,15 +136,15 @@ function checkContradictions(schema: Record<string, unknown>, where: string): vo
 /** `schema` with a request's schema_defaults filled in (see structured.py's with_default_bounds). */
 export function withDefaultBounds(schema: Record<string, unknown>, defaults: SchemaDefaults): Record<string, unknown> {
   const types = typesOf(schema);
-  const atLeast = (key: string, bound: number): number => {
+  const aboveMinimum = (key: string, bound: number): number => {
     const low = schema[key] ?? 0;
     return typeof low === "number" && Number.isInteger(low) && low > 0 ? low + bound : bound;
   };
   if (defaults.maxLength && types.includes("string") && !["maxLength", "pattern", "format", "enum", "const"].some((k) => k in schema)) {
-    schema = { ...schema, maxLength: atLeast("minLength", defaults.maxLength) };
+    schema = { ...schema, maxLength: aboveMinimum("minLength", defaults.maxLength) };
   }
   if (defaults.maxItems && types.includes("array") && !["maxItems", "prefixItems"].some((k) => k in schema)) {
-    schema = { ...schema, maxItems: atLeast("minItems", defaults.maxItems) };
+    schema = { ...schema, maxItems: aboveMinimum("minItems", defaults.maxItems) };
   }
   return schema;
 }
@@ -199,9 +204,7 @@ function exactNumber(schema: Record<string, unknown>, where: string): Record<str
 
 /** A string with a pattern (its own, or its format's) or lengths as a placeholder for strings.ts. */
 function exactString(schema: Record<string, unknown>, where: string, fmt: string | null): Record<string, unknown> {
-  for (const key of LENGTHS) {
-    if (!wholeNumber(schema[key] ?? 0)) throw new InvalidRequestError(`schema keyword '${key}' at ${where} must be a whole number of at least 0`);
-  }
+  checkWholeNumbers(schema, LENGTHS, where);
   const types = typesOf(schema);
   if (types.length && !types.includes("string")) return schema;  // pattern and lengths apply to strings only
   let named = ["pattern", ...LENGTHS].filter((k) => k in schema);

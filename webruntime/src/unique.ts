@@ -1,7 +1,7 @@
 // Exact grammars for `uniqueItems` arrays of listed values, which xgrammar 0.1.27 ignores.
 // The twin of the server's lantern/server/unique_grammar.py (the method is explained there): the
 // same placeholders, errors and rules (tests/test_structured_exact.py).
-import { PREFIX, decimalText } from "./numbers";
+import { decimalText, payloadPlaceholder, placeholderPayload } from "./numbers";
 
 const MAX_RULES = 2000;
 const KIND = "unique";
@@ -43,17 +43,14 @@ export function itemValues(items: unknown): string[] {
 }
 
 export function placeholder(values: string[], minItems: number, maxItems: number | null): string {
-  const bytes = new TextEncoder().encode(JSON.stringify([values, minItems, maxItems]));
-  return `${PREFIX}${KIND}:${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+  return payloadPlaceholder(KIND, [values, minItems, maxItems]);
 }
 
 const ebnfLiteral = (text: string): string => `"${text.replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
 
 /** The EBNF rules (start: `${name}_0`) for the placeholder `key`: the whole array. */
 export function uniqueRules(key: string, name: string): string[] {
-  const hex = key.slice(PREFIX.length + KIND.length + 1);
-  const bytes = new Uint8Array(hex.length / 2).map((_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16));
-  const [values, lo, maxItems] = JSON.parse(new TextDecoder().decode(bytes)) as [string[], number, number | null];
+  const [values, lo, maxItems] = placeholderPayload(key) as [string[], number, number | null];
   const hi = maxItems === null ? values.length : Math.min(maxItems, values.length);
   if (lo > hi) {
     throw new UniqueItemsError(lo > values.length ? `minItems ${lo} needs more distinct values than the ${values.length} its items allow`
