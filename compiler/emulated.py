@@ -30,6 +30,7 @@ from tvm import relax, tirx
 from tvm.script import tirx as T
 
 from . import cpu_schedule
+from .errors import LanternError
 from .kernels import GROUP, SCHEDULED, loops, nibble as _nibble, q4_gemv_func, q4_matmul_func
 
 LOG2E = math.log2(math.e)
@@ -166,11 +167,14 @@ def q4_matmul(k: int, residual: bool, gpu: bool = True) -> tirx.PrimFunc:
 
 
 @T.macro
-def _attend(q, o, st, keys, k_base, values, v_base, d):
-    """One key/value row into the running state: st = [max, denominator, score, rescale]."""
+def _attend(q, o, st, keys, k_base, values, v_base, d, cap):
+    """One key/value row into the running state: st = [max, denominator, score, rescale]. ``cap``
+    (in the scores' log2 units; 0 for none) soft-caps the score: cap * tanh(score / cap)."""
     st[2] = T.float32(0)
     for i in T.unroll(d):
         st[2] = st[2] + q[i] * keys[k_base + i]
+    if cap > 0:
+        st[2] = T.float32(cap) * T.tanh(st[2] / T.float32(cap))
     st[3] = T.exp2(st[0] - T.max(st[0], st[2]))
     st[0] = T.max(st[0], st[2])
     st[2] = T.exp2(st[2] - st[0])
@@ -200,9 +204,10 @@ def _paged_len(indptr, length_info, b):
     return T.if_then_else(indptr[b] != indptr[b + 1], (indptr[b + 1] - indptr[b] - 1) * PAGE + length_info[b], 0)
 
 
-def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True) -> tirx.PrimFunc:
+def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0) -> tirx.PrimFunc:
     """One token per sequence against its pages. One thread per (sequence, KV head) serves all the
     query heads that share it: each key and value row is gathered once for the whole group."""
+    cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
     group = h_q // h_kv
     block, thread = loops(gpu)
 
@@ -263,6 +268,8 @@ def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True) -> tirx.Prim
                                 st[g * 4 + 2] = T.float32(0)
                                 for i in T.unroll(d):
                                     st[g * 4 + 2] = st[g * 4 + 2] + q[g * d + i] * key[i]
+                                if cap > 0:
+                                    st[g * 4 + 2] = T.float32(cap) * T.tanh(st[g * 4 + 2] / T.float32(cap))
                                 st[g * 4 + 3] = T.exp2(st[g * 4] - T.max(st[g * 4], st[g * 4 + 2]))
                                 st[g * 4] = T.max(st[g * 4], st[g * 4 + 2])
                                 st[g * 4 + 2] = T.exp2(st[g * 4 + 2] - st[g * 4])
@@ -288,8 +295,9 @@ def _sequence_of(b_sel, indptr, batch_size, t):
             b_sel[0] = b
 
 
-def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True) -> tirx.PrimFunc:
+def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0) -> tirx.PrimFunc:
     """New tokens against the pages already in the cache (then merged with the ragged part)."""
+    cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
     group = h_q // h_kv
     block, thread = loops(gpu)
 
@@ -344,14 +352,15 @@ def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True) -> tirx.Pri
                                 causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len)):
                             page: T.let[T.int32] = page_values[page_indptr[b_sel[0]] + col // PAGE]
                             k_base: T.let[T.int32] = (((page * 2) * h_kv + h // group) * PAGE + col % PAGE) * d
-                            _attend(qv, o, st, kv, k_base, kv, k_base + h_kv * PAGE * d, d)
+                            _attend(qv, o, st, kv, k_base, kv, k_base + h_kv * PAGE * d, d, cap)
                         _finish(o, st, output, lse, t, h, d)
 
     return batch_prefill_paged_kv
 
 
-def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True) -> tirx.PrimFunc:
+def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0) -> tirx.PrimFunc:
     """New tokens against themselves (causal), from the freshly projected k and v."""
+    cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
     group = h_q // h_kv
     block, thread = loops(gpu)
 
@@ -399,7 +408,7 @@ def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True) -> tirx.Prim
                         for col in T.serial(T.if_then_else(
                                 causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len)):
                             row: T.let[T.int32] = ((kv_indptr[b_sel[0]] + col) * h_kv + h // group) * d
-                            _attend(qv, o, st, kf, row, vf, row, d)
+                            _attend(qv, o, st, kf, row, vf, row, d, cap)
                         _finish(o, st, output, lse, t, h, d)
 
     return batch_prefill_ragged_kv
@@ -484,16 +493,42 @@ def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
     return (build.__name__, f"k{int(k)}", "res" if residual else "plain"), lambda _: build(int(k), residual)
 
 
-def _attention(name: str, func: tirx.PrimFunc) -> tuple | None:
-    """(key, kernel) for one of the KV cache's attention functions (float32, no sliding window)."""
-    if name not in ATTENTION:
+def _attention(name: str, func: tirx.PrimFunc, softcap: float = 0.0) -> tuple | None:
+    """(key, kernel) for one of the KV cache's attention functions (float32, no sliding window),
+    by its GPU name or its CPU one (``..._cpu``: the same signature)."""
+    name = name.removesuffix("_cpu")
+    if name not in ATTENTION or (func.attrs is not None and SOFTCAP_ATTR in func.attrs):
         return None
     q, pages_or_k = func.params[0], func.params[2 if name != "batch_decode_paged_kv" else 1]
     if q.dtype != "float32":
         return None
     h_q, d = int(q.shape[1]), int(q.shape[2])
     h_kv = int(pages_or_k.shape[2] if name != "batch_prefill_ragged_kv" else pages_or_k.shape[1])
-    return (name, h_kv, h_q, d), lambda gpu: ATTENTION[name](h_kv, h_q, d, gpu)
+    return (name, h_kv, h_q, d), lambda gpu: ATTENTION[name](h_kv, h_q, d, gpu, softcap)
+
+
+SOFTCAP_ATTR = "lantern.attention_softcap"
+
+
+def softcap_attention(mod: tvm.IRModule, softcap: float, gpu: bool) -> tvm.IRModule:
+    """Swap every paged-KV attention kernel the runtimes call (decode, prefill against the cache,
+    prefill among the chunk's own tokens) for the kernels above with ``cap * tanh(score / cap)`` on
+    each score (Gemma 2's attention-logit soft-capping, which TVM's kernels lack), on any target and
+    schedule. TVM's tree-attention and sliding-window kernels stay uncapped: neither runtime calls
+    them (no speculative decoding; the caches are made without windows)."""
+    swapped = set()
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        attention = _attention(gv.name_hint, func, softcap)
+        if attention is not None:
+            kernel = attention[1](gpu).with_attr("global_symbol", gv.name_hint).with_attr(SOFTCAP_ATTR, softcap)
+            mod[gv] = kernel
+            swapped.add(attention[0][0])
+    if swapped != set(ATTENTION):  # a TVM that names or shapes its kernels otherwise: never run uncapped
+        raise LanternError(f"attention soft-capping: found only {sorted(swapped)} of the KV cache's kernels "
+                           f"{sorted(ATTENTION)}")
+    return mod
 
 
 def rewrite(mod: tvm.IRModule, gpu: bool = True) -> tvm.IRModule:

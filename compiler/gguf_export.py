@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ _PRE_TOKENIZERS = {
         sort_keys=True): "qwen2",
 }
 
-_TOKEN_NORMAL, _TOKEN_UNUSED, _TOKEN_CONTROL, _TOKEN_USER = 1, 5, 3, 4
+_TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER, _TOKEN_UNUSED, _TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 
 class GGUFUnsupported(LanternError):
@@ -67,25 +68,86 @@ def q4_to_q4_0(q_weight: np.ndarray, q_scale: np.ndarray) -> np.ndarray:
 
 
 def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
-    """``tokenizer.ggml.*`` of a byte-level BPE tokenizer.json; GGUFUnsupported for anything else."""
+    """``tokenizer.ggml.*`` of a tokenizer.json: byte-level BPE (llama.cpp's ``gpt2``) or
+    SentencePiece-style BPE (``llama``); GGUFUnsupported for anything else."""
     model = tokenizer_json.get("model") or {}
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise GGUFUnsupported(f"its {model.get('type', 'unknown')} tokenizer is not written to GGUF yet "
-                              "(byte-level BPE is)")
+                              "(byte-level and SentencePiece-style BPE are)")
+    space_prefix = _sentencepiece_space_prefix(tokenizer_json) if model.get("byte_fallback") else None
     pre_json = json.dumps(tokenizer_json.get("pre_tokenizer"), sort_keys=True)
-    if pre_json not in _PRE_TOKENIZERS:
+    if space_prefix is None and pre_json not in _PRE_TOKENIZERS:
         raise GGUFUnsupported(f"llama.cpp has no pre-tokenizer known to match {pre_json[:120]}")
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     types = [_TOKEN_UNUSED] * vocab_size
     for text, i in model["vocab"].items():
         if i < vocab_size:
-            tokens[i], types[i] = text, _TOKEN_NORMAL
+            byte = space_prefix is not None and _BYTE_TOKEN.fullmatch(text)
+            tokens[i], types[i] = text, _TOKEN_BYTE if byte else _TOKEN_NORMAL
     for added in tokenizer_json.get("added_tokens", []):
         if added["id"] < vocab_size:
             tokens[added["id"]] = added["content"]
             types[added["id"]] = _TOKEN_CONTROL if added.get("special") else _TOKEN_USER
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    return {"model": "gpt2", "pre": _PRE_TOKENIZERS[pre_json], "tokens": tokens, "types": types, "merges": merges}
+    if space_prefix is None:
+        return {"model": "gpt2", "pre": _PRE_TOKENIZERS[pre_json], "tokens": tokens, "types": types, "merges": merges}
+    unk = model["vocab"].get(model.get("unk_token"))
+    if unk is not None and unk < vocab_size:
+        types[unk] = _TOKEN_UNKNOWN
+    return {"model": "llama", "pre": "default", "tokens": tokens, "types": types, "unk": unk,
+            "scores": _merge_scores(tokens, merges), "add_space_prefix": space_prefix}
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+_SPACE = "\u2581"  # SentencePiece's visible space
+
+
+def _sentencepiece_space_prefix(tokenizer_json: dict) -> bool | None:
+    """For a byte-fallback BPE that reads text as SentencePiece does (spaces become "▁", no other
+    splitting), whether it puts a "▁" before every text fragment (llama.cpp's ``add_space_prefix``);
+    None for any other normalizer and pre-tokenizer pair. Fragments are the text between added
+    tokens: tokenizers normalizes each on its own, llama.cpp prefixes each one after a special token,
+    so the two agree."""
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": _SPACE}
+    prepend = {"type": "Prepend", "prepend": _SPACE}
+    norm, pre = tokenizer_json.get("normalizer"), tokenizer_json.get("pre_tokenizer")
+    # Gemma's own files split on " " after the normalizer has replaced every space: a no-op
+    space_split = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+    if pre is None or pre == space_split:
+        if norm == replace:
+            return False
+        if norm == {"type": "Sequence", "normalizers": [prepend, replace]}:
+            return True
+    if norm is None and isinstance(pre, dict) and pre.get("type") == "Metaspace" and pre.get("replacement") == _SPACE \
+            and pre.get("prepend_scheme") == "always" and pre.get("split") is False:
+        return True
+    return None
+
+
+def _merge_scores(tokens: list[str], merges: list[str]) -> list[float]:
+    """llama.cpp's SentencePiece tokenizer merges the adjacent pair whose joined token scores highest,
+    the leftmost first; the BPE merges the pair of lowest rank. A token scored minus the rank of the
+    first merge that makes it orders the merges as the BPE does (a vocabulary converted from
+    SentencePiece lists every split of a token together, ranked by the token's own score).
+    Tokens no merge makes (characters, bytes, added tokens) score below every merge."""
+    rank_of: dict[str, int] = {}
+    for rank, merge in enumerate(merges):
+        rank_of.setdefault(merge.replace(" ", ""), rank)  # SentencePiece pieces hold no plain space
+    floor = -float(len(merges) + 1)
+    return [-float(rank_of[t]) if t in rank_of else floor for t in tokens]
+
+
+# llama.cpp looks these up when a model's name says Phi-3 (to mark how they strip spaces), and fails
+# to load a vocabulary without them
+_PHI3_NAMED_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def _name_is_safe(name: str, tokens: list[str]) -> bool:
+    """Whether llama.cpp loads a model of this ``general.name`` with this vocabulary. Otherwise the
+    optional key is left out (a fine-tune of Phi-3 named "phi3-..." with another tokenizer)."""
+    if "phi-3" not in name.lower() and "phi3" not in name.lower():
+        return True
+    return set(_PHI3_NAMED_TOKENS) <= set(tokens)
 
 
 def check(family: Family, config, tokenizer_json: str) -> None:
@@ -108,17 +170,25 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
     layout = family.gguf
     writer = gguf.GGUFWriter(out / f"{stem}.gguf", layout.architecture, split_max_size=part_bytes)
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(stem)
+    if _name_is_safe(stem, tok["tokens"]):
+        writer.add_name(stem)
     writer.add_file_type({"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16,
                           "F32": gguf.LlamaFileType.ALL_F32}[tensor_type(quant)])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     for key, value in layout.metadata(config).items():
-        (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(key, value)
+        add = {float: writer.add_float32, int: writer.add_uint32, str: writer.add_string, list: writer.add_array}
+        add[type(value)](key, value)
     writer.add_tokenizer_model(tok["model"])
     writer.add_tokenizer_pre(tok["pre"])
     writer.add_token_list(tok["tokens"])
     writer.add_token_types(tok["types"])
-    writer.add_token_merges(tok["merges"])
+    if tok["model"] == "gpt2":
+        writer.add_token_merges(tok["merges"])
+    else:
+        writer.add_token_scores(tok["scores"])
+        writer.add_add_space_prefix(tok["add_space_prefix"])
+        if tok["unk"] is not None:
+            writer.add_unk_token_id(tok["unk"])
     if bos_id is not None:
         writer.add_bos_token_id(bos_id)
     if eos_id is not None:
@@ -144,6 +214,9 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
             w = layout.permute(w, t.rope_heads)
         w = w.astype(np.float16 if quant == "q0f16" and w.ndim == 2 else np.float32)
         writer.add_tensor(t.name, np.ascontiguousarray(w))
+
+    for name, values in layout.constants(config).items():
+        writer.add_tensor(name, np.asarray(values, dtype=np.float32))
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -293,7 +293,7 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
     meta = files[0][0]  # a split GGUF keeps its metadata in the first part
     family = models.family_for_gguf(str(meta.get("general.architecture", "?")))
     tensors = {t.name: t for _, part in files for t in part}
-    config = family.gguf.config_from_metadata(meta, set(tensors))
+    config = family.gguf.config_from_metadata(meta, tensors)
     embed = tensors.get("token_embd.weight")
     if embed is None:
         raise LanternError(f"corrupt GGUF file {path.name}: no token_embd.weight tensor")

@@ -29,6 +29,7 @@ class FamilyConfig(Protocol):
     context_window_size: int
     prefill_chunk_size: int
     tie_word_embeddings: bool
+    attention_softcap: float  # 0, or the cap of the attention scores (the compiler swaps the kernels)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "FamilyConfig": ...
@@ -55,11 +56,14 @@ class GGUFLayout:
 
     architecture: str  # general.architecture, the prefix of every metadata key
     tensors: Callable[[Any], list[GGUFTensor]]
-    metadata: Callable[[Any], dict[str, int | float]]
+    metadata: Callable[[Any], dict[str, int | float | str | list[bool]]]  # ints are written as uint32
     unsupported: Callable[[Any], str | None]  # why llama.cpp could not run this config, or None
-    config_from_metadata: Callable[[dict, set[str]], dict]  # (metadata, tensor names) -> a config.json-like dict
+    # (metadata, tensors by name: gguf_file.Tensor, data memory-mapped) -> a config.json-like dict
+    config_from_metadata: Callable[[dict, dict[str, Any]], dict]
     names_from_gguf: Callable[[dict[str, np.ndarray], dict], dict[str, np.ndarray]]  # -> HF names
     permute: Callable[[np.ndarray, int], np.ndarray] = lambda w, heads: w
+    # float32 tensors that come from the config, not from a parameter (Phi-3's longrope factors)
+    constants: Callable[[Any], dict[str, np.ndarray]] = lambda cfg: {}
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,10 @@ def test_logits_and_greedy_tokens_equal_transformers(family, family_models, buil
     art = q0(build_artifact, folder)
     assert art.manifest["model"]["family"] == family
     assert art.manifest["model"]["parameters"] == sum(p.numel() for p in reference.parameters())  # tied: once
-    # a 64-token window (Mistral, Gemma 3) or longrope's 64 trained positions (Phi-3.5) cap the context
-    if reference.config.model_type in ("mistral", "gemma3_text", "phi3"):
-        assert art.manifest["model"]["context_window"] == 64
+    # a 64-token window (Mistral, Gemma 2 and 3) or longrope's 256 trained positions (Phi-3.5) cap the context
+    cap = {"mistral": 64, "gemma2": 64, "gemma3_text": 64, "phi3": 256}.get(reference.config.model_type)
+    if cap:
+        assert art.manifest["model"]["context_window"] == cap
     cpu = art.cpu_model()
     got = cpu.all_logits(tokens)
     err = np.abs(got - expected).max() / np.abs(expected).max()
@@ -94,41 +95,43 @@ def test_gptq_calibration_forward_equals_transformers_and_a_q4_build_generates(f
     assert len(out) == 16 and all(0 <= t < 49152 for t in out)
 
 
-# gemma3 has no GGUF writer yet (llama.cpp's gemma3 needs Gemma's SentencePiece vocabulary); its reader
-# is held to transformers' on the real Gemma 3 GGUF in test_gemma3.py.
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gemma3"])
-def test_the_gguf_reads_back_exactly_and_llama_cpp_runs_it(family, family_models, build_artifact, report, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_gguf_reads_back_exactly_and_llama_cpp_runs_it(family, family_models, build_artifact, report,
+                                                           real_tokenizer_dir, tmp_path_factory):
     """The ``gguf`` target in llama.cpp's own architecture for the family (its tensor names, biases,
-    q/k norms, no RoPE permutation for Qwen): read back by Lantern's importer it is the source,
-    and llama.cpp's logits on it agree with the CPU library's."""
+    q/k norms, no RoPE permutation for Qwen and Gemma, Gemma's four norms, Gemma 2's soft-caps,
+    Phi-3.5's longrope factors): read back by Lantern's importer it is the source, and llama.cpp's
+    logits on it agree with the CPU library's."""
     from llama_cpp import Llama
 
     from lantern.importer import import_gguf
 
-    from lantern import gguf_export
-    from lantern.models import family_for_architecture
-
     folder, reference = family_models[family]
     art = q0(build_artifact, folder)
-    if art.manifest["gguf"] is None:  # phi3: llama.cpp loads it only with Phi-3's own vocabulary
-        assert family == "phi3" and "vocabulary" in art.manifest["gguf_skipped"]
-        fam = family_for_architecture(reference.config.architectures[0])
-        gguf_file = tmp_path / gguf_export.write(
-            tmp_path, "m", art.params(), fam, fam.config.from_hf(reference.config.to_dict()), "q0f32",
-            (art.path / "tokenizer.json").read_text(), None, 1, 2, False)[0]  # the reader still takes it
-    else:
-        gguf_file = art.path / art.manifest["gguf"]["files"][0]
+    if family in ("gemma2", "gemma3"):
+        # llama.cpp's gemma2/gemma3 scale scores by head_dim ** -0.5, the tiny model by its odd
+        # query_pre_attn_scalar: the target is skipped, naming why; a twin with Gemma's usual scalar runs
+        assert art.manifest["gguf"] is None and "query_pre_attn_scalar 48" in art.manifest["gguf_skipped"]
+        folder = tmp_path_factory.mktemp("families") / f"tiny-{family}-gguf"
+        reference = write_family_folder(family, folder, real_tokenizer_dir, seed=20, query_pre_attn_scalar=32)
+        art = Artifact.open(build_artifact(folder, "q0f32", targets=("cpu", "gguf")))
+    gguf_file = art.path / art.manifest["gguf"]["files"][0]
     back = import_gguf(gguf_file)
     assert back.family.name == family
+    config, config_back = (back.family.config.from_hf(c) for c in (reference.config.to_dict(), back.hf_config))
+    assert config_back.context_window_size == config.context_window_size
+    for key in ("short_factor", "long_factor", "attention_factor"):  # Phi-3.5's longrope, read from the GGUF
+        np.testing.assert_allclose(config_back.rope_scaling.get(key, 0), config.rope_scaling.get(key, 0), rtol=1e-6)
     weights = back.load_weights()
     source = {k: v.numpy() for k, v in reference.state_dict().items()}
     if reference.config.tie_word_embeddings:
         del source["lm_head.weight"]
     assert weights.keys() == source.keys()
     for name, w in source.items():
-        np.testing.assert_array_equal(weights[name], w, err_msg=name)
-    if art.manifest["gguf"] is None:
-        return
+        if family in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # stored as 1 + w, as llama.cpp keeps it
+            np.testing.assert_allclose(weights[name], w, atol=1e-7, err_msg=name)
+        else:
+            np.testing.assert_array_equal(weights[name], w, err_msg=name)
 
     tokens = prompt(24, 3)
     llm = Llama(str(gguf_file), n_ctx=256, logits_all=True, flash_attn=True, verbose=False)
@@ -205,7 +208,7 @@ def test_a_gemma3_config_field_it_does_not_handle_is_named(field, value, named, 
 
 @pytest.mark.parametrize("change,named", [
     ({"short_factor": [1.0] * 8}, r"rope_scaling.short_factor': expected 16 factors"),
-    ({"attention_factor": 1.0}, r"rope_scaling.attention_factor': 1.0 differs from longrope's 1.41421"),
+    ({"attention_factor": 1.0}, r"rope_scaling.attention_factor': 1.0 differs from longrope's 1.22474"),
     ({"type": "dynamic"}, r"unsupported rope_type 'dynamic'"),
 ])
 def test_a_phi3_longrope_it_cannot_run_exactly_is_named(change, named, family_models):
@@ -221,7 +224,7 @@ def test_a_phi3_longrope_it_cannot_run_exactly_is_named(change, named, family_mo
         phi3.from_hf(cfg)
     assert phi3.from_hf({**cfg, "rope_scaling": {**cfg["rope_scaling"], "short_factor": [1.0] * 16,
                                                  "attention_factor": None, "type": "longrope"}}
-                        ).context_window_size == 64  # the trained length caps the context
+                        ).context_window_size == 256  # the trained length caps the context
 
 
 def test_a_sliding_window_caps_the_context_where_it_changes_nothing(family_models):
@@ -244,3 +247,21 @@ def test_a_gguf_whose_metadata_contradicts_its_tensors_names_the_tensor(family_m
     config = QWEN2.config.from_hf({**reference.config.to_dict(), "intermediate_size": 64})  # checkpoint: 96
     with pytest.raises(LanternError, match=r"tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[96, 128\]"):
         QWEN2.to_lantern({k: v.numpy() for k, v in reference.state_dict().items()}, config)
+
+
+def test_a_phi35_gguf_whose_longrope_contradicts_itself_is_named(family_models, build_artifact):
+    """Phi-3.5's longrope from a GGUF: its factor tensors must both be there, with head_dim / 2
+    entries, and the attention factor key must be longrope's for the lengths the file states."""
+    from lantern import gguf_file
+    from lantern.errors import LanternError
+    from lantern.models import PHI3
+
+    art = q0(build_artifact, family_models["phi3"][0])
+    meta, tensors = gguf_file.read(art.path / art.manifest["gguf"]["files"][0])
+    tensors = {t.name: t for t in tensors}
+    assert PHI3.gguf.config_from_metadata(meta, tensors)["rope_scaling"]["rope_type"] == "longrope"
+    with pytest.raises(LanternError, match=r"GGUF key 'phi3.rope.scaling.attn_factor' is 1, but longrope's "
+                                           r"for 4096 of 256 positions is 1.22"):
+        PHI3.gguf.config_from_metadata({**meta, "phi3.rope.scaling.attn_factor": 1.0}, tensors)
+    with pytest.raises(LanternError, match=r"GGUF tensor 'rope_factors_long.weight' is missing"):
+        PHI3.gguf.config_from_metadata(meta, {k: t for k, t in tensors.items() if k != "rope_factors_long.weight"})

@@ -1,6 +1,7 @@
 """Gemma 3 270M, real weights (the bundled llama.cpp Q4_K_M GGUF, Gemma's 262,144-token vocabulary):
 Lantern reads the GGUF's config as transformers does, and a q4f32_1 build completes a fact on the
-CPU library and in headless Chromium (WebGPU on SwiftShader). The network itself is held to
+CPU library, in headless Chromium (WebGPU on SwiftShader) and in llama.cpp from the build's own
+GGUF (the ``llamacpp`` engine and the ``wasm`` device run that file). The network itself is held to
 transformers' on tiny random models (test_families.py)."""
 
 import numpy as np
@@ -22,7 +23,7 @@ def gemma3_gguf(cache_dir):
 def gemma3_q4(build_artifact):
     """The one real-weights build beyond SmolLM2 in a test run. Rounded to nearest: GPTQ over a
     262,144-row tied head takes minutes on two cores (the note on issue 15 has the figures)."""
-    return Artifact.open(build_artifact("gemma3-270m", "q4f32_1", targets=("webgpu", "cpu"),
+    return Artifact.open(build_artifact("gemma3-270m", "q4f32_1", targets=("webgpu", "cpu", "gguf"),
                                         webgpu_schedule="cpu-emulated", calibration=None))
 
 
@@ -62,6 +63,35 @@ def test_q4_completes_a_fact_on_the_cpu_library_and_in_chromium(gemma3_q4, repor
     steps = [ids] + [[t] for t in out[:-1]]
     logits = probe(art, steps, lib=art.library("webgpu", emulated=True).name)
     assert [int(np.argmax(x)) for x in logits] == out
+
+
+def test_q4_completes_the_fact_in_llama_cpp_from_the_builds_own_gguf(gemma3_q4, report):
+    """The ``gguf`` target: Gemma's SentencePiece vocabulary, the four norms, the window and the
+    5:1 layer pattern with two RoPE bases, written for llama.cpp's gemma3. llama.cpp (the llamacpp
+    engine's decoder) splits the fact into the artifact's tokens and greedily completes it as the
+    CPU library does, on the same q4 weights (Q4_0 mirrors Lantern's q4 exactly but for f16 scales)."""
+    from llama_cpp import Llama
+
+    from lantern.server.llamacpp import LlamaCppDecoder
+
+    art = gemma3_q4
+    gguf = art.path / art.manifest["gguf"]["files"][0]
+    ids = art.tokenizer().encode(FACT).ids
+    assert Llama(str(gguf), vocab_only=True, verbose=False).tokenize(FACT.encode(), add_bos=True) == ids
+    decoder = LlamaCppDecoder(gguf, vocab_size=262144, context_window=art.manifest["model"]["context_window"], slots=1)
+    try:
+        out = []
+        with decoder.open(ids) as session:
+            logits = session.logits
+            for _ in range(4):
+                out.append(int(np.argmax(logits)))
+                logits = session.step(out[-1])
+    finally:
+        decoder.close()
+    text = art.tokenizer().decode(out)
+    report(f"Gemma 3 270M q4f32_1 GGUF in llama.cpp, {FACT!r} -> {text!r}")
+    assert "Paris" in text
+    assert out == art.cpu_model().greedy(ids, 4)
 
 
 SAMPLES = [

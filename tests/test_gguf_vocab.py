@@ -1,7 +1,11 @@
 """GGUF vocabularies as people download them, against llama.cpp's own reference tokenizations: the
 vocabulary-only GGUFs in the llama-cpp-python sdist (qwen2, phi-3, llama-bpe, llama-spm), each with
 the texts llama.cpp's tokenizer test runs (``.inp``) and the ids it expects (``.out``). Lantern
-converts a GGUF's vocabulary into the tokenizer.json both runtimes load; its ids must be those."""
+converts a GGUF's vocabulary into the tokenizer.json both runtimes load; its ids must be those.
+
+The other way: the ``gguf`` target writes an artifact's tokenizer.json back as llama.cpp's
+SentencePiece vocabulary (Phi-3, Llama 2 / Mistral, Gemma 3); llama.cpp on that file must split
+text as the tokenizer.json does."""
 
 import shutil
 import subprocess
@@ -10,6 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from tiny_models import TINY_CONFIG, random_llama_weights
 
 from lantern.importer import read_gguf_tokenizer
 
@@ -63,3 +68,65 @@ def test_the_converted_vocabulary_tokenizes_as_llama_cpp_expects(vocab, vocab_di
     report(f"GGUF vocabulary {vocab}: {len(pairs) - len(wrong)} of {len(pairs)} llama.cpp reference texts "
            "tokenize to its ids")
     assert not wrong, wrong[:3]
+
+
+def gguf_with_vocabulary(tokenizer_json: str, out: Path, bos: int, eos: int) -> Path:
+    """The ``gguf`` target's file for a random 2-layer Llama carrying this tokenizer.json."""
+    import json
+
+    from lantern import gguf_export
+    from lantern.models import llama
+
+    tok = json.loads(tokenizer_json)
+    fields = {**TINY_CONFIG, "hidden_size": 32,
+              "vocab_size": 1 + max([*tok["model"]["vocab"].values(), *(a["id"] for a in tok["added_tokens"])])}
+    cfg = llama.FAMILY.config.from_hf(fields)
+    params = llama.FAMILY.to_lantern(random_llama_weights(fields), cfg)
+    out.mkdir()
+    return out / gguf_export.write(out, "v", params, llama.FAMILY, cfg, "q0f16", tokenizer_json, None, bos, eos,
+                                   True)[0]
+
+
+@pytest.mark.parametrize("vocab", ["phi-3", "llama-spm"])
+def test_the_written_sentencepiece_vocabulary_tokenizes_as_llama_cpp_expects(vocab, vocab_dir, tmp_path, report):
+    """A GGUF vocabulary read into tokenizer.json and written back by the ``gguf`` target (token
+    scores from the merges, byte tokens, the space prefix): llama.cpp on the written file gives its
+    own reference ids."""
+    from llama_cpp import Llama
+
+    tokenizer_json = read_gguf_tokenizer(vocab_dir / f"ggml-vocab-{vocab}.gguf").tokenizer_json
+    llm = Llama(str(gguf_with_vocabulary(tokenizer_json, tmp_path / "g", 1, 2)), vocab_only=True, verbose=False)
+    pairs = reference_pairs(vocab_dir, vocab)
+    wrong = [(text, want, got) for text, want in pairs
+             if (got := llm.tokenize(text.encode(), add_bos=False, special=False)) != want]
+    report(f"written SentencePiece vocabulary {vocab}: {len(pairs) - len(wrong)} of {len(pairs)} llama.cpp "
+           "reference texts tokenize to its ids in llama.cpp")
+    assert not wrong, wrong[:3]
+
+
+GEMMA_SAMPLES = [
+    "Hello world! It's 3.14159 -- isn't it?\n\n\tIndented code: def f(x):\n        return x ** 2",
+    "Gemma supports 中文, 日本語, Ελληνικά and emoji 🚀🔥 too.",
+    "<start_of_turn>user\nWhat's the weather?<end_of_turn>\n<start_of_turn>model\n",
+    "   leading spaces, trailing spaces   \r\n  and 1234567890 digits",
+]
+
+
+def test_gemmas_own_tokenizer_json_written_as_a_gguf_tokenizes_alike_in_llama_cpp(gemma3_tokenizer_dir,
+                                                                                 shakespeare_text, tmp_path, report):
+    """Google's Gemma 3 tokenizer.json (262,144 tokens, no space prefix, HF's own file rather than
+    one converted from a GGUF) as the ``gguf`` target writes it: llama.cpp gives tokenizers' ids on
+    code, scripts, emoji, chat-turn tokens and the held-out text, special tokens parsed as both
+    runtimes parse a rendered prompt."""
+    from llama_cpp import Llama
+    from tokenizers import Tokenizer
+
+    tokenizer_json = (gemma3_tokenizer_dir / "tokenizer.json").read_text()
+    reference = Tokenizer.from_str(tokenizer_json)
+    llm = Llama(str(gguf_with_vocabulary(tokenizer_json, tmp_path / "g", 2, 1)), vocab_only=True, verbose=False)
+    texts = [*GEMMA_SAMPLES, shakespeare_text]
+    for text in texts:
+        theirs = llm.tokenize(text.encode(), add_bos=False, special=True)
+        assert theirs == reference.encode(text, add_special_tokens=False).ids, text[:40]
+    report(f"Gemma 3's tokenizer.json written as a GGUF: llama.cpp = tokenizers on {len(texts)} texts "
+           f"({sum(len(t) for t in texts)} characters)")

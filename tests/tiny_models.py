@@ -67,10 +67,10 @@ FAMILY_CONFIGS = {
         "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 1, "sliding_window": 64, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 256, "tie_word_embeddings": False}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {  # Phi-3.5's longrope: 64 positions trained, 4096 claimed
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {  # Phi-3.5's longrope: 256 positions trained, 4096 claimed
         "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
-        "original_max_position_embeddings": 64, "tie_word_embeddings": False, "pad_token_id": 0,
+        "original_max_position_embeddings": 256, "tie_word_embeddings": False, "pad_token_id": 0,
         "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.15 * i for i in range(16)],
                          "long_factor": [4.0 + i for i in range(16)]}}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {
@@ -81,6 +81,12 @@ FAMILY_CONFIGS = {
         "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 1, "head_dim": 32, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 256, "tie_word_embeddings": True}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {  # caps small enough that tanh bends the tiny model's values
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "layer_types": ["sliding_attention", "full_attention"], "attn_logit_softcapping": 0.5,
+        "final_logit_softcapping": 1.5, "num_key_value_heads": 1, "head_dim": 32, "query_pre_attn_scalar": 48,
+        "sliding_window": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "tie_word_embeddings": True}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {  # a local layer (its own RoPE base), then a global one
         "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
         "layer_types": ["sliding_attention", "full_attention"],
@@ -109,7 +115,7 @@ def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: in
             if name.endswith(".bias"):
                 p.normal_(0, 0.3)
             elif "norm" in name:  # Gemma's RMSNorm scales by (1 + w): its neutral weight is 0
-                p.copy_((0 if family == "gemma3" else 1) + 0.1 * torch.randn_like(p))
+                p.copy_((0 if family.startswith("gemma") else 1) + 0.1 * torch.randn_like(p))
     model.save_pretrained(str(folder))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_bytes((tokenizer_dir / name).read_bytes())

@@ -10,8 +10,9 @@ Limits, each refused or stated rather than approximated:
   see every position, so the model is exact with TVM's plain KV cache (whose windowed layers are
   not usable on 0.27; see the notes on issue 15);
 * Gemma 2 (soft-capped attention logits) is another architecture and is refused as one;
-* the ``gguf`` target is not written: llama.cpp's gemma3 needs Gemma's SentencePiece vocabulary,
-  which the GGUF writer does not write yet (a Gemma 3 GGUF from elsewhere reads fine).
+* the ``gguf`` target (llama.cpp's gemma3) needs ``query_pre_attn_scalar`` = ``head_dim``, as every
+  released Gemma 3 has it (62-layer 27B: hidden / heads): llama.cpp derives the score scale from the
+  shapes, not from a key.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from __future__ import annotations
 import numpy as np
 
 from lantern.errors import LanternError
-from lantern.models.family import Family, GGUFLayout, Observe
+from lantern.models.family import Family, GGUFLayout, GGUFTensor, Observe
 from lantern.models.llama import to_lantern as llama_to_lantern
 from lantern.models.llama.calibration import _rms_norm, _rope, grouped_attention
 from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_names_from_gguf
+from lantern.models.llama.loader import gguf_tensors as llama_gguf_tensors
 
 from .model import PATTERN, Gemma3Config, Gemma3ForCausalLM
 
@@ -60,34 +62,86 @@ _GGUF_LAYER = {
 }
 
 
-def gguf_unsupported(cfg: Gemma3Config) -> str:
-    return "llama.cpp's gemma3 needs Gemma's SentencePiece vocabulary, which the GGUF writer does not write yet"
+# the layer count of each architecture's 27B, whose scores llama.cpp scales by hidden / heads
+_LAYERS_27B = {"gemma2": 46, "gemma3": 62}
 
 
-def config_from_gguf(meta: dict, names: set[str]) -> dict:
-    """llama.cpp's gemma3 keys -> a Gemma 3 config.json. What the file leaves out, llama.cpp fixes
-    as done here: local RoPE base 10000, every sixth layer global, scores scaled by
-    key_length ** -0.5 (hidden / heads for the 62-layer 27B)."""
-    cfg = hf_config_from_gguf(meta, names, "gemma3", "Gemma3ForCausalLM")
-    scalar = cfg["hidden_size"] // cfg["num_attention_heads"] if cfg["num_hidden_layers"] == 62 else cfg["head_dim"]
-    cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", rope_local_base_freq=10000.0,
-               sliding_window_pattern=PATTERN, query_pre_attn_scalar=scalar)
-    if "gemma3.attention.sliding_window" in meta:
-        cfg["sliding_window"] = int(meta["gemma3.attention.sliding_window"])
-    if meta.get("gemma3.rope.scaling.type") == "linear":
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(meta["gemma3.rope.scaling.factor"])}
+def _gguf_score_scalar(arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> int:
+    """The ``query_pre_attn_scalar`` llama.cpp's gemma2/gemma3 use: they keep no key for it."""
+    return hidden // heads if layers == _LAYERS_27B[arch] else head_dim
+
+
+def gguf_unsupported(cfg: Gemma3Config, arch: str = "gemma3") -> str | None:
+    scalar = _gguf_score_scalar(arch, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
+    if cfg.query_pre_attn_scalar != scalar:
+        return (f"llama.cpp's {arch} scales scores by {scalar} ** -0.5 for this shape, the model by "
+                f"query_pre_attn_scalar {cfg.query_pre_attn_scalar:g} ** -0.5")
+    return None
+
+
+def gguf_tensors(cfg: Gemma3Config) -> list[GGUFTensor]:
+    """The Llama-shaped tensors (q/k rows as HF has them; q/k norms where the config has them),
+    with Gemma's four block norms under llama.cpp's names; every norm is stored as 1 + w, as
+    llama.cpp's converter stores it."""
+    h = cfg.hidden_size
+    out = [t for t in llama_gguf_tensors(cfg, rope_permuted=False) if not t.name.endswith(".ffn_norm.weight")]
+    for n in range(cfg.num_hidden_layers):
+        p, b = f"model.layers.{n}", f"blk.{n}"
+        out += [GGUFTensor(f"{b}.post_attention_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
+                GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.pre_feedforward_layernorm.weight", 0, h),
+                GGUFTensor(f"{b}.post_ffw_norm.weight", f"{p}.post_feedforward_layernorm.weight", 0, h)]
+    return out
+
+
+def gguf_metadata_of(cfg: Gemma3Config, arch: str = "gemma3") -> dict:
+    """llama.cpp's gemma3 (or gemma2) keys: the Llama ones, the window, which layers use it and
+    their RoPE base."""
+    a = arch
+    meta = {**gguf_metadata(cfg, a), f"{a}.attention.sliding_window": cfg.sliding_window,
+            f"{a}.attention.sliding_window_pattern": list(cfg.sliding_layers),
+            f"{a}.rope.freq_base_swa": float(cfg.rope_local_theta)}
+    if cfg.rope_scaling:  # linear, the only kind the config takes; global layers only
+        meta.update({f"{a}.rope.scaling.type": "linear", f"{a}.rope.scaling.factor": float(cfg.rope_scaling["factor"])})
+    return meta
+
+
+def config_from_gguf(meta: dict, names, arch: str = "gemma3", pattern_every: int = PATTERN,
+                     window: int | None = None) -> dict:
+    """llama.cpp's gemma3 (or gemma2) keys -> a config.json. What the file leaves out, llama.cpp fixes
+    as done here: the local RoPE base is the global one on gemma2 and 10000 on gemma3, every
+    ``pattern_every``-th layer is global (6 on gemma3, 2 on gemma2), scores are scaled by
+    key_length ** -0.5 (hidden / heads for the 27Bs), gemma2's window is 4096."""
+    a = arch
+    cfg = hf_config_from_gguf(meta, names, a, "Gemma3ForCausalLM" if a == "gemma3" else "Gemma2ForCausalLM")
+    scalar = _gguf_score_scalar(a, cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
+                                cfg["head_dim"])
+    local_base = cfg["rope_theta"] if a == "gemma2" else 10000.0
+    cfg.update(model_type="gemma3_text" if a == "gemma3" else a, hidden_activation="gelu_pytorch_tanh",
+               query_pre_attn_scalar=scalar, rope_local_base_freq=float(meta.get(f"{a}.rope.freq_base_swa", local_base)))
+    pattern = meta.get(f"{a}.attention.sliding_window_pattern", pattern_every)
+    if isinstance(pattern, list):  # one flag per layer (what Lantern writes)
+        if len(pattern) != cfg["num_hidden_layers"]:
+            raise LanternError(f"GGUF key '{a}.attention.sliding_window_pattern' has {len(pattern)} entries for "
+                               f"{cfg['num_hidden_layers']} layers")
+        cfg["layer_types"] = ["sliding_attention" if local else "full_attention" for local in pattern]
+    else:
+        cfg["sliding_window_pattern"] = int(pattern)
+    if f"{a}.attention.sliding_window" in meta or window:
+        cfg["sliding_window"] = int(meta.get(f"{a}.attention.sliding_window", window))
+    if meta.get(f"{a}.rope.scaling.type") == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[f"{a}.rope.scaling.factor"])}
     return cfg
 
 
-def names_from_gguf(tensors: dict[str, np.ndarray], cfg: dict) -> dict[str, np.ndarray]:
-    """llama.cpp's names -> HF's (q/k rows unpermuted in gemma3). llama.cpp stores Gemma's norms as
-    1 + w; HF checkpoints carry w."""
-    out = hf_names_from_gguf(tensors, cfg, rope_permuted=False, arch="gemma3", layer_names=_GGUF_LAYER)
+def names_from_gguf(tensors: dict[str, np.ndarray], cfg: dict, arch: str = "gemma3") -> dict[str, np.ndarray]:
+    """llama.cpp's names -> HF's (q/k rows unpermuted in gemma2/gemma3). llama.cpp stores Gemma's
+    norms as 1 + w; HF checkpoints carry w."""
+    out = hf_names_from_gguf(tensors, cfg, rope_permuted=False, arch=arch, layer_names=_GGUF_LAYER)
     return {k: w - 1.0 if k.endswith("norm.weight") else w for k, w in out.items()}
 
 
-GGUF = GGUFLayout(architecture="gemma3", tensors=lambda cfg: [], metadata=lambda cfg: gguf_metadata(cfg, "gemma3"),
-                  unsupported=gguf_unsupported, config_from_metadata=config_from_gguf, names_from_gguf=names_from_gguf)
+GGUF = GGUFLayout(architecture="gemma3", tensors=gguf_tensors, metadata=gguf_metadata_of, unsupported=gguf_unsupported,
+                  config_from_metadata=config_from_gguf, names_from_gguf=names_from_gguf)
 
 
 # --------------------------------------------------------------------------- calibration (GPTQ)
@@ -98,12 +152,14 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: Gemma3
     seq, heads, kv, dim = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     q, k, v = np.split(h @ params[f"{p}.self_attn.qkv_proj.weight"].T, [heads * dim, (heads + kv) * dim], axis=1)
     theta, scale = cfg.layer_rope(i)
-    q = _rope(_rms_norm(q.reshape(seq, heads, dim), params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps),
-              theta, scale)
-    k = _rope(_rms_norm(k.reshape(seq, kv, dim), params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps),
-              theta, scale)
+    q, k = q.reshape(seq, heads, dim), k.reshape(seq, kv, dim)
+    if cfg.qk_norm:  # Gemma 3's; Gemma 2 has none
+        q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
+        k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
+    q, k = _rope(q, theta, scale), _rope(k, theta, scale)
     window = cfg.sliding_window if cfg.sliding_layers[i] else 0  # calibration text may run past it
-    return grouped_attention(q, k, v.reshape(seq, kv, dim), cfg.query_pre_attn_scalar ** -0.5, window)
+    return grouped_attention(q, k, v.reshape(seq, kv, dim), cfg.query_pre_attn_scalar ** -0.5, window,
+                             cfg.attention_softcap)
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -112,8 +168,8 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 def calibration_forward(params: dict[str, np.ndarray], cfg: Gemma3Config, sequences: list[list[int]],
                         observe: Observe) -> list[np.ndarray]:
-    """Gemma 3 in numpy over Lantern's parameters (norms already 1 + w); the contract of
-    ``lantern.models.llama.calibration.calibration_forward``."""
+    """Gemma 3 (and Gemma 2: no q/k norm, soft-capped scores) in numpy over Lantern's parameters
+    (norms already 1 + w); the contract of ``lantern.models.llama.calibration.calibration_forward``."""
     eps = cfg.rms_norm_eps
     xs = [params["model.embed_tokens.weight"][s].astype(np.float32) * np.float32(cfg.hidden_size ** 0.5)
           for s in sequences]

@@ -92,8 +92,10 @@ class Gemma3Attention(nn.Module):
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.qkv_proj = make_linear(cfg.hidden_size, (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim, spec)
         self.o_proj = make_linear(self.num_q_heads * self.head_dim, cfg.hidden_size, spec)
-        self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
-        self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+        self.qk_norm = cfg.qk_norm  # Gemma 3's; Gemma 2 (models/gemma2) has none
+        if self.qk_norm:
+            self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
+            self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
         self.rope_theta, self.rope_scale = cfg.layer_rope(layer)
         self.sm_scale = cfg.query_pre_attn_scalar ** -0.5
 
@@ -101,8 +103,10 @@ class Gemma3Attention(nn.Module):
         b, s, _ = x.shape
         qkv = op.reshape(self.qkv_proj(x), (b, s, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim))
         q, k, v = op.split(qkv, [self.num_q_heads, self.num_q_heads + self.num_kv_heads], axis=2)
-        q = rope(self.q_norm(q), positions, self.rope_theta, self.rope_scale)
-        k = rope(self.k_norm(k), positions, self.rope_theta, self.rope_scale)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = rope(q, positions, self.rope_theta, self.rope_scale)
+        k = rope(k, positions, self.rope_theta, self.rope_scale)
         out = kv_cache.attention_with_fused_qkv(layer_id, op.concat([q, k, v], dim=2), self.num_q_heads,
                                                 sm_scale=self.sm_scale)
         return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))

@@ -58,15 +58,19 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], p: str, cfg: LlamaC
                              1 / np.sqrt(dim))
 
 
-def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0) -> np.ndarray:
+def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
+                      softcap: float = 0.0) -> np.ndarray:
     """Causal softmax attention of q[seq, heads, dim] over k, v[seq, kv_heads, dim] (each kv head
-    shared by heads / kv_heads query heads), scores times ``scale``; a ``window`` > 0 lets each
-    position see only the last ``window`` ones. Returns [seq, heads * dim]."""
+    shared by heads / kv_heads query heads), scores times ``scale`` (then ``softcap * tanh(s /
+    softcap)`` when it is set); a ``window`` > 0 lets each position see only the last ``window``
+    ones. Returns [seq, heads * dim]."""
     seq, heads, dim = q.shape
     kv = k.shape[1]
     # Batched matmuls (BLAS), one per kv head over its group's query heads: ~6x einsum's time.
     grouped_q = q.transpose(1, 0, 2).reshape(kv, heads // kv * seq, dim)
     scores = (grouped_q @ k.transpose(1, 2, 0)).reshape(heads, seq, seq) * scale
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
     distance = np.arange(seq)[:, None] - np.arange(seq)[None, :]
     masked = (distance < 0) | (distance >= window) if window else distance < 0
     scores = np.where(masked, -np.inf, scores)

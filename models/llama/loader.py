@@ -170,16 +170,17 @@ def hf_names_from_gguf(tensors: dict[str, np.ndarray], hf_config: dict, rope_per
             elif rope_permuted and parts[2] == "attn_k":
                 w = _unpermute(w, hf_config["num_key_value_heads"])
             out[f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"] = w
-        elif name == "rope_freqs.weight":
-            continue  # llama3 RoPE factors: recomputed from rope_scaling
+        elif name in ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"):
+            continue  # RoPE factors (llama3's, longrope's): the family's config_from_metadata reads them
         else:
             raise LanternError(f"GGUF tensor '{name}' is not part of a {arch} model")
     return out
 
 
-def hf_config_from_gguf(meta: dict, tensor_names: set[str], arch: str = GGUF_ARCHITECTURE,
+def hf_config_from_gguf(meta: dict, tensor_names, arch: str = GGUF_ARCHITECTURE,
                         hf_architecture: str = "LlamaForCausalLM") -> dict:
-    """Build a config.json-like dict from GGUF ``<arch>.*`` metadata (and which tensors exist)."""
+    """Build a config.json-like dict from GGUF ``<arch>.*`` metadata (and which tensors exist:
+    ``tensor_names`` is anything ``in`` asks, the tensors by name or a set of names)."""
     a = arch
     try:
         heads = int(meta[f"{a}.attention.head_count"])

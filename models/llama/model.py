@@ -121,6 +121,7 @@ class LlamaConfig:
     prefill_chunk_size: int = 512
     attention_bias: bool = False  # biases on q, k and v (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    attention_softcap: float = 0.0  # scores soft-capped as cap * tanh(score / cap), 0 for none (Gemma 2)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "LlamaConfig":

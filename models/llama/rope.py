@@ -51,8 +51,8 @@ def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
 
 def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, key: str) -> dict[str, Any]:
     """A config's longrope, resolved as transformers resolves it: the scale is ``factor``, else
-    max_position_embeddings / original_max_position_embeddings; the attention factor is
-    sqrt(1 + ln(scale) / ln(original)), kept in the result for ``longrope_short``."""
+    max_position_embeddings / original_max_position_embeddings (kept as ``factor``); the attention
+    factor is sqrt(1 + ln(scale) / ln(original)), kept in the result for ``longrope_short``."""
     original = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
     if not original:
         raise LanternError(f"config.json field '{key}': longrope needs original_max_position_embeddings")
@@ -69,7 +69,7 @@ def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, k
                            f"{default:.6g} for this scale, which is the only one supported")
     return {"rope_type": "longrope", "short_factor": [float(f) for f in rope["short_factor"]],
             "long_factor": [float(f) for f in rope["long_factor"]], "original_max_position_embeddings": int(original),
-            "attention_factor": default}
+            "factor": scale, "attention_factor": default}
 
 
 def longrope_short(rope_scaling: dict[str, Any]) -> tuple[list[float], float]:

@@ -9,8 +9,9 @@ LongRoPE (Phi-3.5-mini, the 128k models) divides each RoPE frequency by a factor
 ``long_factor`` beyond, and scales cos/sin by an attention factor. The context is capped at the
 original length (4096 on Phi-3.5-mini), where transformers always uses the short factors, so the
 model is exact there. The Llama decoder rotates q and k itself for longrope (models/llama/rope.py):
-TVM 0.27's own longrope kernel does not parse. The long factors stay unused until a longer context
-is supported.
+TVM 0.27's own longrope kernel does not parse. The long factors stay unused by Lantern's libraries
+until a longer context is supported; the ``gguf`` target carries both, so llama.cpp runs the whole
+128k context from it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from lantern.models.family import Family, GGUFTensor
 from lantern.models.llama import LlamaForCausalLM, calibration_forward
 from lantern.models.llama import to_lantern as llama_to_lantern
 from lantern.models.llama.loader import gguf_layout, gguf_outer_tensors
+from lantern.models.llama.loader import gguf_metadata as llama_gguf_metadata
 from lantern.models.llama.model import LlamaConfig, decoder_fields
+from lantern.models.llama.rope import resolve_longrope
 
 
 class Phi3Config(LlamaConfig):
@@ -64,12 +67,6 @@ def to_lantern(hf: dict[str, np.ndarray], cfg: Phi3Config) -> dict[str, np.ndarr
     return llama_to_lantern(split, cfg)
 
 
-def gguf_unsupported(cfg: Phi3Config) -> str:
-    """llama.cpp's phi3 looks Phi-3's special tokens up in the vocabulary it loads, and the GGUF writer
-    does not write Phi-3's SentencePiece-style one yet (a GGUF of Phi-3 from elsewhere reads fine)."""
-    return "llama.cpp's phi3 needs Phi-3's own vocabulary, which the GGUF writer does not write yet"
-
-
 def gguf_tensors(cfg: Phi3Config) -> list[GGUFTensor]:
     """llama.cpp's phi3 tensors: the model's fused matrices whole."""
     q, kv, i, h = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim,
@@ -89,18 +86,61 @@ def gguf_tensors(cfg: Phi3Config) -> list[GGUFTensor]:
 _PHI3_LAYER = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
                "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
 
+_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+
+
+def gguf_metadata(cfg: Phi3Config) -> dict:
+    """llama.cpp's phi3 keys. For longrope, as llama.cpp's converter writes them: the claimed length
+    as ``context_length``, the trained one and the attention factor under ``rope.scaling``, and the
+    factors as tensors (``gguf_constants``). llama.cpp switches to the long factors past the trained
+    length, so the GGUF keeps the model's whole context there."""
+    meta = llama_gguf_metadata(cfg, "phi3")
+    rope = cfg.rope_scaling
+    if rope:
+        original = rope["original_max_position_embeddings"]
+        meta.update({"phi3.context_length": round(original * rope["factor"]),
+                     "phi3.rope.scaling.original_context_length": original,
+                     "phi3.rope.scaling.attn_factor": float(rope["attention_factor"])})
+    return meta
+
+
+def gguf_constants(cfg: Phi3Config) -> dict[str, np.ndarray]:
+    rope = cfg.rope_scaling
+    if not rope:
+        return {}
+    return dict(zip(_FACTORS, (np.array(rope["short_factor"]), np.array(rope["long_factor"]))))
+
+
 _LAYOUT = gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors, layer_names=_PHI3_LAYER,
-                      unsupported=gguf_unsupported)
+                      unsupported=lambda cfg: None)  # both of its RoPEs are written
 
 
-def config_from_gguf(meta: dict, names: set[str]) -> dict:
-    """A phi3 GGUF's config; Phi-3.5's longrope factors live in tensors, which are not read yet."""
-    if {"rope_factors_short.weight", "rope_factors_long.weight"} & names:
-        raise LanternError("GGUF tensor 'rope_factors_short.weight': Phi-3.5's longrope from a GGUF is not "
-                           "supported yet; build from the Hugging Face folder (its config.json has the factors)")
-    return _LAYOUT.config_from_metadata(meta, names)
+def config_from_gguf(meta: dict, tensors: dict) -> dict:
+    """A phi3 GGUF's config; Phi-3.5's longrope factors come from its two factor tensors."""
+    cfg = _LAYOUT.config_from_metadata(meta, tensors)
+    if not set(_FACTORS) & set(tensors):
+        return cfg
+    factors = []
+    for name in _FACTORS:
+        if name not in tensors:
+            raise LanternError(f"GGUF tensor '{name}' is missing: longrope needs both factor tensors")
+        t = tensors[name]
+        if t.tensor_type.name != "F32" or len(t.shape) != 1 or t.shape[0] != cfg["head_dim"] // 2:
+            raise LanternError(f"GGUF tensor '{name}' is {t.tensor_type.name} {list(t.shape)}; longrope needs "
+                               f"F32 [{cfg['head_dim'] // 2}] (head_dim / 2)")
+        factors.append([float(f) for f in np.asarray(t.data, dtype=np.float32)])
+    original = int(meta.get("phi3.rope.scaling.original_context_length", cfg["max_position_embeddings"]))
+    cfg.update(original_max_position_embeddings=original,
+               rope_scaling={"rope_type": "longrope", "short_factor": factors[0], "long_factor": factors[1]})
+    attn = meta.get("phi3.rope.scaling.attn_factor")
+    expected = resolve_longrope(cfg, cfg["rope_scaling"], cfg["head_dim"], "rope_scaling")["attention_factor"]
+    if attn is not None and not np.isclose(attn, expected, rtol=1e-5):
+        raise LanternError(f"GGUF key 'phi3.rope.scaling.attn_factor' is {attn:g}, but longrope's for "
+                           f"{cfg['max_position_embeddings']} of {original} positions is {expected:.6g}")
+    return cfg
 
 
 FAMILY = Family(name="phi3", architectures=("Phi3ForCausalLM",), config=Phi3Config, model=LlamaForCausalLM,
                 to_lantern=to_lantern, calibration_forward=calibration_forward,
-                gguf=dataclasses.replace(_LAYOUT, config_from_metadata=config_from_gguf))
+                gguf=dataclasses.replace(_LAYOUT, config_from_metadata=config_from_gguf, metadata=gguf_metadata,
+                                         constants=gguf_constants))
