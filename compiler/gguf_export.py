@@ -175,8 +175,8 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
     writer.add_file_type({"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16,
                           "F32": gguf.LlamaFileType.ALL_F32}[tensor_type(quant)])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    add = {float: writer.add_float32, int: writer.add_uint32, str: writer.add_string, list: writer.add_array}
     for key, value in layout.metadata(config).items():
-        add = {float: writer.add_float32, int: writer.add_uint32, str: writer.add_string, list: writer.add_array}
         add[type(value)](key, value)
     writer.add_tokenizer_model(tok["model"])
     writer.add_tokenizer_pre(tok["pre"])

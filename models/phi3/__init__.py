@@ -105,6 +105,7 @@ def gguf_metadata(cfg: Phi3Config) -> dict:
 
 
 def gguf_constants(cfg: Phi3Config) -> dict[str, np.ndarray]:
+    """Longrope's short and long factors, as llama.cpp's phi3 reads them (one F32 [head_dim / 2] each)."""
     rope = cfg.rope_scaling
     if not rope:
         return {}
