@@ -520,6 +520,9 @@ def softcap_attention(mod: tvm.IRModule, softcap: float, gpu: bool) -> tvm.IRMod
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tirx.PrimFunc):
             continue
+        if gv.name_hint.removesuffix("_cpu") in ATTENTION and func.params[0].dtype != "float32":
+            raise LanternError(f"attention soft-capping runs in float32 attention kernels only; this build's are "
+                               f"{func.params[0].dtype}: build with q4f32_1 or q0f32")
         attention = _attention(gv.name_hint, func, softcap)
         if attention is not None:
             kernel = attention[1](gpu).with_attr("global_symbol", gv.name_hint).with_attr(SOFTCAP_ATTR, softcap)

@@ -268,3 +268,19 @@ def test_a_phi35_gguf_whose_longrope_contradicts_itself_is_named(family_models, 
         PHI3.gguf.config_from_metadata({**meta, "phi3.rope.scaling.attn_factor": 1.0}, tensors)
     with pytest.raises(LanternError, match=r"GGUF tensor 'rope_factors_long.weight' is missing"):
         PHI3.gguf.config_from_metadata(meta, {k: t for k, t in tensors.items() if k != "rope_factors_long.weight"})
+
+
+def test_gemma2_in_float16_is_refused_naming_why(family_models):
+    """Lantern's soft-capping attention kernels are float32: an f16 Gemma 2 build says so instead of
+    running TVM's uncapped kernels."""
+    import tvm
+
+    from lantern import lower
+    from lantern.errors import LanternError
+    from lantern.models import GEMMA2
+    from lantern.quantize import get_quantization
+
+    config = GEMMA2.config.from_hf(family_models["gemma2"][1].config.to_dict())
+    with pytest.raises(LanternError, match="soft-capping runs in float32 attention kernels only; this build's are "
+                                           "float16: build with q4f32_1 or q0f32"):
+        lower.export(GEMMA2, config, get_quantization("q4f16_1"), tvm.target.Target("webgpu"), {})
