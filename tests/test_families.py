@@ -263,6 +263,9 @@ def test_a_phi35_gguf_whose_longrope_contradicts_itself_is_named(family_models, 
     meta, tensors = gguf_file.read(art.path / art.manifest["gguf"]["files"][0])
     tensors = {t.name: t for t in tensors}
     assert PHI3.gguf.config_from_metadata(meta, tensors)["rope_scaling"]["rope_type"] == "longrope"
+    # Phi-3 mini's window (2047), as llama.cpp's converter writes it, caps the context as from config.json
+    windowed = PHI3.gguf.config_from_metadata({**meta, "phi3.attention.sliding_window": 100}, tensors)
+    assert PHI3.config.from_hf(windowed).context_window_size == 100
     with pytest.raises(LanternError, match=r"GGUF key 'phi3.rope.scaling.attn_factor' is 1, but longrope's "
                                            r"for 4096 of 256 positions is 1.22"):
         PHI3.gguf.config_from_metadata({**meta, "phi3.rope.scaling.attn_factor": 1.0}, tensors)

@@ -117,8 +117,11 @@ _LAYOUT = gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gg
 
 
 def config_from_gguf(meta: dict, tensors: dict) -> dict:
-    """A phi3 GGUF's config; Phi-3.5's longrope factors come from its two factor tensors."""
+    """A phi3 GGUF's config: Phi-3's window (llama.cpp's converter writes 0 for none, as for Phi-4),
+    Phi-3.5's longrope factors from its two factor tensors."""
     cfg = _LAYOUT.config_from_metadata(meta, tensors)
+    if meta.get("phi3.attention.sliding_window"):
+        cfg["sliding_window"] = int(meta["phi3.attention.sliding_window"])
     if not set(_FACTORS) & set(tensors):
         return cfg
     factors = []
