@@ -14,7 +14,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from tiny_models import TINY_CONFIG, random_llama_weights
+from tiny_models import TINY_CONFIG, random_llama_weights, vocab_size_of
 
 from lantern.importer import read_gguf_tokenizer
 
@@ -77,9 +77,7 @@ def gguf_with_vocabulary(tokenizer_json: str, out: Path, bos: int, eos: int) -> 
     from lantern import gguf_export
     from lantern.models import llama
 
-    tok = json.loads(tokenizer_json)
-    fields = {**TINY_CONFIG, "hidden_size": 32,
-              "vocab_size": 1 + max([*tok["model"]["vocab"].values(), *(a["id"] for a in tok["added_tokens"])])}
+    fields = {**TINY_CONFIG, "hidden_size": 32, "vocab_size": vocab_size_of(json.loads(tokenizer_json))}
     cfg = llama.FAMILY.config.from_hf(fields)
     params = llama.FAMILY.to_lantern(random_llama_weights(fields), cfg)
     out.mkdir()

@@ -97,6 +97,11 @@ FAMILY_CONFIGS = {
 }
 
 
+def vocab_size_of(tokenizer_json: dict) -> int:
+    """Rows a model needs for this tokenizer.json: its vocabulary and added tokens."""
+    return 1 + max([*tokenizer_json["model"]["vocab"].values(), *(t["id"] for t in tokenizer_json.get("added_tokens", []))])
+
+
 def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: int = 0, **overrides):
     """A random tiny model of ``family`` made by transformers' own config and model classes, saved as
     an HF folder with the real tokenizer; returns the torch model. Biases and norm weights are drawn
@@ -105,8 +110,7 @@ def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: in
     import transformers
 
     config_class, model_class, fields = FAMILY_CONFIGS[family]
-    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    vocab = 1 + max([*tok["model"]["vocab"].values(), *(t["id"] for t in tok.get("added_tokens", []))])
+    vocab = vocab_size_of(json.loads((tokenizer_dir / "tokenizer.json").read_text()))
     config = getattr(transformers, config_class)(vocab_size=vocab, initializer_range=0.06, **{**fields, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config).eval()

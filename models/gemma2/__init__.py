@@ -35,12 +35,10 @@ class Gemma2Config(Gemma3Config):
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "Gemma2Config":
         caps = {key: float(cfg.get(key) or 0.0) for key in ("attn_logit_softcapping", "final_logit_softcapping")}
-        rope = cfg.get("rope_parameters") or {}
-        theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        gemma3_fields = {k: v for k, v in cfg.items() if k not in caps}
-        base = Gemma3Config.from_hf({"sliding_window_pattern": PATTERN, **gemma3_fields, "rope_local_base_freq": theta})
+        base = Gemma3Config.from_hf({"sliding_window_pattern": PATTERN, **{k: v for k, v in cfg.items() if k not in caps}})
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Gemma3Config)}
-        return cls(**{**fields, "qk_norm": False, "attention_softcap": caps["attn_logit_softcapping"]},
+        return cls(**{**fields, "qk_norm": False, "rope_local_theta": base.rope_theta,  # one base for every layer
+                      "attention_softcap": caps["attn_logit_softcapping"]},
                    final_softcap=caps["final_logit_softcapping"])
 
 
@@ -63,9 +61,12 @@ def gguf_metadata(cfg: Gemma2Config) -> dict:
 
 
 def config_from_gguf(meta: dict, tensors) -> dict:
-    cfg = gemma3.config_from_gguf(meta, tensors, "gemma2", PATTERN, window=4096)
-    # llama.cpp reads both caps as optional keys (an absent one is off)
-    cfg.update(attn_logit_softcapping=meta.get("gemma2.attn_logit_softcapping"),
+    """Gemma 3's reading under llama.cpp's gemma2 keys; a file without a window has llama.cpp's 4096,
+    and llama.cpp reads both caps as optional keys (an absent one is off)."""
+    cfg = gemma3.config_from_gguf(meta, tensors, "gemma2", PATTERN)
+    cfg.setdefault("sliding_window", 4096)
+    cfg.update(architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+               attn_logit_softcapping=meta.get("gemma2.attn_logit_softcapping"),
                final_logit_softcapping=meta.get("gemma2.final_logit_softcapping"))
     return cfg
 

@@ -9,7 +9,7 @@ Limits, each refused or stated rather than approximated:
 * the context is capped at the sliding window (512 on 270M and 1B): within it the local layers
   see every position, so the model is exact with TVM's plain KV cache (whose windowed layers are
   not usable on 0.27; see the notes on issue 15);
-* Gemma 2 (soft-capped attention logits) is another architecture and is refused as one;
+* Gemma 2 (soft-capped attention logits) is its own family, ``models/gemma2``, which reuses this one;
 * the ``gguf`` target (llama.cpp's gemma3) needs ``query_pre_attn_scalar`` = ``head_dim``, as every
   released Gemma 3 has it (62-layer 27B: hidden / heads): llama.cpp derives the score scale from the
   shapes, not from a key.
@@ -105,19 +105,16 @@ def gguf_metadata_of(cfg: Gemma3Config, arch: str = "gemma3") -> dict:
     return meta
 
 
-def config_from_gguf(meta: dict, names, arch: str = "gemma3", pattern_every: int = PATTERN,
-                     window: int | None = None) -> dict:
-    """llama.cpp's gemma3 (or gemma2) keys -> a config.json. What the file leaves out, llama.cpp fixes
-    as done here: the local RoPE base is the global one on gemma2 and 10000 on gemma3, every
-    ``pattern_every``-th layer is global (6 on gemma3, 2 on gemma2), scores are scaled by
-    key_length ** -0.5 (hidden / heads for the 27Bs), gemma2's window is 4096."""
+def config_from_gguf(meta: dict, tensors, arch: str = "gemma3", pattern_every: int = PATTERN) -> dict:
+    """llama.cpp's gemma3 keys (or another Gemma architecture's: ``arch``) -> a Gemma 3 config.json.
+    What the file leaves out, llama.cpp fixes as done here: the local RoPE base 10000, every
+    ``pattern_every``-th layer global, scores scaled by key_length ** -0.5 (hidden / heads for a 27B)."""
     a = arch
-    cfg = hf_config_from_gguf(meta, names, a, "Gemma3ForCausalLM" if a == "gemma3" else "Gemma2ForCausalLM")
+    cfg = hf_config_from_gguf(meta, tensors, a, "Gemma3ForCausalLM")
     scalar = _gguf_score_scalar(a, cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
                                 cfg["head_dim"])
-    local_base = cfg["rope_theta"] if a == "gemma2" else 10000.0
-    cfg.update(model_type="gemma3_text" if a == "gemma3" else a, hidden_activation="gelu_pytorch_tanh",
-               query_pre_attn_scalar=scalar, rope_local_base_freq=float(meta.get(f"{a}.rope.freq_base_swa", local_base)))
+    cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=scalar,
+               rope_local_base_freq=float(meta.get(f"{a}.rope.freq_base_swa", 10000.0)))
     pattern = meta.get(f"{a}.attention.sliding_window_pattern", pattern_every)
     if isinstance(pattern, list):  # one flag per layer (what Lantern writes)
         if len(pattern) != cfg["num_hidden_layers"]:
@@ -126,8 +123,8 @@ def config_from_gguf(meta: dict, names, arch: str = "gemma3", pattern_every: int
         cfg["layer_types"] = ["sliding_attention" if local else "full_attention" for local in pattern]
     else:
         cfg["sliding_window_pattern"] = int(pattern)
-    if f"{a}.attention.sliding_window" in meta or window:
-        cfg["sliding_window"] = int(meta.get(f"{a}.attention.sliding_window", window))
+    if f"{a}.attention.sliding_window" in meta:
+        cfg["sliding_window"] = int(meta[f"{a}.attention.sliding_window"])
     if meta.get(f"{a}.rope.scaling.type") == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(meta[f"{a}.rope.scaling.factor"])}
     return cfg
