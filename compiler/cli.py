@@ -14,7 +14,7 @@ from . import __version__, models
 from .errors import LanternError
 from .importer import BUNDLED, GGUF_INPUT_TYPES
 from .lower import SCHEDULE_CHOICES
-from .package import GENERATION_FIELDS, check_generation_defaults
+from .package import DEFAULT_CONTEXT, GENERATION_FIELDS, check_generation_defaults
 from .quantize import QUANTIZATIONS
 
 BUILD_EXAMPLES = """examples:
@@ -152,7 +152,7 @@ def cmd_build(args) -> int:
         calibration=None if args.no_calibration else Path(args.calibration) if args.calibration
         else DEFAULT_CALIBRATION,
         targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
-        webgpu_schedule=args.webgpu_schedule,
+        webgpu_schedule=args.webgpu_schedule, context_window=args.context_window,
         generation={k: v for k in ("temperature", "top_p", "top_k", "repetition_penalty")
                     if (v := getattr(args, k)) is not None},
         dump_dir=Path(args.dump_dir) if args.dump_dir else None, name=args.name,
@@ -308,6 +308,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="kernel schedule of the webgpu libraries: gpu (for real GPUs), cpu-emulated (for "
                         "software adapters such as SwiftShader, WARP, lavapipe: no GPU in the machine) or both "
                         "(default): one library each, sharing the weights; the runtime picks by adapter")
+    b.add_argument("--context-window", type=int, metavar="TOKENS",
+                   help="tokens of context (prompt + answer) the runtimes allocate KV-cache memory for (default: "
+                        f"{DEFAULT_CONTEXT}, or the model's trained length if shorter). Sliding windows (Mistral, "
+                        "Phi-3, Gemma) hold at any length in float32 builds; float16 builds of those stop at the window")
     gen = b.add_argument_group(
         "sampling defaults",
         "What both runtimes (and WebLLM) use when a request omits the field: a request's value wins, then these, "

@@ -186,7 +186,7 @@ def _attend(q, o, st, keys, k_base, values, v_base, d, cap):
 @T.macro
 def _start(q, o, st, query, row, head, sm_scale, d):
     for i in T.unroll(d):
-        q[i] = query[row, head, i] * (sm_scale * LOG2E)
+        q[i] = query[row, head, i] * (T.fabs(sm_scale) * LOG2E)
         o[i] = T.float32(0)
     st[0] = T.float32(-5e4)  # TVM's kernels start from the same state
     st[1] = T.float32(1)
@@ -199,12 +199,22 @@ def _finish(o, st, output, lse, row, head, d):
     lse[row, head] = st[0] + T.log2(st[1])
 
 
+def _first_key(window, sm_scale, q_pos, k_pos_offset):
+    """The first key column a query at ``q_pos`` attends to: 0, or on a windowed layer (the model
+    marks one with a negative ``sm_scale``) the first within ``window`` positions of it, keys being at
+    positions ``k_pos_offset + col``. ``window`` is the build's constant (0: no layer has one)."""
+    if window == 0:
+        return 0
+    return T.if_then_else(sm_scale < T.float32(0), T.max(q_pos - k_pos_offset - (window - 1), 0), 0)
+
+
 def _paged_len(indptr, length_info, b):
     """Tokens of sequence ``b`` in the cache: full pages plus the last page's fill."""
     return T.if_then_else(indptr[b] != indptr[b + 1], (indptr[b + 1] - indptr[b] - 1) * PAGE + length_info[b], 0)
 
 
-def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0) -> tirx.PrimFunc:
+def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0,
+                     window: int = 0) -> tirx.PrimFunc:
     """One token per sequence against its pages. One thread per (sequence, KV head) serves all the
     query heads that share it: each key and value row is gathered once for the whole group."""
     cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
@@ -255,11 +265,12 @@ def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
                         hk: T.let[T.int32] = (bx * ATTN_THREADS + tx) % h_kv
                         for g in T.unroll(group):  # before and after the key loop, loops stay loops
                             for i in T.serial(d):
-                                q[g * d + i] = Q[b, hk * group + g, i] * (sm_scale * LOG2E)
+                                q[g * d + i] = Q[b, hk * group + g, i] * (T.fabs(sm_scale) * LOG2E)
                                 o[g * d + i] = T.float32(0)
                             st[g * 4] = T.float32(-5e4)
                             st[g * 4 + 1] = T.float32(1)
-                        for col in T.serial(_paged_len(page_table_indptr, length_info, b)):
+                        for col in T.serial(_first_key(window, sm_scale, q_rope_position[b], k_rope_pos_offset[b]),
+                                            _paged_len(page_table_indptr, length_info, b)):
                             page: T.let[T.int32] = page_table_values[page_table_indptr[b] + col // PAGE]
                             k_base: T.let[T.int32] = (((page * 2) * h_kv + hk) * PAGE + col % PAGE) * d
                             for i in T.unroll(d):
@@ -295,7 +306,8 @@ def _sequence_of(b_sel, indptr, batch_size, t):
             b_sel[0] = b
 
 
-def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0) -> tirx.PrimFunc:
+def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0,
+                      window: int = 0) -> tirx.PrimFunc:
     """New tokens against the pages already in the cache (then merged with the ragged part)."""
     cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
     group = h_q // h_kv
@@ -348,7 +360,8 @@ def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: fl
                         kv_len: T.let[T.int32] = _paged_len(page_indptr, length_info, b_sel[0])
                         qo_len: T.let[T.int32] = q_indptr[b_sel[0] + 1] - q_indptr[b_sel[0]]
                         _start(qv, o, st, q, t, h, sm_scale, d)
-                        for col in T.serial(T.if_then_else(
+                        for col in T.serial(_first_key(window, sm_scale, q_rope_position[t],
+                                                       k_rope_pos_offset[b_sel[0]]), T.if_then_else(
                                 causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len)):
                             page: T.let[T.int32] = page_values[page_indptr[b_sel[0]] + col // PAGE]
                             k_base: T.let[T.int32] = (((page * 2) * h_kv + h // group) * PAGE + col % PAGE) * d
@@ -358,7 +371,8 @@ def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: fl
     return batch_prefill_paged_kv
 
 
-def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0) -> tirx.PrimFunc:
+def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0,
+                     window: int = 0) -> tirx.PrimFunc:
     """New tokens against themselves (causal), from the freshly projected k and v."""
     cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
     group = h_q // h_kv
@@ -405,7 +419,8 @@ def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
                         kv_len: T.let[T.int32] = kv_indptr[b_sel[0] + 1] - kv_indptr[b_sel[0]]
                         qo_len: T.let[T.int32] = q_indptr[b_sel[0] + 1] - q_indptr[b_sel[0]]
                         _start(qv, o, st, q, t, h, sm_scale, d)
-                        for col in T.serial(T.if_then_else(
+                        for col in T.serial(_first_key(window, sm_scale, q_rope_position[t],
+                                                       k_rope_pos_offset[b_sel[0]]), T.if_then_else(
                                 causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len)):
                             row: T.let[T.int32] = ((kv_indptr[b_sel[0]] + col) * h_kv + h // group) * d
                             _attend(qv, o, st, kf, row, vf, row, d, cap)
@@ -493,44 +508,52 @@ def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
     return (build.__name__, f"k{int(k)}", "res" if residual else "plain"), lambda _: build(int(k), residual)
 
 
-def _attention(name: str, func: tirx.PrimFunc, softcap: float = 0.0) -> tuple | None:
-    """(key, kernel) for one of the KV cache's attention functions (float32, no sliding window),
-    by its GPU name or its CPU one (``..._cpu``: the same signature)."""
+def _attention(name: str, func: tirx.PrimFunc, softcap: float = 0.0, window: int = 0) -> tuple | None:
+    """(key, kernel) for one of the KV cache's attention functions (float32), by its GPU name or its
+    CPU one (``..._cpu``: the same signature)."""
     name = name.removesuffix("_cpu")
-    if name not in ATTENTION or (func.attrs is not None and SOFTCAP_ATTR in func.attrs):
+    if name not in ATTENTION or (func.attrs is not None and VARIANT_ATTR in func.attrs):
         return None
     q, pages_or_k = func.params[0], func.params[2 if name != "batch_decode_paged_kv" else 1]
     if q.dtype != "float32":
         return None
     h_q, d = int(q.shape[1]), int(q.shape[2])
     h_kv = int(pages_or_k.shape[2] if name != "batch_prefill_ragged_kv" else pages_or_k.shape[1])
-    return (name, h_kv, h_q, d), lambda gpu: ATTENTION[name](h_kv, h_q, d, gpu, softcap)
+    return (name, h_kv, h_q, d), lambda gpu: ATTENTION[name](h_kv, h_q, d, gpu, softcap, window)
 
 
-SOFTCAP_ATTR = "lantern.attention_softcap"
+VARIANT_ATTR = "lantern.attention_variant"
 
 
-def softcap_attention(mod: tvm.IRModule, softcap: float, gpu: bool) -> tvm.IRModule:
+def custom_attention(mod: tvm.IRModule, softcap: float, window: int, gpu: bool) -> tvm.IRModule:
     """Swap every paged-KV attention kernel the runtimes call (decode, prefill against the cache,
-    prefill among the chunk's own tokens) for the kernels above with ``cap * tanh(score / cap)`` on
-    each score (Gemma 2's attention-logit soft-capping, which TVM's kernels lack), on any target and
-    schedule. TVM's tree-attention and sliding-window kernels stay uncapped: neither runtime calls
-    them (no speculative decoding; the caches are made without windows)."""
+    prefill among the chunk's own tokens) for the kernels above, on any target and schedule, with
+    what TVM 0.27's kernels lack:
+
+    * ``softcap`` > 0: ``cap * tanh(score / cap)`` on each score (Gemma 2's attention-logit cap);
+    * ``window`` > 0: a layer that passes a negative ``sm_scale`` (the one value the model hands the
+      kernels per layer) sees only the keys less than ``window`` positions behind each query, over
+      the plain full-length cache. TVM's own windowed layers are not usable on 0.27 (the note on
+      issue 15 lists why); this costs a full cache's memory but is exact at every length.
+
+    TVM's tree-attention and sliding-window kernels stay as they are: neither runtime calls them (no
+    speculative decoding; the caches are made without TVM's windows). Every kernel must be found,
+    or the build fails: TVM's would run a negative scale or an uncapped score silently."""
+    what = " and ".join(w for w, on in (("attention soft-capping", softcap), ("sliding windows", window)) if on)
     swapped = set()
     for gv, func in list(mod.functions.items()):
         if not isinstance(func, tirx.PrimFunc):
             continue
         if gv.name_hint.removesuffix("_cpu") in ATTENTION and func.params[0].dtype != "float32":
-            raise LanternError(f"attention soft-capping runs in float32 attention kernels only; this build's are "
+            raise LanternError(f"{what}: Lantern's attention kernels are float32 only, this build's are "
                                f"{func.params[0].dtype}: build with q4f32_1 or q0f32")
-        attention = _attention(gv.name_hint, func, softcap)
+        attention = _attention(gv.name_hint, func, softcap, window)
         if attention is not None:
-            kernel = attention[1](gpu).with_attr("global_symbol", gv.name_hint).with_attr(SOFTCAP_ATTR, softcap)
-            mod[gv] = kernel
+            kernel = attention[1](gpu).with_attr("global_symbol", gv.name_hint)
+            mod[gv] = kernel.with_attr(VARIANT_ATTR, f"softcap={softcap:g},window={window}")
             swapped.add(attention[0][0])
-    if swapped != set(ATTENTION):  # a TVM that names or shapes its kernels otherwise: never run uncapped
-        raise LanternError(f"attention soft-capping: found only {sorted(swapped)} of the KV cache's kernels "
-                           f"{sorted(ATTENTION)}")
+    if swapped != set(ATTENTION):  # a TVM that names or shapes its kernels otherwise: never run TVM's
+        raise LanternError(f"{what}: found only {sorted(swapped)} of the KV cache's kernels {sorted(ATTENTION)}")
     return mod
 
 

@@ -150,6 +150,15 @@ def _name_is_safe(name: str, tokens: list[str]) -> bool:
     return set(_PHI3_NAMED_TOKENS) <= set(tokens)
 
 
+def context_window(family: Family, config) -> int:
+    """Tokens llama.cpp runs this model's GGUF for exactly: the artifact's context, or the sliding
+    window where llama.cpp's architecture ignores the config's windows (its ``llama`` and ``phi3``:
+    Mistral, Phi-3 mini), since within the window windowed attention is full attention."""
+    if config.windowed and not family.gguf.windows:
+        return config.sliding_window
+    return config.context_window_size
+
+
 def check(family: Family, config, tokenizer_json: str) -> None:
     """Raise GGUFUnsupported (one line, why) when this model cannot become a GGUF llama.cpp runs."""
     reason = family.gguf.unsupported(config)

@@ -42,8 +42,9 @@ def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata:
     mod, named = model.export_tvm(spec=model.get_default_spec())
     if target.kind.name != "llvm":
         mod = replace_racy_kernels(mod, spec.model_dtype)
-    if config.attention_softcap:  # TVM's attention kernels cannot soft-cap scores: Lantern's can
-        mod = emulated.softcap_attention(mod, config.attention_softcap, gpu=target.kind.name != "llvm")
+    if config.attention_softcap or config.windowed:  # TVM's attention kernels can do neither: Lantern's can
+        mod = emulated.custom_attention(mod, config.attention_softcap, config.sliding_window if config.windowed else 0,
+                                        gpu=target.kind.name != "llvm")
     mod = attach_sampler(mod, config.vocab_size, target)
     names = [n for n, _ in named]
     shapes = [[int(d) for d in p.shape] for _, p in named]

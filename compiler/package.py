@@ -39,6 +39,12 @@ GENERATION_FIELDS: dict[str, tuple[float, float, float | None]] = generation_fie
 WEBLLM_GENERATION_FIELDS = ("temperature", "top_p", "repetition_penalty")
 
 
+# The context a build gets unless --context-window says otherwise, as WebLLM's prebuilt models have it:
+# the KV cache is allocated whole, and at a model's trained length it can outweigh the weights (Gemma 3
+# 270M's 32k positions in float32: 1.2 GB; at 4096: 151 MB).
+DEFAULT_CONTEXT = 4096
+
+
 def check_generation_defaults(values: dict, source: str) -> dict:
     """``values`` (field -> number) checked against GENERATION_FIELDS; LanternError names ``source``
     (a file or a flag) and the field when one is out of range or not a number."""
@@ -90,6 +96,9 @@ class Library:
     param_upcast: str | None = None
     # webgpu only: one of SCHEDULES; a library without it counts as "gpu"
     schedule: str | None = None
+    # the context it runs: the artifact's, or a windowed model's window in its float16 and gpu-schedule
+    # libraries (pipeline.library_config); its _metadata says the same
+    context_window: int | None = None
 
 
 def choose_library(libraries: list[dict], target: str, features: frozenset[str] = frozenset(),

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -60,6 +60,7 @@ class BuildOptions:
     calibration: Path | None = gptq.DEFAULT_CALIBRATION
     targets: tuple[str, ...] = ("webgpu", "cpu", "gguf")
     webgpu_schedule: str = "both"  # see lower.SCHEDULE_CHOICES
+    context_window: int | None = None  # tokens of KV memory the runtimes allocate; None: package.DEFAULT_CONTEXT
     # sampling defaults that override the source's generation_config.json (package.GENERATION_FIELDS)
     generation: dict = field(default_factory=dict)
     gguf_skipped: str | None = None  # set by build(): why the gguf target was dropped
@@ -76,6 +77,33 @@ class BuildResult:
     stage_seconds: dict[str, float]
     cached: bool
     reused_libraries: list[str] = field(default_factory=list)  # library files taken from the cache
+
+
+def fit_context(config, requested: int | None, log: Callable[[str], None]):
+    """The config with the context the artifact runs: the requested one (or DEFAULT_CONTEXT), at most
+    the model's trained length."""
+    trained = config.context_window_size
+    if requested is not None and requested > trained:
+        log(f"the model is trained on {trained} positions: context window {requested} capped at {trained}")
+    return _with_context(config, min(requested or package.DEFAULT_CONTEXT, trained))
+
+
+def _with_context(config, context: int):
+    return dataclasses.replace(config, context_window_size=context,
+                               prefill_chunk_size=min(config.prefill_chunk_size, context))
+
+
+def library_config(config, dtype: str, schedule: str | None):
+    """The config one library is compiled for. A windowed model's libraries keep its windows in
+    Lantern's attention kernels (emulated.custom_attention), except two kinds, whose context stops
+    at the window instead (where windowed attention is full attention, so TVM's kernels are exact):
+    float16 libraries, since Lantern's kernels are float32, and the gpu schedule's, since Lantern's
+    decode kernel gives each sequence and KV head one thread, a handful of threads where TVM's
+    tiled kernels keep a real GPU busy. Soft-capped attention (Gemma 2) runs Lantern's kernels
+    anyway, so there the gpu schedule keeps the whole context."""
+    if not config.windowed or dtype == "float32" and (schedule != "gpu" or config.attention_softcap):
+        return config
+    return _with_context(config, config.sliding_window)
 
 
 def default_cache_dir() -> Path:
@@ -125,7 +153,8 @@ def _weights_key(src: SourceModel, opts: BuildOptions, calibration_hash: str | N
 def _cache_key(weights_key: str, opts: BuildOptions, name: str, versions: dict) -> str:
     """What the whole artifact depends on: its weights, plus what the compiled libraries do."""
     return _hash({"weights": weights_key, "code": _code_hash(), "targets": sorted(opts.targets),
-                  "schedule": opts.webgpu_schedule, "name": name, "versions": versions})
+                  "schedule": opts.webgpu_schedule, "name": name, "versions": versions,
+                  "context": opts.context_window})
 
 
 def _library_key(src: SourceModel, config, lib_spec: QuantSpec, target: str, schedule: str | None,
@@ -212,6 +241,8 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
     if opts.webgpu_schedule not in lower.SCHEDULE_CHOICES:
         raise LanternError(f"unknown WebGPU schedule '{opts.webgpu_schedule}' "
                            f"(choose from: {', '.join(lower.SCHEDULE_CHOICES)})")
+    if opts.context_window is not None and opts.context_window < 1:
+        raise LanternError(f"context window must be a positive number of tokens, got {opts.context_window}")
     if opts.lora is not None and not opts.lora.is_dir():
         raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
     overrides = package.check_generation_defaults(opts.generation, "generation option")
@@ -250,7 +281,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
                 if manifest.get("gguf_skipped"):
                     reporter.log(f"warning: skipping the gguf target: {manifest['gguf_skipped']}")
                 return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
-            config = src.family.config.from_hf(src.hf_config)
+            config = fit_context(src.family.config.from_hf(src.hf_config), opts.context_window, reporter.log)
             src.tokenizer  # noqa: B018 - convert (and so check) the tokenizer within the import stage
             if "gguf" in opts.targets:
                 try:
@@ -336,11 +367,16 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
     # spec, target and schedule (another fine-tune, LoRA or calibration of the model) is reused.
     t0 = time.perf_counter()
     executables, facts = [], {}  # facts: per library stem, its kernels, largest kernel and parameters
+    contexts = {}  # per library stem, the context it runs (library_config)
     param_names: list[str] = []
     with reporter.stage("compile", total=len(builds)):
         for stem, target_name, lib_spec, schedule in builds:
             file = f"{stem}.wasm" if target_name == "webgpu" else f"{stem}.so"
-            key = _library_key(src, config, lib_spec, target_name, schedule, metadata, versions)
+            lib_config = library_config(config, lib_spec.model_dtype, schedule)
+            lib_metadata = dict(metadata, context_window_size=lib_config.context_window_size,
+                                prefill_chunk_size=lib_config.prefill_chunk_size)
+            contexts[stem] = lib_config.context_window_size
+            key = _library_key(src, lib_config, lib_spec, target_name, schedule, lib_metadata, versions)
             hit = _cached_library(opts, key, tmp / file)
             if hit is not None:
                 facts[stem], param_names = hit, hit["param_names"]
@@ -349,7 +385,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
                 reporter.advance(1, f"{stem} (cached)")
                 continue
             target = lower.TARGETS[target_name]()
-            exported = lower.export(src.family, config, lib_spec, target, metadata)
+            exported = lower.export(src.family, lib_config, lib_spec, target, lib_metadata)
             param_names = exported.param_names
             ex, kernels, largest = lower.compile_module(
                 exported.mod, target, quantized=lib_spec.quantized, schedule_profile=schedule or "gpu",
@@ -376,7 +412,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
             features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
             upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
             libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, facts[stem]["kernels"],
-                                             facts[stem]["largest"], upcast, schedule))
+                                             facts[stem]["largest"], upcast, schedule, contexts[stem]))
             reporter.advance(1, file)
     times["link"] = time.perf_counter() - t0
 
@@ -390,10 +426,13 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
         reporter.advance(1, "configs")
         gguf = None
         if "gguf" in opts.targets:
-            parts = gguf_export.write(tmp, f"{name}-{spec.name}", stored, src.family, config, spec.name,
+            trained = src.family.config.from_hf(src.hf_config)  # the GGUF states the model's own length
+            parts = gguf_export.write(tmp, f"{name}-{spec.name}", stored, src.family, trained, spec.name,
                                       src.tokenizer.tokenizer_json, src.tokenizer.chat_template, bos_id, eos_id,
                                       src.tokenizer.add_bos_token)
             gguf = {"files": parts, "tensor_type": gguf_export.tensor_type(spec.name),
+                    "context_window": gguf_export.context_window(src.family, config),
+                    "kv_overrides": src.family.gguf.load_overrides(config),
                     "bytes": sum((tmp / p).stat().st_size for p in parts)}
             reporter.advance(1, f"{len(parts)} GGUF part(s)")
         weight_bytes = cache_index["metadata"]["ParamBytes"]

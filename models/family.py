@@ -30,6 +30,9 @@ class FamilyConfig(Protocol):
     prefill_chunk_size: int
     tie_word_embeddings: bool
     attention_softcap: float  # 0, or the cap of the attention scores (the compiler swaps the kernels)
+    sliding_window: int  # 0, or the keys a windowed layer sees behind each query
+    sliding_layers: tuple[bool, ...]  # per layer: whether it is windowed
+    windowed: bool  # some layer's window is shorter than the context (the compiler swaps the kernels)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "FamilyConfig": ...
@@ -64,6 +67,12 @@ class GGUFLayout:
     permute: Callable[[np.ndarray, int], np.ndarray] = lambda w, heads: w
     # float32 tensors that come from the config, not from a parameter (Phi-3's longrope factors)
     constants: Callable[[Any], dict[str, np.ndarray]] = lambda cfg: {}
+    # GGUF keys llama.cpp is told at load (llama_model_kv_override), so that it runs what the artifact's
+    # libraries run whatever context it is given (Phi-3.5: which longrope factors); in the manifest
+    load_overrides: Callable[[Any], dict[str, int]] = lambda cfg: {}
+    # whether llama.cpp applies the config's sliding windows for this architecture (gemma2, gemma3);
+    # where it does not (llama, phi3), the GGUF is exact only up to the window (gguf_export.context_window)
+    windows: bool = False
 
 
 @dataclass(frozen=True)

@@ -128,10 +128,15 @@ class ModelEngine:
         self.engine, self.engine_reason = choose_engine(self.art, engine)
         model = self.art.manifest["model"]
         if self.engine == "llamacpp":
+            gguf = self.art.manifest["gguf"]
+            # llama.cpp ignores some architectures' sliding windows: their GGUF is exact up to the window
+            self.context_window = gguf.get("context_window", model["context_window"])
             self.decoder = llamacpp.LlamaCppDecoder(
-                self.art.path / self.art.manifest["gguf"]["files"][0], vocab_size=model["vocab_size"],
-                context_window=model["context_window"], slots=slots, threads=threads)
+                self.art.path / gguf["files"][0], vocab_size=model["vocab_size"],
+                context_window=self.context_window, slots=slots, threads=threads,
+                kv_overrides=gguf.get("kv_overrides"))
         else:
+            self.context_window = self.art.context_window("cpu")
             self.decoder = TvmDecoder(self.art)
         self.tokenizer = self.art.tokenizer()
         cfg = self.art.tokenizer_config()
@@ -141,7 +146,6 @@ class ModelEngine:
         chat = json.loads((path / "mlc-chat-config.json").read_text())
         self.stop_ids = request_rules.stop_token_ids(chat)
         self.vocab_size = self.art.manifest["model"]["vocab_size"]
-        self.context_window = self.art.manifest["model"]["context_window"]
         self.reasoning_tags = self.art.manifest["model"].get("reasoning_tags")  # None: not a reasoning model
         self.generation = self.art.manifest.get("generation") or {}  # sampling defaults of the artifact
         self.token_postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")

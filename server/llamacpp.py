@@ -78,7 +78,8 @@ class LlamaCppDecoder:
     name = "llamacpp"
 
     def __init__(self, gguf: Path, *, vocab_size: int, context_window: int, slots: int = 8,
-                 threads: int | None = None, kv_tokens: int | None = None, batch_tokens: int = 512):
+                 threads: int | None = None, kv_tokens: int | None = None, batch_tokens: int = 512,
+                 kv_overrides: dict[str, int] | None = None):
         try:
             import llama_cpp as lc
         except ImportError:
@@ -93,6 +94,11 @@ class LlamaCppDecoder:
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
         mp.n_gpu_layers = 0
+        if kv_overrides:  # the manifest's integer keys (models/family.py: GGUFLayout.load_overrides)
+            self._overrides = (lc.llama_model_kv_override * (len(kv_overrides) + 1))()  # a null key ends it
+            for slot, (key, value) in zip(self._overrides, kv_overrides.items()):
+                slot.key, slot.tag, slot.value.val_i64 = key.encode(), lc.LLAMA_KV_OVERRIDE_TYPE_INT, int(value)
+            mp.kv_overrides = self._overrides
         self.model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
         if not self.model:
             raise LanternError(f"llama.cpp could not load {gguf.name} (is it a GGUF llama.cpp supports?)")

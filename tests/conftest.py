@@ -60,17 +60,17 @@ DEFAULT_TARGETS = ("webgpu", "cpu", "gguf")  # what `lantern build` makes by def
 @pytest.fixture(scope="session")
 def build_artifact(cache_dir, tmp_path_factory):
     """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="both",
-    calibration=<built-in text>, generation=None) -> artifact folder, built once per session.
+    calibration=<built-in text>, generation=None, context_window=None) -> artifact folder, built once per session.
     ``generation``: sampling defaults, as `lantern build --temperature ...` (a cache hit when only they differ)."""
     def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="both",
-               calibration=DEFAULT_CALIBRATION, generation=None) -> Path:
+               calibration=DEFAULT_CALIBRATION, generation=None, context_window=None) -> Path:
         key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule, str(calibration),
-               json.dumps(generation, sort_keys=True))
+               json.dumps(generation, sort_keys=True), context_window)
         if key not in _BUILDS:
             out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant}"
             build(BuildOptions(source=str(source), out=out, quant=quant, targets=tuple(targets),
                                lora=lora, cache_dir=cache_dir, name=name, webgpu_schedule=webgpu_schedule,
-                               calibration=calibration, generation=generation or {}))
+                               calibration=calibration, generation=generation or {}, context_window=context_window))
             _BUILDS[key] = out
         return _BUILDS[key]
     return _build

@@ -1,6 +1,6 @@
 """The cpu-emulated schedule's kernels (compiler/emulated.py) on WebGPU (SwiftShader) against the CPU
 build of the same TIR and against numpy, at shapes with ragged edges: rows and tokens that do not fill
-a tile, a GEMV long enough to run in chunks, GQA, several sequences, causal and not."""
+a tile, a GEMV long enough to run in chunks, GQA, several sequences, causal and not, sliding windows."""
 
 from __future__ import annotations
 
@@ -66,51 +66,76 @@ def cached_kv(seq: int, head: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([PAGES[p, 0, kvh, s] for p, s in slots]), np.array([PAGES[p, 1, kvh, s] for p, s in slots]))
 
 
-def decode_case():
+# Windowed cases (``window`` > 0, negative sm_scale): a query at position p sees the keys at positions
+# p - window + 1 .. p; a cached key's position is its sequence's k_rope_pos_offset plus its column.
+K_OFFSET = np.array([2, 0], np.int32)  # sequence 0's cache starts at position 2 (a forked prefix, say)
+
+
+def visible(keys: np.ndarray, values: np.ndarray, q_pos: int, first_pos: int, window: int):
+    """The keys and values (at positions first_pos, first_pos + 1, ...) a query at q_pos attends to."""
+    cols = np.arange(len(keys)) + first_pos
+    keep = (q_pos - cols < window) if window else np.ones(len(keys), bool)
+    return keys[keep], values[keep]
+
+
+def decode_case(window: int = 0):
     q = normal(2, H_Q, D)
-    expected = [attention_ref(q[b, h], *cached_kv(b, h)) for b in range(2) for h in range(H_Q)]
-    zeros = np.zeros(2, np.int32)
-    scalars = {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": SM}
-    return ("decode_attention", lambda gpu: _bind(emulated.decode_attention(H_KV, H_Q, D, gpu), scalars),
-            [q, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, zeros, zeros, np.zeros_like(q), np.zeros((2, H_Q), np.float32)],
+    q_pos = np.array([21, 4], np.int32) if window else np.zeros(2, np.int32)  # each sequence's newest token
+    k_off = K_OFFSET if window else np.zeros(2, np.int32)
+    expected = [attention_ref(q[b, h], *visible(*cached_kv(b, h), q_pos[b], k_off[b], window))
+                for b in range(2) for h in range(H_Q)]
+    scalars = {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": -SM if window else SM}
+    return (f"decode_attention{f'_window{window}' if window else ''}",
+            lambda gpu: _bind(emulated.decode_attention(H_KV, H_Q, D, gpu, window=window), scalars),
+            [q, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, k_off, q_pos, np.zeros_like(q), np.zeros((2, H_Q), np.float32)],
             [7, 8], [np.array([o for o, _ in expected]).reshape(2, H_Q, D), np.array([l for _, l in expected]).reshape(2, H_Q)])
 
 
 Q_INDPTR = np.array([0, 3, 5], np.int32)  # 3 new tokens of sequence 0, 2 of sequence 1
 
 
-def prefill_case(causal: int):
+def prefill_case(causal: int, window: int = 0):
+    """New tokens against the cache: with a window, causal 0 as the KV cache calls it (the chunk
+    follows the cache: sequence 0's 3 tokens at positions 22-24, sequence 1's 2 at 5-6)."""
     q = normal(5, H_Q, D)
+    q_pos = np.array([22, 23, 24, 5, 6], np.int32) if window else np.zeros(5, np.int32)
+    k_off = K_OFFSET if window else np.zeros(2, np.int32)
     out, lse = [], []
     for t in range(5):
         seq, row, qo = (0, t, 3) if t < 3 else (1, t - 3, 2)
         for h in range(H_Q):
             keys, values = cached_kv(seq, h)
-            visible = len(keys) - qo + row + 1 if causal else len(keys)
-            o, l = attention_ref(q[t, h], keys[:visible], values[:visible])
+            seen = len(keys) - qo + row + 1 if causal else len(keys)
+            o, l = attention_ref(q[t, h], *visible(keys[:seen], values[:seen], q_pos[t], k_off[seq], window))
             out.append(o)
             lse.append(l)
-    scalars = {"causal": causal, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": SM}
-    return (f"prefill_attention_causal{causal}",
-            lambda gpu: _bind(emulated.prefill_attention(H_KV, H_Q, D, gpu), scalars),
-            [q, Q_INDPTR, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, np.zeros(2, np.int32), np.zeros(5, np.int32),
+    scalars = {"causal": causal, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4,
+               "sm_scale": -SM if window else SM}
+    return (f"prefill_attention_causal{causal}{f'_window{window}' if window else ''}",
+            lambda gpu: _bind(emulated.prefill_attention(H_KV, H_Q, D, gpu, window=window), scalars),
+            [q, Q_INDPTR, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, k_off, q_pos,
              np.zeros_like(q), np.zeros((5, H_Q), np.float32)],
             [8, 9], [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)])
 
 
-def ragged_case():
+def ragged_case(window: int = 0):
+    """The chunk's own tokens, causal; with a window of 2 each sees itself and the one before."""
     q, k, v = normal(5, H_Q, D), normal(5, H_KV, D), normal(5, H_KV, D)
+    q_pos = np.array([22, 23, 24, 5, 6], np.int32) if window else np.zeros(5, np.int32)
+    k_off = np.array([22, 5], np.int32) if window else np.zeros(2, np.int32)  # the chunk's first positions
     out, lse = [], []
     for t in range(5):
-        start, row = (0, t) if t < 3 else (3, t - 3)
+        seq, start, row = (0, 0, t) if t < 3 else (1, 3, t - 3)
         for h in range(H_Q):
             kvh = h // (H_Q // H_KV)
-            o, l = attention_ref(q[t, h], k[start:start + row + 1, kvh], v[start:start + row + 1, kvh])
+            o, l = attention_ref(q[t, h], *visible(k[start:start + row + 1, kvh], v[start:start + row + 1, kvh],
+                                                   q_pos[t], k_off[seq], window))
             out.append(o)
             lse.append(l)
-    scalars = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": SM}
-    return ("ragged_attention", lambda gpu: _bind(emulated.ragged_attention(H_KV, H_Q, D, gpu), scalars),
-            [q, Q_INDPTR, k, v, Q_INDPTR, np.zeros(5, np.int32), np.zeros(2, np.int32), np.zeros_like(q),
+    scalars = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": -SM if window else SM}
+    return (f"ragged_attention{f'_window{window}' if window else ''}",
+            lambda gpu: _bind(emulated.ragged_attention(H_KV, H_Q, D, gpu, window=window), scalars),
+            [q, Q_INDPTR, k, v, Q_INDPTR, q_pos, k_off, np.zeros_like(q),
              np.zeros((5, H_Q), np.float32)],
             [7, 8], [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)])
 
@@ -124,7 +149,8 @@ def _bind(func, scalars: dict):
 CASES = [linear_case("gemv", 37, 96, 1, False), linear_case("gemv", 24, 1600, 1, True),
          linear_case("matmul", 37, 64, 5, False), linear_case("matmul", 130, 96, 9, True),
          linear_case("matmul", 20, 32, 1, True), rms_norm_case(1), rms_norm_case(7),
-         decode_case(), prefill_case(0), prefill_case(1), ragged_case()]
+         decode_case(), prefill_case(0), prefill_case(1), ragged_case(),
+         decode_case(window=6), prefill_case(0, window=6), ragged_case(window=2)]
 
 
 def module(gpu: bool) -> tvm.IRModule:

@@ -2,6 +2,7 @@
 odd shapes (tests/tiny_models.py): logits, greedy tokens, GPTQ's forward, the GGUF in llama.cpp,
 the WebGPU library in headless Chromium against the CPU library, and WebLLM on the q4 artifact."""
 
+import dataclasses
 import json
 import os
 
@@ -12,6 +13,7 @@ from tiny_models import FAMILY_CONFIGS, write_family_folder
 
 from lantern.runtime.artifact import Artifact
 from lantern.chat_template import render
+from lantern.server.engine import ModelEngine
 
 FAMILIES = list(FAMILY_CONFIGS)
 pytestmark = pytest.mark.webgpu_build  # every family's builds include its WebGPU library
@@ -31,9 +33,10 @@ def family_models(real_tokenizer_dir, tmp_path_factory):
 
 
 def q0(build_artifact, folder) -> Artifact:
-    """The family's q0f32 build: the CPU library, the WebGPU library as SwiftShader runs it, the GGUF."""
+    """The family's q0f32 build: the CPU library, the WebGPU library as SwiftShader runs it, the GGUF.
+    A 256-token context: the tiny Phi-3.5's trained length, so its short longrope factors."""
     return Artifact.open(build_artifact(folder, "q0f32", targets=("webgpu", "cpu", "gguf"),
-                                        webgpu_schedule="cpu-emulated"))
+                                        webgpu_schedule="cpu-emulated", context_window=256))
 
 
 def q4(build_artifact, folder, webgpu: bool = False) -> Artifact:
@@ -59,10 +62,9 @@ def test_logits_and_greedy_tokens_equal_transformers(family, family_models, buil
     art = q0(build_artifact, folder)
     assert art.manifest["model"]["family"] == family
     assert art.manifest["model"]["parameters"] == sum(p.numel() for p in reference.parameters())  # tied: once
-    # a 64-token window (Mistral, Gemma 2 and 3) or longrope's 256 trained positions (Phi-3.5) cap the context
-    cap = {"mistral": 64, "gemma2": 64, "gemma3_text": 64, "phi3": 256}.get(reference.config.model_type)
-    if cap:
-        assert art.manifest["model"]["context_window"] == cap
+    # the 16-token windows (Mistral, Gemma 2 and 3) cut the 40 positions: both float32 libraries keep them
+    assert art.manifest["model"]["context_window"] == 256
+    assert [lib["context_window"] for lib in art.manifest["libraries"]] == [256, 256]
     cpu = art.cpu_model()
     got = cpu.all_logits(tokens)
     err = np.abs(got - expected).max() / np.abs(expected).max()
@@ -82,7 +84,8 @@ def test_gptq_calibration_forward_equals_transformers_and_a_q4_build_generates(f
 
     folder, reference = family_models[family]
     fam = family_for_architecture(reference.config.architectures[0])
-    config = fam.config.from_hf(reference.config.to_dict())
+    # q0's context: the tiny Phi-3.5's trained length, where transformers runs 30 tokens as the build does
+    config = dataclasses.replace(fam.config.from_hf(reference.config.to_dict()), context_window_size=256)
     params = fam.to_lantern({k: v.numpy() for k, v in reference.state_dict().items()}, config)
     tokens = prompt(30, 5)
     seen = []
@@ -136,14 +139,61 @@ def test_the_gguf_reads_back_exactly_and_llama_cpp_runs_it(family, family_models
         else:
             np.testing.assert_array_equal(weights[name], w, err_msg=name)
 
-    tokens = prompt(24, 3)
+    # llama.cpp keeps Gemma's windows, not Mistral's (its llama architecture has none): that GGUF runs
+    # exactly up to the window, and both runtimes' llama.cpp paths stop there
+    exact = {"llama": 16}.get(family, art.manifest["model"]["context_window"])
+    assert art.manifest["gguf"]["context_window"] == exact
+    tokens = prompt(min(24, exact), 3)  # 24 positions cut Gemma's 16-token windows
     llm = Llama(str(gguf_file), n_ctx=256, logits_all=True, flash_attn=True, verbose=False)
     llm.eval(tokens)
     theirs = np.array(llm.scores[:len(tokens)])
     ours = art.cpu_model().all_logits(tokens)
     err = np.abs(theirs - ours).max() / np.abs(ours).max()
-    report(f"{family}: llama.cpp on the F32 GGUF vs the CPU library, 24 positions: logit error {err:.1e}")
+    report(f"{family}: llama.cpp on the F32 GGUF vs the CPU library, {len(tokens)} positions: logit error {err:.1e}")
     assert err < 2e-2  # llama.cpp keeps its KV cache in f16
+
+
+def test_phi35_past_its_trained_length_runs_the_long_factors_and_llama_cpp_follows(family_models, build_artifact,
+                                                                                   report):
+    """A build whose context passes the trained length (256 on the tiny Phi-3.5) runs longrope's long
+    factors at every position, as llama.cpp picks them: against transformers on 300 tokens (which it
+    runs with the long factors). llama.cpp on each build's GGUF runs that build's factors whatever
+    context it is given (the manifest's load overrides); without them it picks by its context."""
+    import torch
+    from llama_cpp import Llama
+
+    folder, reference = family_models["phi3"]
+    long = Artifact.open(build_artifact(folder, "q0f32", targets=("cpu", "gguf"), context_window=512))
+    tokens = prompt(300, 7)
+    with torch.no_grad():
+        expected = reference(torch.tensor([tokens])).logits[0].numpy()
+    err = np.abs(long.cpu_model().all_logits(tokens) - expected).max() / np.abs(expected).max()
+    report(f"phi3 long factors (context 512 > 256 trained): CPU library vs transformers, 300 positions: {err:.1e}")
+    assert err < 1e-3
+
+    tokens = prompt(24, 3)
+    for art, n_ctx in ((q0(build_artifact, folder), 1024), (long, 256)):  # contexts that pick the other factors
+        ours = art.cpu_model().all_logits(tokens)
+        errors = []
+        for overrides in (art.manifest["gguf"]["kv_overrides"], {}):
+            llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=n_ctx, logits_all=True,
+                        flash_attn=True, verbose=False, kv_overrides=overrides)
+            llm.eval(tokens)
+            errors.append(np.abs(np.array(llm.scores[:len(tokens)]) - ours).max() / np.abs(ours).max())
+        report(f"phi3 context {art.manifest['model']['context_window']}, llama.cpp n_ctx {n_ctx}: "
+               f"logit error {errors[0]:.1e} with the overrides, {errors[1]:.1e} without")
+        assert errors[0] < 2e-2 < errors[1]
+    # the llamacpp engine's decoder: its pool of 2048 cells would pick the long factors for the short build
+    art = q0(build_artifact, folder)
+    engine = ModelEngine(art.path, "llamacpp")
+    try:
+        assert engine.decoder.kv_tokens > 256
+        with engine.decoder.open(tokens) as session:
+            last = np.asarray(session.logits)
+    finally:
+        engine.decoder.close()
+    ours = art.cpu_model().all_logits(tokens)[-1]
+    assert np.abs(last - ours).max() / np.abs(ours).max() < 2e-2
 
 
 @pytest.mark.browser
@@ -227,19 +277,41 @@ def test_a_phi3_longrope_it_cannot_run_exactly_is_named(change, named, family_mo
         phi3.from_hf(cfg)
     assert phi3.from_hf({**cfg, "rope_scaling": {**cfg["rope_scaling"], "short_factor": [1.0] * 16,
                                                  "attention_factor": None, "type": "longrope"}}
-                        ).context_window_size == 256  # the trained length caps the context
+                        ).context_window_size == 4096  # the claimed length; a build's context picks the factors
 
 
-def test_a_sliding_window_caps_the_context_where_it_changes_nothing(family_models):
-    """Within the window, windowed attention is full attention: a config that turns a window on gets
-    its context capped there (exact, no windowed KV cache); Qwen's size without the switch is ignored."""
+def test_which_layers_are_windowed_and_the_context_a_build_gets(family_models):
+    """Windows are read per layer (Qwen's switch and max_window_layers, layer_types); the context is
+    the default 4096 or the one asked for, at most the trained length; a windowed model's float16 and
+    gpu-schedule libraries stop at the window (they keep TVM's kernels), unless its attention is
+    soft-capped (Lantern's kernels then run anyway)."""
     from lantern.models import family_for_architecture
+    from lantern.pipeline import fit_context, library_config
 
     _, reference = family_models["qwen3"]
     qwen3 = family_for_architecture("Qwen3ForCausalLM").config
-    base = {**reference.config.to_dict(), "layer_types": None, "max_position_embeddings": 256}
-    assert qwen3.from_hf({**base, "sliding_window": 32, "use_sliding_window": False}).context_window_size == 256
-    assert qwen3.from_hf({**base, "sliding_window": 32, "use_sliding_window": True}).context_window_size == 32
+    base = {**reference.config.to_dict(), "layer_types": None, "max_position_embeddings": 32768}
+    off = qwen3.from_hf({**base, "sliding_window": 32, "use_sliding_window": False})
+    assert (off.sliding_window, off.windowed, off.sm_scale(1, 0.5)) == (0, False, 0.5)
+    on = qwen3.from_hf({**base, "sliding_window": 32, "use_sliding_window": True, "max_window_layers": 1})
+    assert (on.sliding_layers, on.windowed) == ((False, True), True)
+    assert (on.sm_scale(0, 0.5), on.sm_scale(1, 0.5)) == (0.5, -0.5)  # the kernels' mark of a windowed layer
+
+    log = []
+    built = fit_context(on, None, log.append)
+    assert (built.context_window_size, built.prefill_chunk_size) == (4096, 512)
+    assert fit_context(on, 100, log.append).context_window_size == 100
+    assert fit_context(on, 10, log.append).windowed is False  # a context within the window
+    assert fit_context(on, 50_000, log.append).context_window_size == 32768
+    assert log == ["the model is trained on 32768 positions: context window 50000 capped at 32768"]
+
+    contexts = {(dtype, schedule): library_config(built, dtype, schedule).context_window_size
+                for dtype in ("float32", "float16") for schedule in (None, "cpu-emulated", "gpu")}
+    assert contexts == {("float32", None): 4096, ("float32", "cpu-emulated"): 4096, ("float32", "gpu"): 32,
+                        ("float16", None): 32, ("float16", "cpu-emulated"): 32, ("float16", "gpu"): 32}
+    capped = dataclasses.replace(built, attention_softcap=50.0)
+    assert library_config(capped, "float32", "gpu").context_window_size == 4096
+    assert library_config(fit_context(off, None, log.append), "float16", "gpu").context_window_size == 4096
 
 
 def test_a_gguf_whose_metadata_contradicts_its_tensors_names_the_tensor(family_models):
@@ -263,9 +335,10 @@ def test_a_phi35_gguf_whose_longrope_contradicts_itself_is_named(family_models, 
     meta, tensors = gguf_file.read(art.path / art.manifest["gguf"]["files"][0])
     tensors = {t.name: t for t in tensors}
     assert PHI3.gguf.config_from_metadata(meta, tensors)["rope_scaling"]["rope_type"] == "longrope"
-    # Phi-3 mini's window (2047), as llama.cpp's converter writes it, caps the context as from config.json
-    windowed = PHI3.gguf.config_from_metadata({**meta, "phi3.attention.sliding_window": 100}, tensors)
-    assert PHI3.config.from_hf(windowed).context_window_size == 100
+    # Phi-3 mini's window (2047), as llama.cpp's converter writes it, is read as from config.json
+    windowed = PHI3.config.from_hf(PHI3.gguf.config_from_metadata({**meta, "phi3.attention.sliding_window": 100},
+                                                                  tensors))
+    assert (windowed.sliding_window, windowed.windowed) == (100, True)
     with pytest.raises(LanternError, match=r"GGUF key 'phi3.rope.scaling.attn_factor' is 1, but longrope's "
                                            r"for 4096 of 256 positions is 1.22"):
         PHI3.gguf.config_from_metadata({**meta, "phi3.rope.scaling.attn_factor": 1.0}, tensors)
@@ -284,6 +357,6 @@ def test_gemma2_in_float16_is_refused_naming_why(family_models):
     from lantern.quantize import get_quantization
 
     config = GEMMA2.config.from_hf(family_models["gemma2"][1].config.to_dict())
-    with pytest.raises(LanternError, match="soft-capping runs in float32 attention kernels only; this build's are "
-                                           "float16: build with q4f32_1 or q0f32"):
+    with pytest.raises(LanternError, match="attention soft-capping and sliding windows: Lantern's attention kernels "
+                                           "are float32 only, this build's are float16: build with q4f32_1 or q0f32"):
         lower.export(GEMMA2, config, get_quantization("q4f16_1"), tvm.target.Target("webgpu"), {})

@@ -51,6 +51,15 @@ class Artifact:
         except ValueError as err:
             raise LanternError(f"artifact {self.path.name}: {err}") from None
 
+    def context_window(self, target: str) -> int:
+        """Tokens of context the library for ``target`` runs: the artifact's, or less where the
+        library says so (a windowed model's float16 libraries stop at the window: pipeline.library_config)."""
+        try:
+            record = choose_library(self.manifest["libraries"], target)
+        except ValueError as err:
+            raise LanternError(f"artifact {self.path.name}: {err}") from None
+        return record.get("context_window") or self.manifest["model"]["context_window"]
+
     def params(self) -> dict[str, np.ndarray]:
         index = json.loads((self.path / "tensor-cache.json").read_text())
         out = {}
@@ -71,9 +80,9 @@ class Artifact:
         from .runner import CpuModel
 
         params = self.params()
-        model = self.manifest["model"]
-        return CpuModel(self.library("cpu"), [params[n] for n in self.param_order()],
-                        context_window=model["context_window"], prefill_chunk=model["prefill_chunk_size"],
+        context = self.context_window("cpu")
+        return CpuModel(self.library("cpu"), [params[n] for n in self.param_order()], context_window=context,
+                        prefill_chunk=min(self.manifest["model"]["prefill_chunk_size"], context),
                         conversations=conversations)
 
     def tokenizer(self):

@@ -6,11 +6,10 @@ layers alternating with global ones, and two soft-caps, each ``cap * tanh(x / ca
 
 * on the attention scores (``attn_logit_softcapping``, 50): TVM 0.27's paged-KV attention kernels
   have no soft-cap, so the compiler swaps in Lantern's own kernels with it
-  (``emulated.softcap_attention``) on every target, the CPU library included;
+  (``emulated.custom_attention``) on every target, the CPU library included;
 * on the final logits (``final_logit_softcapping``, 30), in the model's head.
 
-As for Gemma 3, the context is capped at the sliding window (4096 on Gemma 2), where the local
-layers see every position.
+As for Gemma 3, the local layers' window (4096 on Gemma 2) is kept by the same kernels.
 """
 
 from __future__ import annotations
@@ -74,7 +73,7 @@ def config_from_gguf(meta: dict, tensors) -> dict:
 GGUF = GGUFLayout(architecture="gemma2", tensors=gemma3.gguf_tensors, metadata=gguf_metadata,
                   unsupported=lambda cfg: gemma3.gguf_unsupported(cfg, "gemma2"),
                   config_from_metadata=config_from_gguf,
-                  names_from_gguf=lambda tensors, cfg: gemma3.names_from_gguf(tensors, cfg, "gemma2"))
+                  names_from_gguf=lambda tensors, cfg: gemma3.names_from_gguf(tensors, cfg, "gemma2"), windows=True)
 
 FAMILY = Family(name="gemma2", architectures=("Gemma2ForCausalLM",), config=Gemma2Config, model=Gemma2ForCausalLM,
                 to_lantern=gemma3.to_lantern, gguf=GGUF, calibration_forward=gemma3.calibration_forward)

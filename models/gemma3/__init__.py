@@ -6,9 +6,9 @@ weights, and runs the numpy forward GPTQ calibrates on.
 
 Limits, each refused or stated rather than approximated:
 
-* the context is capped at the sliding window (512 on 270M and 1B): within it the local layers
-  see every position, so the model is exact with TVM's plain KV cache (whose windowed layers are
-  not usable on 0.27; see the notes on issue 15);
+* the local layers' window (512 on 270M and 1B) runs in Lantern's attention kernels over a plain
+  full-length KV cache (``emulated.custom_attention``; TVM 0.27's windowed layers are not usable,
+  see the notes on issue 15), so it takes a full cache's memory;
 * Gemma 2 (soft-capped attention logits) is its own family, ``models/gemma2``, which reuses this one;
 * the ``gguf`` target (llama.cpp's gemma3) needs ``query_pre_attn_scalar`` = ``head_dim``, as every
   released Gemma 3 has it (62-layer 27B: hidden / heads): llama.cpp derives the score scale from the
@@ -138,7 +138,7 @@ def names_from_gguf(tensors: dict[str, np.ndarray], cfg: dict, arch: str = "gemm
 
 
 GGUF = GGUFLayout(architecture="gemma3", tensors=gguf_tensors, metadata=gguf_metadata_of, unsupported=gguf_unsupported,
-                  config_from_metadata=config_from_gguf, names_from_gguf=names_from_gguf)
+                  config_from_metadata=config_from_gguf, names_from_gguf=names_from_gguf, windows=True)
 
 
 # --------------------------------------------------------------------------- calibration (GPTQ)

@@ -12,8 +12,8 @@ What differs from the Llama-shaped decoder, and where it lives here:
   model rotates q and k itself (``rope``) and creates the cache with ``RopeMode.NONE``.
 
 Gemma's (1 + w) RMSNorm is folded into the weights by the loader: the norms here are plain RMSNorm.
-The 5:1 local/global pattern needs no windowed cache while the context is capped at the window
-(``decoder_fields``); ``sliding_layers`` only picks each layer's RoPE base.
+The 5:1 local/global pattern (``sliding_layers``) picks each layer's RoPE base and, where the context
+is longer than the window, which layers attend within it (``LlamaConfig.windowed``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode
 
 from lantern.errors import LanternError
 from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM, decoder_fields
-from lantern.models.llama.model import sliding_window as window_of
+from lantern.models.llama.model import sliding_layers
 from lantern.models.llama.rope import rope
 from lantern.quantize import QuantSpec, make_embedding, make_linear
 
@@ -39,8 +39,6 @@ PATTERN = 6  # transformers' and llama.cpp's default: every sixth layer attends 
 class Gemma3Config(LlamaConfig):
     query_pre_attn_scalar: float = 256.0
     rope_local_theta: float = 10000.0
-    sliding_window: int = 0  # of the local layers (the context is capped at it)
-    sliding_layers: tuple[bool, ...] = ()  # per layer: a sliding-window (local) layer
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "Gemma3Config":
@@ -67,16 +65,12 @@ class Gemma3Config(LlamaConfig):
         if fields["rope_scaling"].get("rope_type") not in (None, "linear"):
             raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
                                f"'{fields['rope_scaling']['rope_type']}' for Gemma 3 (supported: default, linear)")
-        n = cfg["num_hidden_layers"]
+        # the local/global pattern picks each layer's RoPE base, so it is read even without a window
         pattern = int(cfg.get("sliding_window_pattern", PATTERN))
-        layers = cfg.get("layer_types") or [
-            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
-        if len(layers) != n or set(layers) - {"full_attention", "sliding_attention"}:
-            raise LanternError(f"config.json field 'layer_types': expected {n} entries of "
-                               f"'full_attention'/'sliding_attention', got {layers}")
+        fields["sliding_layers"] = sliding_layers({**cfg, "sliding_window": cfg.get("sliding_window") or 1}, [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(cfg["num_hidden_layers"])])
         return cls(**fields, qk_norm=True, query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
-                   rope_local_theta=float(local_theta), sliding_window=window_of(cfg) or 0,
-                   sliding_layers=tuple(t == "sliding_attention" for t in layers))
+                   rope_local_theta=float(local_theta))
 
     def layer_rope(self, layer: int) -> tuple[float, float]:
         """(theta, linear position scale) of one layer's RoPE: local layers are never scaled."""
@@ -97,7 +91,7 @@ class Gemma3Attention(nn.Module):
             self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
             self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
         self.rope_theta, self.rope_scale = cfg.layer_rope(layer)
-        self.sm_scale = cfg.query_pre_attn_scalar ** -0.5
+        self.sm_scale = cfg.sm_scale(layer, cfg.query_pre_attn_scalar ** -0.5)  # negative: a windowed layer
 
     def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int, positions: nn.Tensor) -> nn.Tensor:
         b, s, _ = x.shape

@@ -1,4 +1,4 @@
-"""Llama family: Llama 1/2/3.x, SmolLM2 and Mistral (its sliding window caps the context)."""
+"""Llama family: Llama 1/2/3.x, SmolLM2 and Mistral (its sliding window: ``LlamaConfig.windowed``)."""
 
 from lantern.models.family import Family
 

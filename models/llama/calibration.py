@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .model import LlamaConfig
-from .rope import longrope_short
+from .rope import longrope_factors
 
 Observe = Callable[[str, list[np.ndarray]], None]
 
@@ -26,14 +26,16 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def _rope(x: np.ndarray, theta: float, scale: float = 1.0, rope_scaling: dict | None = None) -> np.ndarray:
+def _rope(x: np.ndarray, theta: float, scale: float = 1.0, rope_scaling: dict | None = None,
+          context: int = 0) -> np.ndarray:
     """x[seq, heads, head_dim] at positions 0..seq-1 (divided by a linear ``scale``), rotate-half convention.
-    Phi-3.5's longrope (``rope_scaling``) divides each frequency by its short factor and scales cos/sin."""
+    Phi-3.5's longrope (``rope_scaling``) divides each frequency by its factor for a ``context``-token
+    model (rope.longrope_factors) and scales cos/sin."""
     half = x.shape[-1] // 2
     inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2 / x.shape[-1])
     magnitude = 1.0
     if rope_scaling and rope_scaling.get("rope_type") == "longrope":
-        factors, magnitude = longrope_short(rope_scaling)
+        factors, magnitude = longrope_factors(rope_scaling, context)
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = (np.arange(x.shape[0], dtype=np.float64) / scale)[:, None] * inv_freq[None, :]
     cos, sin = magnitude * np.cos(angles)[:, None, :], magnitude * np.sin(angles)[:, None, :]
@@ -41,9 +43,11 @@ def _rope(x: np.ndarray, theta: float, scale: float = 1.0, rope_scaling: dict | 
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
 
 
-def _attention(h: np.ndarray, params: dict[str, np.ndarray], p: str, cfg: LlamaConfig) -> np.ndarray:
-    """Causal grouped-query self-attention of one sequence in layer ``p``; returns the o_proj input
-    [seq, heads * dim]. Applies the q/k/v bias and the per-head q/k norms where the config has them."""
+def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: LlamaConfig) -> np.ndarray:
+    """Causal grouped-query self-attention of one sequence in layer ``i``; returns the o_proj input
+    [seq, heads * dim]. Applies the q/k/v bias, the per-head q/k norms and the sliding window where
+    the config has them."""
+    p = f"model.layers.{i}"
     seq, heads, kv, dim = h.shape[0], cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     qkv = h @ params[f"{p}.self_attn.qkv_proj.weight"].T
     if cfg.attention_bias:
@@ -53,9 +57,9 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], p: str, cfg: LlamaC
     if cfg.qk_norm:
         q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
         k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
-    q, k = _rope(q, cfg.rope_theta, rope_scaling=cfg.rope_scaling), _rope(k, cfg.rope_theta, rope_scaling=cfg.rope_scaling)
-    return grouped_attention(q, k, v.reshape(seq, kv, dim),
-                             1 / np.sqrt(dim))
+    q, k = (_rope(x, cfg.rope_theta, rope_scaling=cfg.rope_scaling, context=cfg.context_window_size) for x in (q, k))
+    window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_layers[i] else 0  # text may run past it
+    return grouped_attention(q, k, v.reshape(seq, kv, dim), 1 / np.sqrt(dim), window)
 
 
 def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
@@ -95,7 +99,7 @@ def calibration_forward(params: dict[str, np.ndarray], cfg: LlamaConfig, sequenc
         p = f"model.layers.{i}"
         hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]
         observe(f"{p}.self_attn.qkv_proj.weight", hs)
-        attn = [_attention(h, params, p, cfg) for h in hs]
+        attn = [_attention(h, params, i, cfg) for h in hs]
         observe(f"{p}.self_attn.o_proj.weight", attn)
         xs = [x + a @ params[f"{p}.self_attn.o_proj.weight"].T for x, a in zip(xs, attn)]
         hs = [_rms_norm(x, params[f"{p}.post_attention_layernorm.weight"], eps) for x in xs]

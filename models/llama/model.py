@@ -20,7 +20,7 @@ from tvm.target import Target
 from lantern.errors import LanternError
 from lantern.quantize import QuantSpec, make_embedding, make_linear
 
-from .rope import longrope_short, resolve_longrope, rope
+from .rope import longrope_factors, resolve_longrope, rope
 
 
 # config.json fields that change the architecture in ways no family here implements: refused by name
@@ -42,6 +42,23 @@ def sliding_window(cfg: dict[str, Any]) -> int | None:
     if cfg.get("layer_types") is not None and "sliding_attention" not in cfg["layer_types"]:
         return None
     return int(size)
+
+
+def sliding_layers(cfg: dict[str, Any], default: list[str] | None = None) -> tuple[bool, ...]:
+    """Per layer, whether it attends within the window: config.json's ``layer_types`` (transformers
+    >= 4.5x writes them), else ``default``, else Qwen's ``max_window_layers`` (layers from that one on
+    are windowed), else every layer when the config has a window (Mistral, Phi-3)."""
+    n = cfg["num_hidden_layers"]
+    if sliding_window(cfg) is None:
+        return (False,) * n
+    kinds = cfg.get("layer_types") or default
+    if kinds is None:
+        first = cfg.get("max_window_layers", 0) if cfg.get("use_sliding_window") else 0
+        return tuple(i >= first for i in range(n))
+    if len(kinds) != n or set(kinds) - {"full_attention", "sliding_attention"}:
+        raise LanternError(f"config.json field 'layer_types': expected {n} entries of "
+                           f"'full_attention'/'sliding_attention', got {kinds}")
+    return tuple(t == "sliding_attention" for t in kinds)
 
 
 def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -77,13 +94,6 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     if rope_scaling.get("rope_type") == "longrope":
         key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
         rope_scaling = resolve_longrope(cfg, rope_scaling, cfg.get("head_dim") or cfg["hidden_size"] // heads, key)
-        # within the trained length transformers uses the short factors only (rope.py): exact up to it
-        context = min(context, rope_scaling["original_max_position_embeddings"])
-    window = sliding_window(cfg)
-    if window is not None and window < context:
-        # A sequence no longer than the window attends to every position in every layer, windowed or
-        # not: capping the context there makes the model exact without a windowed KV cache.
-        context = window
     return dict(
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
@@ -98,6 +108,8 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         context_window_size=context,
         rope_scaling=rope_scaling,
         prefill_chunk_size=min(512, context),
+        sliding_window=sliding_window(cfg) or 0,
+        sliding_layers=sliding_layers(cfg),
     )
 
 
@@ -122,6 +134,20 @@ class LlamaConfig:
     attention_bias: bool = False  # biases on q, k and v (Qwen2)
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
     attention_softcap: float = 0.0  # scores soft-capped as cap * tanh(score / cap), 0 for none (Gemma 2)
+    sliding_window: int = 0  # keys a windowed layer sees behind each query (itself included), 0 for none
+    sliding_layers: tuple[bool, ...] = ()  # per layer: whether it is windowed
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the window cuts anything: some layer has one, shorter than the context. Then the
+        compiler swaps in Lantern's attention kernels (``emulated.custom_attention``), which read a
+        negative ``sm_scale`` as "this layer is windowed"."""
+        return 0 < self.sliding_window < self.context_window_size and any(self.sliding_layers)
+
+    def sm_scale(self, layer: int, scale: float) -> float:
+        """The score scale layer ``layer`` passes the KV cache's attention: negative on a windowed
+        layer (see ``windowed``)."""
+        return -scale if self.windowed and self.sliding_layers[layer] else scale
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "LlamaConfig":
@@ -153,9 +179,12 @@ class LlamaAttention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
             self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
-        # longrope (Phi-3.5): rotated here, the KV cache rotates nothing (create_tir_paged_kv_cache)
-        self.longrope = longrope_short(cfg.rope_scaling) if cfg.rope_scaling.get("rope_type") == "longrope" else None
+        # longrope (Phi-3.5): rotated here, the KV cache rotates nothing (create_tir_paged_kv_cache); its
+        # short or long factors by the build's context (rope.longrope_factors)
+        self.longrope = (longrope_factors(cfg.rope_scaling, cfg.context_window_size)
+                         if cfg.rope_scaling.get("rope_type") == "longrope" else None)
         self.rope_theta = cfg.rope_theta
+        self.cfg = cfg
 
     def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int) -> nn.Tensor:
         b, s, _ = x.shape
@@ -170,7 +199,8 @@ class LlamaAttention(nn.Module):
                 q = rope(q, positions, self.rope_theta, factors=factors, magnitude=magnitude)
                 k = rope(k, positions, self.rope_theta, factors=factors, magnitude=magnitude)
             qkv = op.concat([q, k, v], dim=2)
-        out = kv_cache.attention_with_fused_qkv(layer_id, qkv, self.num_q_heads, sm_scale=self.head_dim**-0.5)
+        out = kv_cache.attention_with_fused_qkv(layer_id, qkv, self.num_q_heads,
+                                                sm_scale=self.cfg.sm_scale(layer_id, self.head_dim**-0.5))
         return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))
 
 

@@ -52,7 +52,7 @@ def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
 def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, key: str) -> dict[str, Any]:
     """A config's longrope, resolved as transformers resolves it: the scale is ``factor``, else
     max_position_embeddings / original_max_position_embeddings (kept as ``factor``); the attention
-    factor is sqrt(1 + ln(scale) / ln(original)), kept in the result for ``longrope_short``."""
+    factor is sqrt(1 + ln(scale) / ln(original)), kept in the result for ``longrope_factors``."""
     original = rope.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
     if not original:
         raise LanternError(f"config.json field '{key}': longrope needs original_max_position_embeddings")
@@ -72,7 +72,13 @@ def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, k
             "factor": scale, "attention_factor": default}
 
 
-def longrope_short(rope_scaling: dict[str, Any]) -> tuple[list[float], float]:
-    """(short factors, attention factor) of a longrope config from ``resolve_longrope``: what
-    transformers uses while the sequence is within original_max_position_embeddings."""
+def longrope_factors(rope_scaling: dict[str, Any], context: int) -> tuple[list[float], float]:
+    """(factors, attention factor) of a longrope config from ``resolve_longrope`` for a model run with
+    ``context`` tokens: the short factors when the context is within original_max_position_embeddings,
+    else the long ones at every position. This is llama.cpp's rule (it picks by the context it is given).
+    transformers picks per forward pass by the sequence's length, which a KV cache cannot follow (the
+    keys already cached were rotated with the other factors), so the two agree on every sequence when
+    the context is within the original length, and on sequences longer than it otherwise."""
+    if context > rope_scaling["original_max_position_embeddings"]:
+        return list(rope_scaling["long_factor"]), rope_scaling["attention_factor"]
     return list(rope_scaling["short_factor"]), rope_scaling["attention_factor"]

@@ -2,16 +2,16 @@
 fused, as the model computes them. llama.cpp's ``phi3`` architecture keeps them fused too
 (``attn_qkv``, and ``ffn_up`` holding gate then up).
 
-Phi-3's 2047-token sliding window caps the context (``decoder_fields``).
+Phi-3's 2047-token sliding window runs in Lantern's attention kernels (``LlamaConfig.windowed``).
 
 LongRoPE (Phi-3.5-mini, the 128k models) divides each RoPE frequency by a factor of its own, from
 ``short_factor`` while the sequence is within ``original_max_position_embeddings`` and from
-``long_factor`` beyond, and scales cos/sin by an attention factor. The context is capped at the
-original length (4096 on Phi-3.5-mini), where transformers always uses the short factors, so the
-model is exact there. The Llama decoder rotates q and k itself for longrope (models/llama/rope.py):
-TVM 0.27's own longrope kernel does not parse. The long factors stay unused by Lantern's libraries
-until a longer context is supported; the ``gguf`` target carries both, so llama.cpp runs the whole
-128k context from it.
+``long_factor`` beyond, and scales cos/sin by an attention factor. A build picks one set by its
+context, as llama.cpp does (``rope.longrope_factors``): the default 4096 is Phi-3.5-mini's original
+length, so the short factors, exact against transformers on every sequence; ``--context-window``
+beyond it runs the long ones. The Llama decoder rotates q and k itself for longrope
+(models/llama/rope.py): TVM 0.27's own longrope kernel does not parse. The ``gguf`` target carries
+both sets as llama.cpp's converter writes them.
 """
 
 from __future__ import annotations
@@ -112,6 +112,19 @@ def gguf_constants(cfg: Phi3Config) -> dict[str, np.ndarray]:
     return dict(zip(_FACTORS, (np.array(rope["short_factor"]), np.array(rope["long_factor"]))))
 
 
+def gguf_load_overrides(cfg: Phi3Config) -> dict[str, int]:
+    """llama.cpp runs the long factors when its context (per sequence; the whole pool with a unified
+    cache, as the llamacpp engine has it) exceeds ``original_context_length``. Told a length of 1 or
+    of 2^31 - 1 at load, it runs the factors the build's context picked (rope.longrope_factors)
+    whatever context it is given. (The key matters for nothing else here: llama.cpp's YaRN
+    corrections are off for longrope.)"""
+    rope = cfg.rope_scaling
+    if not rope:
+        return {}
+    long = cfg.context_window_size > rope["original_max_position_embeddings"]
+    return {"phi3.rope.scaling.original_context_length": 1 if long else 2**31 - 1}
+
+
 _LAYOUT = gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors, layer_names=_PHI3_LAYER,
                       unsupported=lambda cfg: None)  # both of its RoPEs are written
 
@@ -147,4 +160,4 @@ def config_from_gguf(meta: dict, tensors: dict) -> dict:
 FAMILY = Family(name="phi3", architectures=("Phi3ForCausalLM",), config=Phi3Config, model=LlamaForCausalLM,
                 to_lantern=to_lantern, calibration_forward=calibration_forward,
                 gguf=dataclasses.replace(_LAYOUT, config_from_metadata=config_from_gguf, metadata=gguf_metadata,
-                                         constants=gguf_constants))
+                                         constants=gguf_constants, load_overrides=gguf_load_overrides))

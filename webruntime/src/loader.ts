@@ -15,6 +15,9 @@ export interface LibraryEntry {
   required_features: string[];
   param_upcast: string | null;
   schedule?: string | null;
+  // the context it runs (a windowed model's gpu-schedule and float16 libraries stop at the window);
+  // the library's own _metadata says the same, which is what the runtime reads
+  context_window?: number | null;
 }
 
 export interface Manifest {
@@ -30,7 +33,11 @@ export interface Manifest {
   weights: { bytes: number };
   files: Record<string, ManifestFile>;
   // the GGUF the wasm device runs (llama.cpp split parts), when built with the gguf target
-  gguf?: { files: string[]; tensor_type: string; bytes: number } | null;
+  // context_window: the tokens llama.cpp runs it exactly for (its sliding window, where llama.cpp ignores
+  // the architecture's windows); kv_overrides: integer GGUF keys llama.cpp is told at load, so it runs
+  // what the libraries run (Phi-3.5's longrope factors). Both absent in artifacts built before them.
+  gguf?: { files: string[]; tensor_type: string; bytes: number; context_window?: number;
+           kv_overrides?: Record<string, number> } | null;
   // sampling defaults for requests that omit the field (older artifacts have none)
   generation?: GenerationDefaults;
 }

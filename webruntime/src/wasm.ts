@@ -75,11 +75,14 @@ export class WasmDevice implements Device {
     const wllama = new Wllama({ default: wasmUrl }, { suppressNativeLog: true, logger: QUIET });
     // llama.cpp allocates the whole KV cache up front (memory and load time grow with it), and a CPU
     // prefills ~20 tokens/s: the default window is at most WASM_CONTEXT tokens
-    const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT, manifest.model.context_window);
+    const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT,
+      manifest.gguf?.context_window ?? manifest.model.context_window);
     try {
       // n_gpu_layers 0: llama.cpp's CPU kernels (wllama would otherwise offload to WebGPU)
       await wllama.loadModel(parts.map((f) => new Blob([files.get(f)!])),
-        { n_threads: threads, n_gpu_layers: 0, n_ctx: contextWindow, n_parallel: 1 });
+        { n_threads: threads, n_gpu_layers: 0, n_ctx: contextWindow, n_parallel: 1,
+          kv_overrides: Object.fromEntries(Object.entries(manifest.gguf?.kv_overrides ?? {})
+            .map(([key, value]) => [key, `int:${value}`])) });
     } catch (err) {
       throw new ArtifactError(`llama.cpp could not load ${parts[0]}: ${err instanceof Error ? err.message : err}`);
     }
