@@ -517,15 +517,18 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
         if conv is not None and tok.add_bos_token and bos_id is not None:
             conv["system_prefix_token_ids"] = [bos_id]  # the tokenizer adds one (the template's, if any, is moved there)
     webgpu = [lib for lib in libraries if lib.target == "webgpu"]
+    # WebLLM takes its context from here, for whichever library its user loads: the least of them
+    # (Lantern's runtime reads each library's own _metadata instead)
+    context = min((lib.context_window for lib in webgpu), default=config.context_window_size)
     chat_config = {
         "version": "0.1.0",
         "model_type": src.hf_config.get("model_type", src.family.name),
         "quantization": spec.name,
         "model_config": dataclasses.asdict(config),
         "vocab_size": config.vocab_size,
-        "context_window_size": config.context_window_size,
+        "context_window_size": context,
         "sliding_window_size": -1,  # MLC's cache-level window (eviction, attention sinks): not used
-        "prefill_chunk_size": config.prefill_chunk_size,
+        "prefill_chunk_size": min(config.prefill_chunk_size, context),
         "attention_sink_size": -1,
         "tensor_parallel_shards": 1,
         # sampling: OpenAI's defaults here; build() writes the artifact's own (set_generation_defaults)

@@ -14,8 +14,8 @@ from lantern.models.llama.model import LlamaConfig, decoder_fields
 
 
 class Qwen2Config(LlamaConfig):
-    """Qwen2 configs always carry a ``sliding_window`` size; only ``use_sliding_window`` (refused by
-    ``decoder_fields``) turns it on, so the size itself is ignored here."""
+    """Qwen2 configs always carry a ``sliding_window`` size; only ``use_sliding_window`` turns it on,
+    for the layers from ``max_window_layers`` on (``decoder_fields``)."""
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "Qwen2Config":
