@@ -311,7 +311,8 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--context-window", type=int, metavar="TOKENS",
                    help="tokens of context (prompt + answer) the runtimes allocate KV-cache memory for (default: "
                         f"{DEFAULT_CONTEXT}, or the model's trained length if shorter). Sliding windows (Mistral, "
-                        "Phi-3, Gemma) hold at any length in float32 builds; float16 builds of those stop at the window")
+                        "Phi-3, Gemma) hold at any length in the float32 CPU and cpu-emulated libraries; float16 "
+                        "and gpu-schedule libraries of those stop at the window")
     gen = b.add_argument_group(
         "sampling defaults",
         "What both runtimes (and WebLLM) use when a request omits the field: a request's value wins, then these, "

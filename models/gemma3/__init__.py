@@ -154,8 +154,7 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: Gemma3
         q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
         k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
     q, k = _rope(q, theta, scale), _rope(k, theta, scale)
-    window = cfg.sliding_window if cfg.sliding_layers[i] else 0  # calibration text may run past it
-    return grouped_attention(q, k, v.reshape(seq, kv, dim), cfg.query_pre_attn_scalar ** -0.5, window,
+    return grouped_attention(q, k, v.reshape(seq, kv, dim), cfg.query_pre_attn_scalar ** -0.5, cfg.layer_window(i),
                              cfg.attention_softcap)
 
 

@@ -58,8 +58,7 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: LlamaC
         q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
         k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
     q, k = (_rope(x, cfg.rope_theta, rope_scaling=cfg.rope_scaling, context=cfg.context_window_size) for x in (q, k))
-    window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_layers[i] else 0  # text may run past it
-    return grouped_attention(q, k, v.reshape(seq, kv, dim), 1 / np.sqrt(dim), window)
+    return grouped_attention(q, k, v.reshape(seq, kv, dim), 1 / np.sqrt(dim), cfg.layer_window(i))
 
 
 def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,

@@ -144,6 +144,10 @@ class LlamaConfig:
         negative ``sm_scale`` as "this layer is windowed"."""
         return 0 < self.sliding_window < self.context_window_size and any(self.sliding_layers)
 
+    def layer_window(self, layer: int) -> int:
+        """Keys layer ``layer`` sees behind each query, 0 for all (the calibration forwards' mask)."""
+        return self.sliding_window if self.sliding_window and self.sliding_layers[layer] else 0
+
     def sm_scale(self, layer: int, scale: float) -> float:
         """The score scale layer ``layer`` passes the KV cache's attention: negative on a windowed
         layer (see ``windowed``)."""
