@@ -131,7 +131,8 @@ def _summary_table(result) -> "object":
         g = m["gguf"]
         table.add_row("GGUF (llama.cpp)", f"{g['bytes'] / 2**20:.1f} MiB {g['tensor_type']} in {len(g['files'])} part(s)")
     for stage, seconds in result.stage_seconds.items():
-        table.add_row(f"time: {stage}", f"{seconds:.1f} s")
+        peak = result.stage_peak_bytes.get(stage)
+        table.add_row(f"time: {stage}", f"{seconds:.1f} s" + (f", peak RSS {peak / 2**30:.2f} GiB" if peak else ""))
     if result.cached:
         table.add_row("cache", "hit (nothing rebuilt)")
     elif result.reused_libraries:
@@ -177,7 +178,8 @@ def cmd_build(args) -> int:
         console.print(_summary_table(result))
     if args.json:
         print(json.dumps({"out": str(result.out), "cached": result.cached, "reused_libraries": result.reused_libraries,
-                          "stage_seconds": result.stage_seconds, "manifest": result.manifest}, indent=2))
+                          "stage_seconds": result.stage_seconds, "stage_peak_bytes": result.stage_peak_bytes,
+                          "manifest": result.manifest}, indent=2))
     return 0
 
 

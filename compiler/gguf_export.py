@@ -33,6 +33,8 @@ PART_BYTES = 64 * 2**20
 # Only what has been checked against llama.cpp is listed; anything else skips the target.
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _PRE_TOKENIZERS = {
     json.dumps({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
                sort_keys=True): "gpt-2",
@@ -40,6 +42,10 @@ _PRE_TOKENIZERS = {
         {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
         sort_keys=True): "qwen2",
+    json.dumps({"type": "Sequence", "pretokenizers": [  # Llama 3, 3.1, 3.2 (llama.cpp applies its ignore_merges)
+        {"type": "Split", "pattern": {"Regex": _LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        sort_keys=True): "llama-bpe",
 }
 
 _TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER, _TOKEN_UNUSED, _TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -65,6 +71,26 @@ def q4_to_q4_0(q_weight: np.ndarray, q_scale: np.ndarray) -> np.ndarray:
     packed = mirrored[:, :, :16] | (mirrored[:, :, 16:] << 4)
     d = (-q_scale.astype(np.float32)).astype("<f2").view(np.uint8).reshape(rows, -1, 2)
     return np.concatenate([d, packed], axis=2).reshape(rows, -1)
+
+
+Q4_0_BLOCK_BYTES = 18  # an f16 scale and 32 four-bit codes
+
+
+class _Deferred:
+    """A tensor that gguf's writer takes by shape, dtype and size, and makes only when it writes it
+    (``tofile``): the converted copy of one weight at a time, never of them all."""
+
+    def __init__(self, shape: tuple[int, ...], dtype, make):
+        self.shape, self.dtype, self._make = tuple(int(d) for d in shape), np.dtype(dtype), make
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def tofile(self, f) -> None:
+        array = self._make()
+        assert array.shape == self.shape and array.dtype == self.dtype, (array.shape, array.dtype, self.shape)
+        array.tofile(f)
 
 
 def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
@@ -209,20 +235,29 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
     for t in layout.tensors(config):
         stem_name = t.param[: -len(".weight")] if t.param.endswith(".weight") else None
         if stem_name and f"{stem_name}.q_weight" in params:
-            qw = params[f"{stem_name}.q_weight"][t.first:t.first + t.rows]
-            qs = params[f"{stem_name}.q_scale"][t.first:t.first + t.rows]
-            if t.rope_heads:
-                qw, qs = layout.permute(qw, t.rope_heads), layout.permute(qs, t.rope_heads)
-            writer.add_tensor(t.name, q4_to_q4_0(qw, qs), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            qw, qs = params[f"{stem_name}.q_weight"], params[f"{stem_name}.q_scale"]
+
+            def q4_0(t=t, qw=qw, qs=qs) -> np.ndarray:
+                qw, qs = qw[t.first:t.first + t.rows], qs[t.first:t.first + t.rows]
+                if t.rope_heads:
+                    qw, qs = layout.permute(qw, t.rope_heads), layout.permute(qs, t.rope_heads)
+                return q4_to_q4_0(qw, qs)
+
+            shape = (t.rows, qw.shape[1] * 8 // 32 * Q4_0_BLOCK_BYTES)
+            writer.add_tensor(t.name, _Deferred(shape, np.uint8, q4_0), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
             continue
         w = params.get(t.param)
         if w is None:
             raise LanternError(f"gguf: the artifact has no parameter '{t.param}' for tensor '{t.name}'")
-        w = w[t.first:t.first + t.rows]
-        if t.rope_heads:
-            w = layout.permute(w, t.rope_heads)
-        w = w.astype(np.float16 if quant == "q0f16" and w.ndim == 2 else np.float32)
-        writer.add_tensor(t.name, np.ascontiguousarray(w))
+        dtype = np.float16 if quant == "q0f16" and w.ndim == 2 else np.float32
+
+        def plain(t=t, w=w, dtype=dtype) -> np.ndarray:
+            w = w[t.first:t.first + t.rows]
+            if t.rope_heads:
+                w = layout.permute(w, t.rope_heads)
+            return np.ascontiguousarray(w.astype(dtype))
+
+        writer.add_tensor(t.name, _Deferred((t.rows, *w.shape[1:]), dtype, plain))
 
     for name, values in layout.constants(config).items():
         writer.add_tensor(name, np.asarray(values, dtype=np.float32))

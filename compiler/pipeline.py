@@ -28,6 +28,7 @@ from .errors import LanternError
 from .importer import SourceModel, import_source
 from .lora import adapter_hash, merge_lora
 from .quantize import QuantSpec, get_quantization, quantize_params
+from .tensors import Tensors, peak_rss_bytes, reset_peak_rss
 
 STAGES = ("import", "quantize", "compile", "link", "write")
 
@@ -77,6 +78,26 @@ class BuildResult:
     stage_seconds: dict[str, float]
     cached: bool
     reused_libraries: list[str] = field(default_factory=list)  # library files taken from the cache
+    stage_peak_bytes: dict[str, int] = field(default_factory=dict)  # the process's peak RSS in each stage
+
+
+class StageMeter:
+    """Time and peak resident memory of each stage. The peak is reset at each stage's start where
+    the kernel allows it (Linux), so a stage's number is its own; elsewhere it is the peak so far."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.peak_bytes: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        reset_peak_rss()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = time.perf_counter() - t0
+            self.peak_bytes[stage] = peak_rss_bytes()
 
 
 def fit_context(config, requested: int | None, log: Callable[[str], None]):
@@ -249,15 +270,14 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
     calibration_hash = None
     if spec.quantized and opts.calibration is not None:
         calibration_hash = gptq.text_hash(opts.calibration)
-    times: dict[str, float] = {}
+    meter = StageMeter()
     out = opts.out.resolve()
     if out.exists() and not (out / package.MANIFEST).exists():
         raise LanternError(f"{out} exists and is not a Lantern artifact; refusing to overwrite it")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     with contextlib.ExitStack() as held:  # the cache entry's lock, from the look-up to the store
-        t0 = time.perf_counter()
-        with reporter.stage("import"):
+        with meter("import"), reporter.stage("import"):
             src = import_source(opts.source, opts.cache_dir)
             name = opts.name or src.name
             versions = toolchain_versions()
@@ -280,7 +300,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
                 manifest = json.loads((out / package.MANIFEST).read_text())
                 if manifest.get("gguf_skipped"):
                     reporter.log(f"warning: skipping the gguf target: {manifest['gguf_skipped']}")
-                return BuildResult(out, manifest, {"import": time.perf_counter() - t0}, True)
+                return BuildResult(out, manifest, meter.seconds, True, stage_peak_bytes=meter.peak_bytes)
             config = fit_context(src.family.config.from_hf(src.hf_config), opts.context_window, reporter.log)
             src.tokenizer  # noqa: B018 - convert (and so check) the tokenizer within the import stage
             if "gguf" in opts.targets:
@@ -300,20 +320,19 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
                                                          config.context_window_size)
                 else:
                     reporter.log(f"the {src.family.name} family has no calibration pass; rounding to nearest")
-        times["import"] = time.perf_counter() - t0
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
             reused: list[str] = []
             manifest = _build_into(tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions,
-                                   reporter, times, reused)
+                                   reporter, meter, reused)
             manifest = package.set_generation_defaults(tmp, generation)
             _store_in_cache(tmp, cached)
             _install(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return BuildResult(out, manifest, times, False, reused)
+        return BuildResult(out, manifest, meter.seconds, False, reused, meter.peak_bytes)
 
 
 def _store_in_cache(folder: Path, cached: Path) -> None:
@@ -324,30 +343,30 @@ def _store_in_cache(folder: Path, cached: Path) -> None:
     staging.rename(cached)
 
 
-def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[str, np.ndarray],
+def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors,
                 calibration: gptq.Calibration | None, weights_key: str, spec: QuantSpec, opts: BuildOptions,
-                versions: dict, reporter: Reporter, times: dict[str, float], reused_files: list[str]) -> dict:
-    t0 = time.perf_counter()
-    float_params = src.family.to_lantern(weights, config)
+                versions: dict, reporter: Reporter, meter: StageMeter, reused_files: list[str]) -> dict:
+    float_params = src.family.to_lantern(weights, config)  # nothing read yet: each tensor is read as it is quantized
     del weights
-    n_params = sum(int(w.size) for w in float_params.values())
+    n_params = sum(float_params.size(n) for n in float_params)
     quantized = config.quantized_weights() if spec.quantized else set()
     calibrated = bool(quantized) and calibration is not None
-    with reporter.stage("quantize", total=len(quantized) or None):
+    with meter("quantize"), reporter.stage("quantize", total=len(quantized) or None):
         # Only GPTQ is worth caching; plain rounding is faster than reading the result back.
         stored = _load_cached_weights(opts, weights_key) if calibrated else None
         if stored is not None:
             reporter.advance(len(quantized), "cached")
         else:
-            def gptq_all():
-                return gptq.quantize_calibrated(src.family.calibration_forward, float_params, config, spec,
+            def gptq_all(params: Tensors = float_params):
+                # the pass reads each layer's weights several times: keep about one layer's worth
+                layer_cached = params.cached(gptq.LAYER_CACHE_BYTES)
+                return gptq.quantize_calibrated(src.family.calibration_forward, layer_cached, config, spec,
                                                 calibration, on_weight=lambda n: reporter.advance(1, f"GPTQ {n}"))
             stored = quantize_params(float_params, quantized, spec, gptq_all if calibrated else None,
                                      on_weight=lambda n: reporter.advance(1, n))
             if calibrated:
                 _store_cached_weights(opts, weights_key, stored)
         del float_params
-    times["quantize"] = time.perf_counter() - t0
 
     metadata = {
         "model_type": src.hf_config.get("model_type", src.family.name),
@@ -365,11 +384,10 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
 
     # A library depends on the architecture, not the weights: one built before for the same config,
     # spec, target and schedule (another fine-tune, LoRA or calibration of the model) is reused.
-    t0 = time.perf_counter()
     executables, facts = [], {}  # facts: per library stem, its kernels, largest kernel and parameters
     contexts = {}  # per library stem, the context it runs (library_config)
     param_names: list[str] = []
-    with reporter.stage("compile", total=len(builds)):
+    with meter("compile"), reporter.stage("compile", total=len(builds)):
         for stem, target_name, lib_spec, schedule in builds:
             file = f"{stem}.wasm" if target_name == "webgpu" else f"{stem}.so"
             lib_config = library_config(config, lib_spec.model_dtype, schedule)
@@ -394,14 +412,12 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
             facts[stem] = {"kernels": kernels, "largest": largest, "param_names": param_names}
             executables.append((stem, file, target_name, lib_spec, schedule, ex, key))
             reporter.advance(1, stem)
-    times["compile"] = time.perf_counter() - t0
     missing = [n for n in param_names if n not in stored]
     if missing:
         raise LanternError(f"internal: model expects parameters the loader did not produce: {missing[:3]}")
 
-    t0 = time.perf_counter()
     libraries = []
-    with reporter.stage("link", total=len(executables)):
+    with meter("link"), reporter.stage("link", total=len(executables)):
         for stem, file, target_name, lib_spec, schedule, ex, key in executables:
             if ex is not None and target_name == "webgpu":
                 link.link_wasm(ex, tmp / file, opts.cache_dir, on_step=lambda d: reporter.advance(0, d))
@@ -414,10 +430,8 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
             libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, facts[stem]["kernels"],
                                              facts[stem]["largest"], upcast, schedule, contexts[stem]))
             reporter.advance(1, file)
-    times["link"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    with reporter.stage("write", total=4 if "gguf" in opts.targets else 3):
+    with meter("write"), reporter.stage("write", total=4 if "gguf" in opts.targets else 3):
         arrays = [stored[n] for n in param_names]
         cache_index = package.write_shards(tmp, param_names, arrays)
         (tmp / "tensor-cache.json").write_text(json.dumps(cache_index, indent=1) + "\n")
@@ -468,7 +482,6 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: dict[st
         package.write_package_json(tmp, name, spec.name, versions["lantern"], sorted(set(files)))
         manifest = package.write_manifest(tmp, manifest)
         reporter.advance(1, "manifest")
-    times["write"] = time.perf_counter() - t0
     return manifest
 
 

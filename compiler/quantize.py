@@ -18,7 +18,7 @@ layout; tests check one against the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 from tvm import te, tirx
@@ -26,6 +26,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from .errors import LanternError
+from .tensors import Tensors
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,9 @@ def no_clip_scale(groups: np.ndarray, spec: QuantSpec) -> np.ndarray:
                       -groups.min(axis=-1, keepdims=True) / spec.max_int)
 
 
+ROWS_AT_ONCE = 8192  # rows quantized at a time: a 152k-row embedding's temporaries stay small
+
+
 def quantize_weight(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndarray]:
     """Pack a float ``[out, in]`` matrix into (q_weight uint32[out, in/8], q_scale[out, in/32]).
 
@@ -116,11 +120,18 @@ def quantize_weight(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndar
     the scale is the smallest that fits the group without clipping either end
     (``max(largest / 8, -smallest / 7)``), which is never coarser. No value is
     clipped: outlier weights matter more to a language model than the mean error.
+    Rows are independent, so a tall matrix goes ``ROWS_AT_ONCE`` rows at a time.
     """
     out_dim, in_dim = w.shape
-    groups = w.astype(np.float32).reshape(out_dim, in_dim // spec.group_size, spec.group_size)
-    scale = stored_scale(no_clip_scale(groups, spec), spec)
-    return pack_codes(round_to_grid(groups, scale, spec).reshape(out_dim, in_dim), scale, spec)
+    q_weight = np.empty((out_dim, in_dim // spec.per_uint32), np.uint32)
+    q_scale = np.empty((out_dim, in_dim // spec.group_size), spec.model_dtype)
+    for r in range(0, out_dim, ROWS_AT_ONCE):
+        rows = w[r:r + ROWS_AT_ONCE].astype(np.float32)
+        groups = rows.reshape(len(rows), in_dim // spec.group_size, spec.group_size)
+        scale = stored_scale(no_clip_scale(groups, spec), spec)
+        codes = round_to_grid(groups, scale, spec).reshape(len(rows), in_dim)
+        q_weight[r:r + ROWS_AT_ONCE], q_scale[r:r + ROWS_AT_ONCE] = pack_codes(codes, scale, spec)
+    return q_weight, q_scale
 
 
 def dequantize_weight(q_weight: np.ndarray, q_scale: np.ndarray, spec: QuantSpec) -> np.ndarray:
@@ -245,7 +256,7 @@ def make_embedding(vocab_size: int, hidden_size: int, spec: QuantSpec) -> nn.Mod
 
 
 def quantize_params(
-    float_params: dict[str, np.ndarray], quantized_names: set[str], spec: QuantSpec,
+    float_params: Mapping[str, np.ndarray], quantized_names: set[str], spec: QuantSpec,
     encode_calibrated: Callable[[], dict[str, tuple[np.ndarray, np.ndarray]]] | None = None,
     on_weight: Callable[[str], None] = lambda name: None,
 ) -> dict[str, np.ndarray]:
@@ -255,20 +266,23 @@ def quantize_params(
     quantized layers; everything else (norms) is cast to the model dtype.
     ``encode_calibrated`` (GPTQ) returns the matrices it quantized itself; it runs
     only once every shape has been checked. The rest are rounded to the nearest level.
+    ``float_params`` may be a ``tensors.Tensors``: each float array is made, encoded and dropped
+    in turn, so only the stored result is held whole.
     """
+    float_params = Tensors.of(float_params)
     if spec.quantized:
         for name in sorted(quantized_names & float_params.keys()):
-            check_quantizable(name, float_params[name].shape, spec)
+            check_quantizable(name, float_params.shape(name), spec)
     encoded = encode_calibrated() if spec.quantized and encode_calibrated else {}
     out: dict[str, np.ndarray] = {}
-    for name, w in float_params.items():
+    for name in float_params:
         if spec.quantized and name in quantized_names:
             stem = name[: -len(".weight")]
             if name in encoded:
-                out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = encoded[name]
+                out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = encoded.pop(name)
             else:
-                out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = quantize_weight(w, spec)
+                out[f"{stem}.q_weight"], out[f"{stem}.q_scale"] = quantize_weight(float_params[name], spec)
                 on_weight(name)
         else:
-            out[name] = w.astype(spec.model_dtype)
+            out[name] = float_params[name].astype(spec.model_dtype, copy=False)
     return out

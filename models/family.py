@@ -10,9 +10,11 @@ vocabulary, RoPE) is on the config object the record's ``config.from_hf`` return
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
+
+from lantern.tensors import Tensors
 
 Observe = Callable[[str, list[np.ndarray]], None]
 
@@ -63,7 +65,7 @@ class GGUFLayout:
     unsupported: Callable[[Any], str | None]  # why llama.cpp could not run this config, or None
     # (metadata, tensors by name: gguf_file.Tensor, data memory-mapped) -> a config.json-like dict
     config_from_metadata: Callable[[dict, dict[str, Any]], dict]
-    names_from_gguf: Callable[[dict[str, np.ndarray], dict], dict[str, np.ndarray]]  # -> HF names
+    names_from_gguf: Callable[[Tensors, dict], Tensors]  # llama.cpp's tensors -> HF names, still unread
     permute: Callable[[np.ndarray, int], np.ndarray] = lambda w, heads: w
     # float32 tensors that come from the config, not from a parameter (Phi-3's longrope factors)
     constants: Callable[[Any], dict[str, np.ndarray]] = lambda cfg: {}
@@ -81,6 +83,7 @@ class Family:
     architectures: tuple[str, ...]  # config.json "architectures" values
     config: type  # a FamilyConfig
     model: type  # relax nn.Module: model(config, QuantSpec, Target), MLC's model-library contract
-    to_lantern: Callable[[dict[str, np.ndarray], Any], dict[str, np.ndarray]]  # HF state dict -> params
+    # HF checkpoint (tensors.Tensors or a dict) -> the model's float parameters, each made when asked for
+    to_lantern: Callable[[Mapping[str, np.ndarray], Any], Tensors]
     gguf: GGUFLayout
     calibration_forward: Callable[[dict[str, np.ndarray], Any, list[list[int]], Observe], list[np.ndarray]] | None = None

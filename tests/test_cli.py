@@ -134,6 +134,43 @@ def test_dimension_not_divisible_by_group(real_tokenizer_dir, capsys, tmp_path):
     assert_refused([str(folder), "--quant", "q4f32_1"], capsys, tmp_path, "not divisible by the group size 32")
 
 
+def damaged_copy(tiny_hf, tmp_path):
+    folder = tmp_path / "damaged"
+    shutil.copytree(tiny_hf[0], folder)
+    return folder
+
+
+def test_truncated_safetensors_names_the_file_and_tensor(tiny_hf, capsys, tmp_path):
+    folder = damaged_copy(tiny_hf, tmp_path)
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size - 100)
+    assert_refused([str(folder)], capsys, tmp_path, "model.safetensors is truncated (tensor '")
+
+
+def test_a_missing_shard_is_named_with_a_tensor_it_holds(tiny_hf, capsys, tmp_path):
+    folder = damaged_copy(tiny_hf, tmp_path)
+    (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
+    names = list(tiny_hf[1])
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in names[:-1]}
+    weight_map[names[-1]] = "model-00002-of-00002.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert_refused([str(folder)], capsys, tmp_path,
+                   f"missing checkpoint shard model-00002-of-00002.safetensors (listed in "
+                   f"model.safetensors.index.json; it holds tensor '{names[-1]}')")
+
+
+def test_a_tensor_of_the_wrong_shape_names_its_file(tiny_hf, capsys, tmp_path):
+    from safetensors.numpy import save_file
+
+    folder = damaged_copy(tiny_hf, tmp_path)
+    weights = dict(tiny_hf[1])
+    name = "model.layers.1.mlp.down_proj.weight"
+    weights[name] = weights[name][:, :-32].copy()
+    save_file(weights, str(folder / "model.safetensors"))
+    assert_refused([str(folder)], capsys, tmp_path, f"tensor '{name}' in model.safetensors has shape")
+
+
 def test_missing_calibration_text(tiny_hf, capsys, tmp_path):
     assert_refused([str(tiny_hf[0]), "--calibration", str(tmp_path / "nope.txt")], capsys, tmp_path,
                    "calibration text not found")

@@ -113,21 +113,21 @@ def test_a_model_llama_cpp_cannot_run_skips_the_target_with_a_warning(tiny_hf, t
     for f in tiny_hf[0].iterdir():
         (folder / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                           "original_max_position_embeddings": 128}
+    # YaRN without its ramp's rounding: llama.cpp always rounds it
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": False}
     (folder / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "art"
     assert main(["build", str(folder), "--out", str(out), "--targets", "cpu,gguf", "--no-calibration",
                  "--cache-dir", str(tmp_path / "cache")]) == 0
     err = capsys.readouterr().err
-    assert "warning: skipping the gguf target: its RoPE scaling 'llama3' is not written to GGUF yet" in err
+    assert "warning: skipping the gguf target: its YaRN ramp is not truncated (truncate: false)" in err
     manifest = Artifact.open(out).manifest
     assert manifest["gguf"] is None and manifest["targets"] == ["cpu"]
     # a rebuild from the cache says it again
     assert main(["build", str(folder), "--out", str(out), "--targets", "cpu,gguf", "--no-calibration",
                  "--cache-dir", str(tmp_path / "cache")]) == 0
     err = capsys.readouterr().err
-    assert "unchanged since the cached build" in err and "warning: skipping the gguf target: its RoPE" in err
+    assert "unchanged since the cached build" in err and "warning: skipping the gguf target: its YaRN" in err
 
 
 @pytest.mark.browser

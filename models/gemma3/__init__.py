@@ -17,6 +17,8 @@ Limits, each refused or stated rather than approximated:
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from lantern.errors import LanternError
@@ -25,6 +27,7 @@ from lantern.models.llama import to_lantern as llama_to_lantern
 from lantern.models.llama.calibration import _rms_norm, _rope, grouped_attention
 from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_names_from_gguf
 from lantern.models.llama.loader import gguf_tensors as llama_gguf_tensors
+from lantern.tensors import Tensors
 
 from .model import PATTERN, Gemma3Config, Gemma3ForCausalLM
 
@@ -32,23 +35,22 @@ from .model import PATTERN, Gemma3Config, Gemma3ForCausalLM
 SANDWICH = ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
-def to_lantern(hf: dict[str, np.ndarray], cfg: Gemma3Config) -> dict[str, np.ndarray]:
+def to_lantern(hf: Mapping[str, np.ndarray], cfg: Gemma3Config) -> Tensors:
     """The Llama loader's fused q/k/v and gate/up (with its shape and finiteness checks), the two
     sandwich norms it does not know, and every norm weight as ``1 + w``: Gemma's RMSNorm scales by
     (1 + w), the model's plain RMSNorm by its weight."""
-    renamed = dict(hf)  # the Llama loader's pre-MLP norm is Gemma's pre_feedforward_layernorm
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}"
-        for name in SANDWICH:
-            if f"{p}.{name}.weight" not in hf:
-                raise LanternError(f"checkpoint is missing tensor '{p}.{name}.weight'")
-        renamed[f"{p}.post_attention_layernorm.weight"] = hf[f"{p}.pre_feedforward_layernorm.weight"]
-    out = llama_to_lantern(renamed, cfg)
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}"
-        for name in SANDWICH:
-            out[f"{p}.{name}.weight"] = hf[f"{p}.{name}.weight"]
-    return {k: (1.0 + w).astype(np.float32) if k.endswith("norm.weight") else w for k, w in out.items()}
+    hf = Tensors.of(hf)
+    sandwich = {f"model.layers.{i}.{name}.weight" for i in range(cfg.num_hidden_layers) for name in SANDWICH}
+    for name in sorted(sandwich):
+        if name not in hf:
+            raise LanternError(f"checkpoint is missing tensor '{name}'")
+    # the Llama loader's pre-MLP norm is Gemma's pre_feedforward_layernorm
+    pre_mlp = {f"model.layers.{i}.post_attention_layernorm.weight": f"model.layers.{i}.pre_feedforward_layernorm.weight"
+               for i in range(cfg.num_hidden_layers)}
+    out = llama_to_lantern(hf.replaced({k: hf.loader(v) for k, v in pre_mlp.items()},
+                                       {k: hf.shape(v) for k, v in pre_mlp.items()}), cfg)
+    out = out.replaced({k: hf.loader(k) for k in sandwich}, {k: hf.shape(k) for k in sandwich})
+    return out.transformed([k for k in out if k.endswith("norm.weight")], lambda w: (1.0 + w).astype(np.float32))
 
 
 # --------------------------------------------------------------------------- GGUF (llama.cpp's gemma3)
@@ -130,11 +132,11 @@ def config_from_gguf(meta: dict, tensors, arch: str = "gemma3", pattern_every: i
     return cfg
 
 
-def names_from_gguf(tensors: dict[str, np.ndarray], cfg: dict, arch: str = "gemma3") -> dict[str, np.ndarray]:
+def names_from_gguf(tensors: Tensors, cfg: dict, arch: str = "gemma3") -> Tensors:
     """llama.cpp's names -> HF's (q/k rows unpermuted in gemma2/gemma3). llama.cpp stores Gemma's
     norms as 1 + w; HF checkpoints carry w."""
     out = hf_names_from_gguf(tensors, cfg, rope_permuted=False, arch=arch, layer_names=_GGUF_LAYER)
-    return {k: w - 1.0 if k.endswith("norm.weight") else w for k, w in out.items()}
+    return out.transformed([k for k in out if k.endswith("norm.weight")], lambda w: w - 1.0)
 
 
 GGUF = GGUFLayout(architecture="gemma3", tensors=gguf_tensors, metadata=gguf_metadata_of, unsupported=gguf_unsupported,
@@ -167,8 +169,9 @@ def calibration_forward(params: dict[str, np.ndarray], cfg: Gemma3Config, sequen
     """Gemma 3 (and Gemma 2: no q/k norm, soft-capped scores) in numpy over Lantern's parameters
     (norms already 1 + w); the contract of ``lantern.models.llama.calibration.calibration_forward``."""
     eps = cfg.rms_norm_eps
-    xs = [params["model.embed_tokens.weight"][s].astype(np.float32) * np.float32(cfg.hidden_size ** 0.5)
-          for s in sequences]
+    embed = params["model.embed_tokens.weight"]  # read once: a large table is not kept between reads
+    xs = [embed[s].astype(np.float32) * np.float32(cfg.hidden_size ** 0.5) for s in sequences]
+    del embed
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
         hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]

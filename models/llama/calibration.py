@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from .model import LlamaConfig
-from .rope import longrope_factors
+from .rope import model_rotation
 
 Observe = Callable[[str, list[np.ndarray]], None]
 
@@ -29,13 +29,14 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 def _rope(x: np.ndarray, theta: float, scale: float = 1.0, rope_scaling: dict | None = None,
           context: int = 0) -> np.ndarray:
     """x[seq, heads, head_dim] at positions 0..seq-1 (divided by a linear ``scale``), rotate-half convention.
-    Phi-3.5's longrope (``rope_scaling``) divides each frequency by its factor for a ``context``-token
-    model (rope.longrope_factors) and scales cos/sin."""
+    Phi-3.5's longrope and YaRN (``rope_scaling``) divide each frequency by its factor for a
+    ``context``-token model (rope.model_rotation) and scale cos/sin."""
     half = x.shape[-1] // 2
     inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2 / x.shape[-1])
     magnitude = 1.0
-    if rope_scaling and rope_scaling.get("rope_type") == "longrope":
-        factors, magnitude = longrope_factors(rope_scaling, context)
+    rotation = model_rotation(rope_scaling or {}, context, x.shape[-1])
+    if rotation:
+        factors, magnitude = rotation
         inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
     angles = (np.arange(x.shape[0], dtype=np.float64) / scale)[:, None] * inv_freq[None, :]
     cos, sin = magnitude * np.cos(angles)[:, None, :], magnitude * np.sin(angles)[:, None, :]
@@ -93,7 +94,9 @@ def calibration_forward(params: dict[str, np.ndarray], cfg: LlamaConfig, sequenc
     (a tied embedding table is observed as the head).
     """
     eps = cfg.rms_norm_eps
-    xs = [params["model.embed_tokens.weight"][s].astype(np.float32) for s in sequences]
+    embed = params["model.embed_tokens.weight"]  # read once: a large table is not kept between reads
+    xs = [embed[s].astype(np.float32) for s in sequences]
+    del embed
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
         hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]

@@ -8,53 +8,70 @@ layout; ``hf_names_from_gguf`` undoes both.
 
 from __future__ import annotations
 
+import math
+from typing import Mapping
+
 import numpy as np
 
 from lantern.errors import LanternError
 from lantern.models.family import GGUFLayout, GGUFTensor
+from lantern.tensors import Loader, Tensors, join_rows
 
 from .model import LlamaConfig
 
 GGUF_ARCHITECTURE = "llama"
 
 
-def to_lantern(hf: dict[str, np.ndarray], cfg: LlamaConfig) -> dict[str, np.ndarray]:
-    """Map a Hugging Face Llama-shaped state dict (float arrays) to the model's float parameters."""
-    out: dict[str, np.ndarray] = {}
+def to_lantern(hf: Mapping[str, np.ndarray], cfg: LlamaConfig) -> Tensors:
+    """Map a Hugging Face Llama-shaped checkpoint (``tensors.Tensors``, or a dict of arrays) to the
+    model's float parameters, each made when asked for. Names and shapes are checked here, before
+    anything is read; NaN and infinite values when a tensor is made."""
+    hf = Tensors.of(hf)
+    loaders, shapes = {}, {}
 
-    def take(name: str) -> np.ndarray:
-        if name not in hf:
-            raise LanternError(f"checkpoint is missing tensor '{name}'")
-        return hf[name]
+    def take(name: str) -> None:
+        join(name, [name])
 
-    out["model.embed_tokens.weight"] = take("model.embed_tokens.weight")
-    out["model.norm.weight"] = take("model.norm.weight")
+    def join(out: str, names: list[str]) -> None:
+        for name in names:
+            if name not in hf:
+                files = sorted({hf.origin(n) for n in hf} - {None})
+                raise LanternError(f"checkpoint is missing tensor '{name}'" + (f" (read {', '.join(files)})" if files else ""))
+        loaders[out] = _finite(out, hf.loader(names[0]) if len(names) == 1 else join_rows([hf.loader(n) for n in names]))
+        parts = [hf.shape(n) for n in names]
+        shapes[out] = (sum(p[0] for p in parts), *parts[0][1:])
+
+    take("model.embed_tokens.weight")
+    take("model.norm.weight")
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = take("lm_head.weight")
+        take("lm_head.weight")
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        out[f"{p}.self_attn.qkv_proj.weight"] = np.concatenate(
-            [take(f"{p}.self_attn.{x}_proj.weight") for x in ("q", "k", "v")], axis=0)
+        join(f"{p}.self_attn.qkv_proj.weight", [f"{p}.self_attn.{x}_proj.weight" for x in ("q", "k", "v")])
         if cfg.attention_bias:
-            out[f"{p}.self_attn.qkv_proj.bias"] = np.concatenate(
-                [take(f"{p}.self_attn.{x}_proj.bias") for x in ("q", "k", "v")], axis=0)
+            join(f"{p}.self_attn.qkv_proj.bias", [f"{p}.self_attn.{x}_proj.bias" for x in ("q", "k", "v")])
         if cfg.qk_norm:
-            out[f"{p}.self_attn.q_norm.weight"] = take(f"{p}.self_attn.q_norm.weight")
-            out[f"{p}.self_attn.k_norm.weight"] = take(f"{p}.self_attn.k_norm.weight")
-        out[f"{p}.self_attn.o_proj.weight"] = take(f"{p}.self_attn.o_proj.weight")
-        out[f"{p}.mlp.gate_up_proj.weight"] = np.concatenate(
-            [take(f"{p}.mlp.gate_proj.weight"), take(f"{p}.mlp.up_proj.weight")], axis=0)
-        out[f"{p}.mlp.down_proj.weight"] = take(f"{p}.mlp.down_proj.weight")
-        out[f"{p}.input_layernorm.weight"] = take(f"{p}.input_layernorm.weight")
-        out[f"{p}.post_attention_layernorm.weight"] = take(f"{p}.post_attention_layernorm.weight")
-    for name, w in out.items():
-        if not np.all(np.isfinite(w)):
-            raise LanternError(f"tensor '{name}' holds NaN or infinite values")
+            take(f"{p}.self_attn.q_norm.weight")
+            take(f"{p}.self_attn.k_norm.weight")
+        take(f"{p}.self_attn.o_proj.weight")
+        join(f"{p}.mlp.gate_up_proj.weight", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"])
+        take(f"{p}.mlp.down_proj.weight")
+        take(f"{p}.input_layernorm.weight")
+        take(f"{p}.post_attention_layernorm.weight")
     _check_shapes(hf, cfg)
-    return out
+    return Tensors(loaders, shapes)
 
 
-def _check_shapes(hf: dict[str, np.ndarray], cfg: LlamaConfig) -> None:
+def _finite(name: str, load: Loader) -> Loader:
+    def checked() -> np.ndarray:
+        w = load()
+        if not np.isfinite(w).all():
+            raise LanternError(f"tensor '{name}' holds NaN or infinite values")
+        return w
+    return checked
+
+
+def _check_shapes(hf: Tensors, cfg: LlamaConfig) -> None:
     """Every layer's matrices have the shapes the config implies (a GGUF's metadata or a config.json
     that contradicts its tensors fails here, naming the tensor)."""
     q, kv, h, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, \
@@ -67,8 +84,10 @@ def _check_shapes(hf: dict[str, np.ndarray], cfg: LlamaConfig) -> None:
         checks.append(("lm_head.weight", (cfg.vocab_size, h)))
     checks += [(f"model.layers.{n}.{name}", shape) for n in range(cfg.num_hidden_layers) for name, shape in shapes.items()]
     for name, shape in checks:
-        if tuple(hf[name].shape) != shape:
-            raise LanternError(f"tensor '{name}' has shape {list(hf[name].shape)}, but the config implies {list(shape)}")
+        if tuple(hf.shape(name)) != shape:
+            where = f" in {hf.origin(name)}" if hf.origin(name) else ""
+            raise LanternError(f"tensor '{name}'{where} has shape {list(hf.shape(name))}, but the config implies "
+                               f"{list(shape)}")
 
 
 _GGUF_LAYER = {
@@ -130,18 +149,24 @@ def gguf_tensors(cfg: LlamaConfig, rope_permuted: bool = True) -> list[GGUFTenso
     return out
 
 
-def gguf_unsupported(cfg: LlamaConfig) -> str | None:
+def gguf_unsupported(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> str | None:
     """Why llama.cpp could not run this config from the tensors and keys written here, or None."""
     kind = cfg.rope_scaling.get("rope_type", "default") if cfg.rope_scaling else "default"
-    if kind != "default":
-        return f"its RoPE scaling '{kind}' is not written to GGUF yet"
+    if kind == "llama3" and arch != GGUF_ARCHITECTURE:
+        return f"llama.cpp's {arch} architecture reads no llama3 RoPE factors (rope_freqs)"
+    if kind == "yarn" and not cfg.rope_scaling["truncate"]:
+        return "its YaRN ramp is not truncated (truncate: false), which llama.cpp always does"
+    if kind not in ("default", "linear", "llama3", "yarn"):
+        return f"its RoPE scaling '{kind}' is not written to GGUF for llama.cpp's {arch} architecture"
     return None
 
 
 def gguf_metadata(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> dict[str, int | float]:
-    """llama.cpp's ``<arch>.*`` keys for this config; the inverse of ``hf_config_from_gguf``."""
+    """llama.cpp's ``<arch>.*`` keys for this config; the inverse of ``hf_config_from_gguf``. RoPE
+    scaling as llama.cpp's converter writes it: linear and YaRN as ``rope.scaling.*`` keys, llama3 as
+    factors in the ``rope_freqs`` tensor (``gguf_constants``)."""
     a = arch
-    return {f"{a}.context_length": cfg.context_window_size, f"{a}.embedding_length": cfg.hidden_size,
+    meta = {f"{a}.context_length": cfg.context_window_size, f"{a}.embedding_length": cfg.hidden_size,
             f"{a}.block_count": cfg.num_hidden_layers, f"{a}.feed_forward_length": cfg.intermediate_size,
             f"{a}.attention.head_count": cfg.num_attention_heads,
             f"{a}.attention.head_count_kv": cfg.num_key_value_heads,
@@ -149,32 +174,70 @@ def gguf_metadata(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> dict[str, 
             f"{a}.attention.key_length": cfg.head_dim, f"{a}.attention.value_length": cfg.head_dim,
             f"{a}.rope.freq_base": float(cfg.rope_theta), f"{a}.rope.dimension_count": cfg.head_dim,
             f"{a}.vocab_size": cfg.vocab_size}
+    rope = cfg.rope_scaling
+    if rope.get("rope_type") in ("linear", "yarn"):
+        meta.update({f"{a}.rope.scaling.type": rope["rope_type"], f"{a}.rope.scaling.factor": float(rope["factor"])})
+    if rope.get("rope_type") == "yarn":
+        meta.update({f"{a}.rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+                     f"{a}.rope.scaling.yarn_beta_fast": rope["beta_fast"],
+                     f"{a}.rope.scaling.yarn_beta_slow": rope["beta_slow"]})
+    return meta
 
 
-def hf_names_from_gguf(tensors: dict[str, np.ndarray], hf_config: dict, rope_permuted: bool = True,
-                       arch: str = GGUF_ARCHITECTURE, layer_names: dict[str, str] = _GGUF_LAYER) -> dict[str, np.ndarray]:
+def llama3_rope_factors(cfg: LlamaConfig) -> list[float]:
+    """llama3 RoPE's divisor of each frequency (transformers' ``_compute_llama3_parameters``): 1 for
+    wavelengths under original / high_freq_factor, ``factor`` over original / low_freq_factor, and a
+    smooth blend between; llama.cpp reads them from its ``rope_freqs`` tensor."""
+    rope, d = cfg.rope_scaling, cfg.head_dim
+    if "factors" in rope:  # read from a GGUF's rope_freqs
+        return list(rope["factors"])
+    factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    original = float(rope["original_max_position_embeddings"])
+    out = []
+    for i in range(d // 2):
+        wavelength = 2 * math.pi * cfg.rope_theta ** (2 * i / d)
+        if wavelength < original / high:
+            out.append(1.0)
+        elif wavelength > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def gguf_constants(cfg: LlamaConfig) -> dict[str, np.ndarray]:
+    """llama3 RoPE's factors as llama.cpp's ``rope_freqs`` tensor (F32 [head_dim / 2])."""
+    if cfg.rope_scaling.get("rope_type") != "llama3":
+        return {}
+    return {"rope_freqs.weight": np.array(llama3_rope_factors(cfg), dtype=np.float32)}
+
+
+def hf_names_from_gguf(tensors: Tensors, hf_config: dict, rope_permuted: bool = True,
+                       arch: str = GGUF_ARCHITECTURE, layer_names: dict[str, str] = _GGUF_LAYER) -> Tensors:
     """Rename llama.cpp tensors to Hugging Face names (and undo the q/k permutation where the
-    architecture has one)."""
-    out: dict[str, np.ndarray] = {}
-    for name, w in tensors.items():
+    architecture has one), each still made when asked for."""
+    loaders, shapes = {}, {}
+    for name in tensors:
         parts = name.split(".")
-        if name == "token_embd.weight":
-            out["model.embed_tokens.weight"] = w
-        elif name == "output_norm.weight":
-            out["model.norm.weight"] = w
-        elif name == "output.weight":
-            out["lm_head.weight"] = w
+        load = tensors.loader(name)
+        if name in _GGUF_OUTER:
+            hf_name = _GGUF_OUTER[name]
         elif len(parts) == 4 and parts[0] == "blk" and parts[2] in layer_names and parts[3] in ("weight", "bias"):
-            if rope_permuted and parts[2] == "attn_q":
-                w = _unpermute(w, hf_config["num_attention_heads"])
-            elif rope_permuted and parts[2] == "attn_k":
-                w = _unpermute(w, hf_config["num_key_value_heads"])
-            out[f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"] = w
+            hf_name = f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
+            heads = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}.get(parts[2])
+            if rope_permuted and heads:
+                load = lambda load=load, n=hf_config[heads]: _unpermute(load(), n)  # noqa: E731
         elif name in ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"):
             continue  # RoPE factors (llama3's, longrope's): the family's config_from_metadata reads them
         else:
             raise LanternError(f"GGUF tensor '{name}' is not part of a {arch} model")
-    return out
+        loaders[hf_name], shapes[hf_name] = load, tensors.shape(name)
+    return Tensors(loaders, shapes)
+
+
+_GGUF_OUTER = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+               "output.weight": "lm_head.weight"}
 
 
 def hf_config_from_gguf(meta: dict, tensor_names, arch: str = GGUF_ARCHITECTURE,
@@ -203,11 +266,29 @@ def hf_config_from_gguf(meta: dict, tensor_names, arch: str = GGUF_ARCHITECTURE,
     if f"{a}.vocab_size" in meta:
         cfg["vocab_size"] = int(meta[f"{a}.vocab_size"])
     cfg["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    kind = meta.get(f"{a}.rope.scaling.type", "none")
+    if kind in ("linear", "yarn"):
+        cfg["rope_scaling"] = {"rope_type": kind, "factor": float(meta[f"{a}.rope.scaling.factor"])}
+    if kind == "yarn":
+        if float(meta.get(f"{a}.rope.scaling.attn_factor", 1.0)) != 1.0:
+            raise LanternError(f"GGUF key '{a}.rope.scaling.attn_factor' (a YaRN attention factor other than "
+                               "0.1 ln(factor) + 1) is not supported")
+        cfg["rope_scaling"].update(original_max_position_embeddings=int(meta[f"{a}.rope.scaling.original_context_length"]),
+                                   beta_fast=float(meta.get(f"{a}.rope.scaling.yarn_beta_fast", 32.0)),
+                                   beta_slow=float(meta.get(f"{a}.rope.scaling.yarn_beta_slow", 1.0)))
+    elif kind not in ("none", "linear"):
+        raise LanternError(f"GGUF key '{a}.rope.scaling.type': '{kind}' is not supported (none, linear, yarn)")
+    if "rope_freqs.weight" in tensor_names:  # llama3's factors, as llama.cpp's converter writes them
+        freqs = tensor_names["rope_freqs.weight"]
+        if freqs.tensor_type.name != "F32" or list(freqs.shape) != [cfg["head_dim"] // 2]:
+            raise LanternError(f"GGUF tensor 'rope_freqs.weight' is {freqs.tensor_type.name} {list(freqs.shape)}; "
+                               f"llama3 RoPE needs F32 [{cfg['head_dim'] // 2}]")
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factors": [float(f) for f in np.asarray(freqs.data, np.float32)]}
     return cfg
 
 
 def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool, tensors=None,
-                layer_names: dict[str, str] = _GGUF_LAYER, unsupported=gguf_unsupported) -> GGUFLayout:
+                layer_names: dict[str, str] = _GGUF_LAYER, unsupported=None) -> GGUFLayout:
     """The GGUF side of a Llama-shaped family: llama.cpp's architecture name, whether it permutes
     q/k rows, and the HF architecture a GGUF of it reads back as. A family whose llama.cpp tensors
     are cut differently (Phi-3's fused ones) passes its own ``tensors`` and ``layer_names``, one that
@@ -216,9 +297,10 @@ def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool, tensors=No
         architecture=arch,
         tensors=tensors or (lambda cfg: gguf_tensors(cfg, rope_permuted)),
         metadata=lambda cfg: gguf_metadata(cfg, arch),
-        unsupported=unsupported,
+        unsupported=unsupported or (lambda cfg: gguf_unsupported(cfg, arch)),
         config_from_metadata=lambda meta, names: hf_config_from_gguf(meta, names, arch, hf_architecture),
         names_from_gguf=lambda tensors, cfg: hf_names_from_gguf(tensors, cfg, rope_permuted, arch, layer_names),
         permute=permute_for_gguf,
+        constants=gguf_constants,
     )
 

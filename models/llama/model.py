@@ -20,7 +20,7 @@ from tvm.target import Target
 from lantern.errors import LanternError
 from lantern.quantize import QuantSpec, make_embedding, make_linear
 
-from .rope import longrope_factors, resolve_longrope, rope
+from .rope import model_rotation, resolve_longrope, resolve_yarn, rope
 
 
 # config.json fields that change the architecture in ways no family here implements: refused by name
@@ -85,15 +85,15 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
         raise LanternError(f"config.json field '{key}': unsupported rope_type "
                            f"'{rope_scaling.get('rope_type')}' (supported: default, linear, llama3, yarn, longrope)")
-    if rope_scaling.get("rope_type") == "linear" and float(rope_scaling["factor"]) != int(rope_scaling["factor"]):
-        # TVM's KV cache divides positions by an integer rope_scale
-        raise LanternError(f"linear rope_scaling needs an integer factor, got {rope_scaling['factor']}")
     if cfg.get("hidden_act", "silu") != "silu":
         raise LanternError(f"config.json field 'hidden_act': '{cfg['hidden_act']}' is not supported here (silu)")
     context = cfg.get("max_position_embeddings", 4096)
     if rope_scaling.get("rope_type") == "longrope":
         key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
         rope_scaling = resolve_longrope(cfg, rope_scaling, cfg.get("head_dim") or cfg["hidden_size"] // heads, key)
+    if rope_scaling.get("rope_type") == "yarn":
+        key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+        rope_scaling = resolve_yarn(cfg, rope_scaling, cfg.get("head_dim") or cfg["hidden_size"] // heads, rope_theta, key)
     return dict(
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
@@ -183,22 +183,21 @@ class LlamaAttention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
             self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
-        # longrope (Phi-3.5): rotated here, the KV cache rotates nothing (create_tir_paged_kv_cache); its
-        # short or long factors by the build's context (rope.longrope_factors)
-        self.longrope = (longrope_factors(cfg.rope_scaling, cfg.context_window_size)
-                         if cfg.rope_scaling.get("rope_type") == "longrope" else None)
+        # longrope (Phi-3.5; its short or long factors by the build's context) and YaRN: rotated here, the
+        # KV cache rotates nothing (create_tir_paged_kv_cache; rope.model_rotation)
+        self.rotation = model_rotation(cfg.rope_scaling, cfg.context_window_size, cfg.head_dim)
         self.rope_theta = cfg.rope_theta
         self.cfg = cfg
 
     def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int) -> nn.Tensor:
         b, s, _ = x.shape
         qkv = op.reshape(self.qkv_proj(x), (b, s, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim))
-        if self.qk_norm or self.longrope:  # RoPE runs inside the KV cache, so the norms go before it here
+        if self.qk_norm or self.rotation:  # RoPE runs inside the KV cache, so the norms go before it here
             q, k, v = op.split(qkv, [self.num_q_heads, self.num_q_heads + self.num_kv_heads], axis=2)
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
-            if self.longrope:
-                factors, magnitude = self.longrope
+            if self.rotation:
+                factors, magnitude = self.rotation
                 positions = kv_cache.get_query_positions(b * s)
                 q = rope(q, positions, self.rope_theta, factors=factors, magnitude=magnitude)
                 k = rope(k, positions, self.rope_theta, factors=factors, magnitude=magnitude)
@@ -298,13 +297,8 @@ class LlamaForCausalLM(nn.Module):
         support_sliding_window: tirx.Var,
     ) -> PagedKVCache:
         cfg = self.cfg
-        rope_scaling = dict(cfg.rope_scaling)
-        rope_scale = 1
-        if rope_scaling.get("rope_type") == "linear":
-            rope_scale = int(rope_scaling.pop("factor"))
-            rope_scaling = {}
-        elif rope_scaling.get("rope_type") == "longrope":  # rotated in the model (LlamaAttention)
-            rope_scaling = {}
+        rotated = model_rotation(cfg.rope_scaling, cfg.context_window_size, cfg.head_dim)  # in LlamaAttention
+        rope_scaling = {} if rotated else dict(cfg.rope_scaling)
         return TIRPagedKVCache(
             attn_kind="mha",
             max_batch_size=max_batch_size,
@@ -320,8 +314,8 @@ class LlamaForCausalLM(nn.Module):
             v_head_dim=cfg.head_dim,
             mla_original_qk_head_dim=0,
             mla_original_v_head_dim=0,
-            rope_mode=RopeMode.NONE if self.cfg.rope_scaling.get("rope_type") == "longrope" else self.rope_mode,
-            rope_scale=rope_scale,
+            rope_mode=RopeMode.NONE if rotated else self.rope_mode,
+            rope_scale=1,
             rope_theta=cfg.rope_theta,
             rope_scaling=rope_scaling,
             rope_ext_factors=rx.prim_value(0),

@@ -82,3 +82,62 @@ def longrope_factors(rope_scaling: dict[str, Any], context: int) -> tuple[list[f
     if context > rope_scaling["original_max_position_embeddings"]:
         return list(rope_scaling["long_factor"]), rope_scaling["attention_factor"]
     return list(rope_scaling["short_factor"]), rope_scaling["attention_factor"]
+
+
+def resolve_yarn(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, theta: float, key: str) -> dict[str, Any]:
+    """A config's YaRN, resolved as transformers resolves it (``_compute_yarn_parameters``): each
+    frequency's divisor (``factors``: 1 where the ramp extrapolates, ``factor`` where it interpolates,
+    blended between ``beta_fast`` and ``beta_slow`` rotations over the original length) and the
+    attention factor on cos and sin (0.1 ln(factor) + 1 unless given). Rotated in the model as
+    longrope is: TVM 0.27's YaRN kernel leaves the attention factor out."""
+    original = rope.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
+    factor = rope.get("factor") or (cfg.get("max_position_embeddings", 0) / original if original else None)
+    if not original or not factor or factor < 1:
+        raise LanternError(f"config.json field '{key}': YaRN needs a factor of at least 1 and "
+                           "original_max_position_embeddings")
+    factor = float(factor)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = rope.get("attention_factor")
+    if attention is None:
+        ms, ms_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention = mscale(factor, ms) / mscale(factor, ms_all) if ms and ms_all else mscale(factor)
+    beta_fast, beta_slow = float(rope.get("beta_fast") or 32), float(rope.get("beta_slow") or 1)
+    truncate = bool(rope.get("truncate", True))
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    factors = []
+    for i in range(head_dim // 2):
+        extrapolate = 1.0 - min(max((i - low) / (high - low), 0.0), 1.0)  # 1: the frequency as trained
+        factors.append(1.0 / ((1.0 - extrapolate) / factor + extrapolate))
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": int(original),
+            "beta_fast": beta_fast, "beta_slow": beta_slow, "truncate": truncate,
+            "attention_factor": float(attention), "factors": factors}
+
+
+def model_rotation(rope_scaling: dict[str, Any], context: int, head_dim: int) -> tuple[list[float], float] | None:
+    """(per-frequency divisors, attention factor) of a RoPE the model rotates itself (longrope, YaRN,
+    linear, llama3 given as factors, as read from a GGUF's rope_freqs; its KV cache then rotates
+    nothing), or None for one the KV cache rotates (plain, llama3 from a config.json). Linear is
+    rotated here because TVM 0.27's KV cache multiplies positions by its integer ``rope_scale``
+    where linear scaling divides them by the factor."""
+    kind = rope_scaling.get("rope_type")
+    if kind == "linear":
+        return [float(rope_scaling["factor"])] * (head_dim // 2), 1.0
+    if kind == "llama3" and "factors" in rope_scaling:
+        return list(rope_scaling["factors"]), 1.0
+    if kind == "longrope":
+        return longrope_factors(rope_scaling, context)
+    if kind == "yarn":
+        return list(rope_scaling["factors"]), rope_scaling["attention_factor"]
+    return None

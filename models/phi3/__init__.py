@@ -17,7 +17,7 @@ both sets as llama.cpp's converter writes them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from lantern.models.llama.loader import gguf_layout, gguf_outer_tensors
 from lantern.models.llama.loader import gguf_metadata as llama_gguf_metadata
 from lantern.models.llama.model import LlamaConfig, decoder_fields
 from lantern.models.llama.rope import resolve_longrope
+from lantern.tensors import Tensors
 
 
 class Phi3Config(LlamaConfig):
@@ -43,28 +44,30 @@ class Phi3Config(LlamaConfig):
         return cls(**fields)
 
 
-def to_lantern(hf: dict[str, np.ndarray], cfg: Phi3Config) -> dict[str, np.ndarray]:
+def to_lantern(hf: Mapping[str, np.ndarray], cfg: Phi3Config) -> Tensors:
     """Phi-3's fused checkpoint split into the Llama names, then the Llama loader (which fuses them
     back in the model's order: q, k, v and gate, up) with its shape and finiteness checks."""
+    hf = Tensors.of(hf)
     q, kv, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-    split = dict(hf)
+    loaders, shapes, fused_names = {}, {}, []
     for n in range(cfg.num_hidden_layers):
         p = f"model.layers.{n}"
-        for fused in (f"{p}.self_attn.qkv_proj.weight", f"{p}.mlp.gate_up_proj.weight"):
-            if fused not in split:
+        for fused, parts in ((f"{p}.self_attn.qkv_proj.weight", {"self_attn.q_proj": q, "self_attn.k_proj": kv,
+                                                                "self_attn.v_proj": kv}),
+                             (f"{p}.mlp.gate_up_proj.weight", {"mlp.gate_proj": i, "mlp.up_proj": i})):
+            if fused not in hf:
                 raise LanternError(f"checkpoint is missing tensor '{fused}'")
-        qkv = split.pop(f"{p}.self_attn.qkv_proj.weight")
-        if qkv.shape[0] != q + 2 * kv:
-            raise LanternError(f"tensor '{p}.self_attn.qkv_proj.weight' has {qkv.shape[0]} rows, but the config "
-                               f"implies {q + 2 * kv}")
-        for name, part in zip("qkv", np.split(qkv, [q, q + kv])):
-            split[f"{p}.self_attn.{name}_proj.weight"] = part
-        gate_up = split.pop(f"{p}.mlp.gate_up_proj.weight")
-        if gate_up.shape[0] != 2 * i:
-            raise LanternError(f"tensor '{p}.mlp.gate_up_proj.weight' has {gate_up.shape[0]} rows, but the config "
-                               f"implies {2 * i}")
-        split[f"{p}.mlp.gate_proj.weight"], split[f"{p}.mlp.up_proj.weight"] = gate_up[:i], gate_up[i:]
-    return llama_to_lantern(split, cfg)
+            rows, *rest = hf.shape(fused)
+            if rows != sum(parts.values()):
+                raise LanternError(f"tensor '{fused}' has {rows} rows, but the config implies {sum(parts.values())}")
+            first = 0
+            for part, count in parts.items():
+                name = f"{p}.{part}.weight"
+                loaders[name] = lambda load=hf.loader(fused), a=first, b=first + count: load()[a:b]
+                shapes[name] = (count, *rest)
+                first += count
+            fused_names.append(fused)
+    return llama_to_lantern(hf.replaced(loaders, shapes, drop=tuple(fused_names)), cfg)
 
 
 def gguf_tensors(cfg: Phi3Config) -> list[GGUFTensor]:

