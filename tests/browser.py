@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import json
 import shutil
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
@@ -167,6 +168,27 @@ def lantern_server(model_dirs, site: Path | None = None, customize=None,
 
     with serve_in_thread(app) as base:
         yield base, seen
+
+
+def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict]) -> Callable[[object], None]:
+    """A ``customize`` for lantern_server: ``/<alias>/lantern.json`` is ``folder``'s manifest after
+    ``edit`` (a model the server itself does not load, e.g. one that claims sizes no browser fits),
+    and every other ``/<alias>/`` file is the served ``folder``'s own."""
+    from starlette.responses import JSONResponse
+
+    manifest = edit(json.loads((folder / "lantern.json").read_text()))
+
+    def customize(app) -> None:
+        @app.middleware("http")
+        async def aliased(request, call_next):
+            path = request.url.path
+            if path == f"/{alias}/lantern.json":
+                return JSONResponse(manifest)
+            if path.startswith(f"/{alias}/"):
+                request.scope["path"] = f"/models/{folder.name}/{path[len(alias) + 2:]}"
+            return await call_next(request)
+
+    return customize
 
 
 def wait_until_ready(base: str) -> None:

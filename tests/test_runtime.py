@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from browser import launch, lantern_server, wait_until_ready
+from browser import launch, lantern_server, manifest_alias, wait_until_ready
 from test_smollm2 import PROMPTS, eos_id
 
 from lantern.runtime.artifact import Artifact
@@ -331,6 +331,23 @@ def test_corrupted_cache_entry_is_fetched_again_and_a_cut_download_resumes(artif
         [reply] = chat(page, {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0})
         assert reply["usage"]["completion_tokens"] >= 1
         context.close()
+
+
+def test_a_model_the_browser_cannot_store_is_refused_before_its_download(tiny_q4, browser):
+    def vast(manifest: dict) -> dict:  # the same model, claiming 16 TiB a shard: more than any quota
+        for name, info in manifest["files"].items():
+            if name.startswith("params_shard_"):
+                info["size"] = 2**44
+        return manifest
+
+    with lantern_server([tiny_q4.path], customize=manifest_alias("vast", tiny_q4.path, vast)) as (base, seen):
+        context = browser.new_context()
+        page = open_page(context, base)
+        err = page.evaluate("() => errorOf(() => load('/vast/'))")
+        context.close()
+    assert err["name"] == "QuotaError", err
+    assert "navigator.storage.estimate()" in err["message"] and "need 16" in err["message"], err
+    assert [p for p, _ in seen if p.startswith("/vast/params_shard_")] == []  # nothing downloaded
 
 
 def test_no_webgpu_is_a_typed_error(smollm2, playwright):

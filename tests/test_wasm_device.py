@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from browser import launch, lantern_server
+from browser import launch, lantern_server, manifest_alias, wait_until_ready
 from structured_cases import ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, request
 from test_runtime import cpu_greedy, open_page
 from test_smollm2 import PROMPTS
@@ -213,3 +213,32 @@ def test_device_choice_and_bad_artifacts(session, smollm2_q4, tmp_path, playwrig
         assert logs["device"].startswith("CPU (wasm")
     finally:
         browser.close()
+
+
+def test_a_model_too_large_for_wasm_memory_is_refused_before_download_and_routed_to_the_cloud(smollm2_q4, playwright):
+    name = smollm2_q4.path.name
+    part = smollm2_q4.manifest["gguf"]["files"][0]
+
+    def huge(manifest: dict) -> dict:  # the same model, with a 5 GiB GGUF: over wasm's 4 GiB
+        manifest["files"][part]["size"] = 5 * 2**30
+        return manifest
+
+    with lantern_server([smollm2_q4.path], customize=manifest_alias("huge", smollm2_q4.path, huge)) as (base, seen):
+        wait_until_ready(base)
+        browser = launch(playwright, webgpu=False)
+        try:
+            page = open_page(browser, base)
+            err = page.evaluate("() => errorOf(() => lantern.createEngine({ model: '/huge/', device: 'wasm' }))")
+            out = page.evaluate("([o, r]) => routerChat(o, r)", [
+                {"local": {"model": "/huge/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+                {"messages": PARIS, "max_tokens": 8, "temperature": 0}])
+        finally:
+            browser.close()
+    assert err["name"] == "OutOfMemoryError", err
+    assert "GGUF 5.0" in err["message"] and "at most 4.00 GiB" in err["message"], err
+    assert [p for p, _ in seen if p.startswith("/huge/") and p.endswith(".gguf")] == []  # nothing downloaded
+    [event] = out["events"]
+    assert event["route"] == "cloud" and event["reason"].startswith("load-failed:OutOfMemoryError"), event
+    assert "at most 4.00 GiB" in event["reason"]
+    reply = out["reply"]
+    assert reply["lantern_route"] == "cloud" and reply["choices"][0]["message"]["content"]

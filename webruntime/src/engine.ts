@@ -136,7 +136,7 @@ export class Engine {
     const device = await openDevice(options.device ?? "auto", {
       webgpu: async (gpu) => WebGpuDevice.open({ modelUrl, manifest, gpu, store, options, codec: await codecReady,
         chatConfig, stopTokenIds: stops, tokenizerJson: small.get("tokenizer.json")!, report }),
-      wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report),
+      wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report, chatConfig.model_config ?? {}),
     }, Boolean(manifest.gguf?.files.length));
     return new Engine(device, await codecReady, manifest, stops);
   }

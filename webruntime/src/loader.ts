@@ -4,7 +4,7 @@
 import { ArtifactError, IntegrityError, NetworkError } from "./errors";
 import type { LoadProgress } from "./protocol";
 import type { GenerationDefaults } from "./sampler";
-import type { FileStore } from "./storage";
+import { checkRoom, type FileStore } from "./storage";
 
 export interface ManifestFile { sha256: string; size: number }
 
@@ -135,6 +135,7 @@ export async function fetchFiles(modelUrl: string, manifest: Manifest, names: st
   for (const name of names) {
     if (!manifest.files[name]) throw new ArtifactError(`lantern.json lists no file ${name}`);
   }
+  await checkRoom(opts.store, names.map((n) => ({ url: new URL(n, modelUrl).href, size: manifest.files[n].size })));
   const total = names.reduce((s, n) => s + manifest.files[n].size, 0);
   let done = 0;
   const report = (phase: LoadProgress["phase"], file: string, fromCache: boolean) =>

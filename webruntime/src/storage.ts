@@ -4,6 +4,7 @@ import type { CacheBackend } from "./protocol";
 import { QuotaError } from "./errors";
 
 export interface FileStore {
+  readonly keeps: boolean;  // whether put() stores anything (false for cache: "none")
   get(url: string): Promise<ArrayBuffer | undefined>;
   put(url: string, data: ArrayBuffer): Promise<void>;
   delete(url: string): Promise<void>;
@@ -22,6 +23,7 @@ function quotaGuard(err: unknown, url: string): never {
 }
 
 class CacheApiStore implements FileStore {
+  readonly keeps = true;
   private cache = caches.open(CACHE_NAME);
 
   async get(url: string) {
@@ -47,6 +49,7 @@ class CacheApiStore implements FileStore {
 }
 
 class IndexedDbStore implements FileStore {
+  readonly keeps = true;
   private db = new Promise<IDBDatabase>((resolve, reject) => {
     const req = indexedDB.open(DB_NAME, 1);
     req.onupgradeneeded = () => req.result.createObjectStore(DB_STORE);
@@ -86,10 +89,33 @@ class IndexedDbStore implements FileStore {
 }
 
 class NoStore implements FileStore {
+  readonly keeps = false;
   async get() { return undefined; }
   async put() {}
   async delete() {}
   async keys() { return []; }
+}
+
+const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
+
+/**
+ * Throw QuotaError before a download when the files not in ``store`` yet are larger than the room
+ * the browser gives this site (navigator.storage.estimate()), so a model that cannot be cached is
+ * refused before its first byte, not when the cache fills up. Where the browser says nothing, or
+ * nothing is kept (cache: "none"), nothing is checked.
+ */
+export async function checkRoom(store: FileStore, files: { url: string; size: number }[]): Promise<void> {
+  if (!store.keeps) return;
+  const estimate = await globalThis.navigator?.storage?.estimate?.().catch(() => undefined);
+  if (!estimate?.quota) return;
+  const have = new Set(await store.keys());
+  const need = files.reduce((sum, f) => sum + (have.has(f.url) ? 0 : f.size), 0);
+  const free = estimate.quota - (estimate.usage ?? 0);
+  if (need > free) {
+    throw new QuotaError(`the model's files need ${gib(need)} of browser storage and this site has ${gib(free)} ` +
+      `left (navigator.storage.estimate(): quota ${gib(estimate.quota)}, used ${gib(estimate.usage ?? 0)}); ` +
+      'free some, or load with cache: "none" to download on every visit');
+  }
 }
 
 export function openStore(backend: CacheBackend = "cache-api"): FileStore {

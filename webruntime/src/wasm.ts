@@ -9,7 +9,7 @@
 // both devices accept the same requests and produce the same language. Differences: see README.
 import { Wllama } from "@wllama/wllama";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
-import { ArtifactError, EngineNotLoadedError, LanternError } from "./errors";
+import { ArtifactError, EngineNotLoadedError, LanternError, OutOfMemoryError } from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
 import { fetchFiles, type Manifest } from "./loader";
 import type { EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
@@ -18,6 +18,36 @@ import { printGrammar, type GrammarSpec } from "./structured";
 
 /** The wasm device's default context window (EngineOptions.contextWindow changes it). */
 export const WASM_CONTEXT = 4096;
+
+// wllama asks for a WebAssembly.Memory of at most 4 GiB (less where the browser refuses), and
+// llama.cpp holds everything there: the GGUF's bytes, its KV cache and its compute buffers.
+export const WASM_MEMORY_BYTES = 4 * 2 ** 30;
+// An allowance for llama.cpp's compute buffers and wllama's own heap, beside weights and cache.
+const WASM_WORKSPACE_BYTES = 256 * 2 ** 20;
+
+/** The model's shape as mlc-chat-config.json's model_config states it (what the KV cache needs). */
+export interface KvShape { num_hidden_layers?: number; num_key_value_heads?: number; head_dim?: number }
+
+/** What llama.cpp in wasm needs for ``manifest``'s GGUF at ``contextWindow`` tokens, by part. */
+export function wasmMemoryNeed(manifest: Manifest, model: KvShape, contextWindow: number):
+  { weights: number; kvCache: number; workspace: number; total: number } {
+  const weights = (manifest.gguf?.files ?? []).reduce((sum, f) => sum + (manifest.files[f]?.size ?? 0), 0);
+  // llama.cpp's default cache: K and V in float16, every layer, the whole window (an upper bound for
+  // sliding-window layers, which llama.cpp keeps shorter)
+  const kvCache = 2 * (model.num_hidden_layers ?? 0) * (model.num_key_value_heads ?? 0) * (model.head_dim ?? 0) *
+    2 * contextWindow;
+  return { weights, kvCache, workspace: WASM_WORKSPACE_BYTES, total: weights + kvCache + WASM_WORKSPACE_BYTES };
+}
+
+/** Throw OutOfMemoryError, before anything is downloaded, when the GGUF cannot fit in wasm memory. */
+export function checkWasmFits(manifest: Manifest, model: KvShape, contextWindow: number): void {
+  const need = wasmMemoryNeed(manifest, model, contextWindow);
+  if (need.total <= WASM_MEMORY_BYTES) return;
+  const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
+  throw new OutOfMemoryError(`the wasm device needs about ${gib(need.total)} (GGUF ${gib(need.weights)}, KV cache of ` +
+    `${contextWindow} tokens ${gib(need.kvCache)}, workspace ${gib(need.workspace)}) and llama.cpp in wasm has at most ` +
+    `${gib(WASM_MEMORY_BYTES)}; a smaller contextWindow, a smaller model, or the webgpu device`);
+}
 
 // llama.cpp's sampler chain in Lantern's order (sampler.ts): penalties, top_k, temperature, top_p.
 const SAMPLERS = ["penalties", "top_k", "temperature", "top_p"];
@@ -56,7 +86,7 @@ export class WasmDevice implements Device {
 
   /** Download the GGUF parts (verified against lantern.json, cached) and load them into llama.cpp. */
   static async open(modelUrl: string, manifest: Manifest, store: FileStore, options: EngineOptions,
-                    report: (p: LoadProgress) => void): Promise<WasmDevice> {
+                    report: (p: LoadProgress) => void, model: KvShape = {}): Promise<WasmDevice> {
     const parts = manifest.gguf?.files ?? [];
     if (!parts.length) {
       throw new ArtifactError("this artifact has no GGUF for the wasm device: rebuild it with the gguf target " +
@@ -65,6 +95,11 @@ export class WasmDevice implements Device {
     const threads = wasmThreads(options.threads);
     const library = parts.length === 1 ? parts[0] : `${parts[0]} (+${parts.length - 1} parts)`;
     const tell = (p: LoadProgress) => report({ ...p, library, device: wasmLabel(threads) });
+    // llama.cpp allocates the whole KV cache up front (memory and load time grow with it), and a CPU
+    // prefills ~20 tokens/s: the default window is at most WASM_CONTEXT tokens
+    const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT,
+      manifest.gguf?.context_window ?? manifest.model.context_window);
+    checkWasmFits(manifest, model, contextWindow);
     const files = await fetchFiles(modelUrl, manifest, parts, {
       store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
       onProgress: (p) => tell({ ...p, progress: 0.9 * p.progress }),
@@ -73,10 +108,6 @@ export class WasmDevice implements Device {
     tell({ phase: "wasm-load", loadedBytes: 0, totalBytes: total, progress: 0.9 });
     const wasmUrl = new URL("./wllama.wasm", import.meta.url).href;
     const wllama = new Wllama({ default: wasmUrl }, { suppressNativeLog: true, logger: QUIET });
-    // llama.cpp allocates the whole KV cache up front (memory and load time grow with it), and a CPU
-    // prefills ~20 tokens/s: the default window is at most WASM_CONTEXT tokens
-    const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT,
-      manifest.gguf?.context_window ?? manifest.model.context_window);
     try {
       // n_gpu_layers 0: llama.cpp's CPU kernels (wllama would otherwise offload to WebGPU)
       await wllama.loadModel(parts.map((f) => new Blob([files.get(f)!])),
