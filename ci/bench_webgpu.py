@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser import CHROMIUM, CHROMIUM_ARGS, WLLAMA, chromium, lantern_server, serve, webllm_chat  # noqa: E402
+from browser import (CHROMIUM, CHROMIUM_ARGS, WLLAMA, chromium, lantern_server, serve, token_matrices,  # noqa: E402
+                     webllm_chat)
 
 from lantern.runtime.artifact import Artifact  # noqa: E402
 
@@ -91,22 +92,6 @@ def wllama_run(gguf: Path, messages: list[dict], max_tokens: int, threads: int) 
 
 
 # ---- roofline and profile ----------------------------------------------------------------------------
-
-def token_matrices(art: Artifact) -> list[list[int]]:
-    """[n, k, count] of every q4 matrix one decoded token reads (the head through a tied embedding)."""
-    index = json.loads((art.path / "tensor-cache.json").read_text())
-    shapes: dict[tuple[int, int], int] = {}
-    config = json.loads((art.path / "mlc-chat-config.json").read_text())["model_config"]
-    for shard in index["records"]:
-        for rec in shard["records"]:
-            if not rec["name"].endswith("q_weight"):
-                continue
-            if "embed_tokens" in rec["name"] and not config["tie_word_embeddings"]:
-                continue  # an untied embedding is only looked up, never multiplied
-            n, k = rec["shape"][0], rec["shape"][1] * 8
-            shapes[(n, k)] = shapes.get((n, k), 0) + 1
-    return [[n, k, count] for (n, k), count in shapes.items()]
-
 
 def roofline(art: Artifact, prompt_tokens: int) -> dict:
     matrices = token_matrices(art)

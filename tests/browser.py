@@ -191,6 +191,22 @@ def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict]) -> Ca
     return customize
 
 
+def token_matrices(art: Artifact) -> list[list[int]]:
+    """[n, k, count] of every q4 matrix one decoded token reads (the head through a tied embedding)."""
+    index = json.loads((art.path / "tensor-cache.json").read_text())
+    shapes: dict[tuple[int, int], int] = {}
+    config = json.loads((art.path / "mlc-chat-config.json").read_text())["model_config"]
+    for shard in index["records"]:
+        for rec in shard["records"]:
+            if not rec["name"].endswith("q_weight"):
+                continue
+            if "embed_tokens" in rec["name"] and not config["tie_word_embeddings"]:
+                continue  # an untied embedding is only looked up, never multiplied
+            n, k = rec["shape"][0], rec["shape"][1] * 8
+            shapes[(n, k)] = shapes.get((n, k), 0) + 1
+    return [[n, k, count] for (n, k), count in shapes.items()]
+
+
 def wait_until_ready(base: str) -> None:
     """Poll ``lantern serve``'s /health until its CPU models have loaded."""
     import json
