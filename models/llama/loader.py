@@ -37,7 +37,7 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: LlamaConfig) -> Tensors:
             if name not in hf:
                 files = sorted({hf.origin(n) for n in hf} - {None})
                 raise LanternError(f"checkpoint is missing tensor '{name}'" + (f" (read {', '.join(files)})" if files else ""))
-        loaders[out] = _finite(out, hf.loader(names[0]) if len(names) == 1 else join_rows([hf.loader(n) for n in names]))
+        loaders[out] = finite(out, hf.loader(names[0]) if len(names) == 1 else join_rows([hf.loader(n) for n in names]))
         parts = [hf.shape(n) for n in names]
         shapes[out] = (sum(p[0] for p in parts), *parts[0][1:])
 
@@ -62,7 +62,8 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: LlamaConfig) -> Tensors:
     return Tensors(loaders, shapes)
 
 
-def _finite(name: str, load: Loader) -> Loader:
+def finite(name: str, load: Loader) -> Loader:
+    """``load`` that refuses an array holding NaN or infinite values, naming the tensor."""
     def checked() -> np.ndarray:
         w = load()
         if not np.isfinite(w).all():

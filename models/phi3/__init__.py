@@ -25,7 +25,7 @@ from lantern.errors import LanternError
 from lantern.models.family import Family, GGUFTensor
 from lantern.models.llama import LlamaForCausalLM, calibration_forward
 from lantern.models.llama import to_lantern as llama_to_lantern
-from lantern.models.llama.loader import gguf_layout, gguf_outer_tensors
+from lantern.models.llama.loader import finite, gguf_layout, gguf_outer_tensors
 from lantern.models.llama.loader import gguf_metadata as llama_gguf_metadata
 from lantern.models.llama.model import LlamaConfig, decoder_fields
 from lantern.models.llama.rope import resolve_longrope
@@ -45,8 +45,9 @@ class Phi3Config(LlamaConfig):
 
 
 def to_lantern(hf: Mapping[str, np.ndarray], cfg: Phi3Config) -> Tensors:
-    """Phi-3's fused checkpoint split into the Llama names, then the Llama loader (which fuses them
-    back in the model's order: q, k, v and gate, up) with its shape and finiteness checks."""
+    """Phi-3's fused checkpoint split into the Llama names for the Llama loader's name and shape
+    checks; the fused parameters it makes (q, k, v and gate, up, the checkpoint's order) are then read
+    straight from the fused tensors, with its finiteness check."""
     hf = Tensors.of(hf)
     q, kv, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
     loaders, shapes, fused_names = {}, {}, []
@@ -67,7 +68,10 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: Phi3Config) -> Tensors:
                 shapes[name] = (count, *rest)
                 first += count
             fused_names.append(fused)
-    return llama_to_lantern(hf.replaced(loaders, shapes, drop=tuple(fused_names)), cfg)
+    out = llama_to_lantern(hf.replaced(loaders, shapes, drop=tuple(fused_names)), cfg)
+    # the Llama loader fuses the parts back in the checkpoint's own order: read each fused tensor once,
+    # not once per part
+    return out.replaced({name: finite(name, hf.loader(name)) for name in fused_names})
 
 
 def gguf_tensors(cfg: Phi3Config) -> list[GGUFTensor]:
