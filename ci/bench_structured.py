@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from browser import chromium, lantern_server  # noqa: E402
 
-from lantern.server.engine import ModelEngine  # noqa: E402
+from lantern.server.engine import ModelEngine, Stop  # noqa: E402
 from lantern.server.protocol import ChatCompletionRequest  # noqa: E402
 from lantern.server.structured import response_format_spec  # noqa: E402
 
@@ -65,7 +64,7 @@ def cpu(path: Path, max_tokens: int, reps: int) -> dict:
         speeds = []
         for _ in range(reps):
             steps = []
-            engine.generate(prompt, ChatCompletionRequest(**request(fmt, max_tokens)), threading.Event(),
+            engine.generate(prompt, ChatCompletionRequest(**request(fmt, max_tokens)), Stop(),
                             steps.append, grammar=grammar)
             speeds.append(steps[-1].usage.decode_tokens_per_s)
             out["tokens_" + label] = steps[-1].usage.completion_tokens

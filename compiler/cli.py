@@ -186,14 +186,16 @@ def cmd_build(args) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
-    import uvicorn
-
     from .server.app import Limits, ServerConfig, create_app
+    from .server.background import serve_until_signal
 
     if args.parallel < 1:
         raise LanternError(f"--parallel must be at least 1 (got {args.parallel})")
     if args.threads is not None and args.threads < 1:
         raise LanternError(f"--threads must be at least 1 (got {args.threads})")
+    for flag, value in (("--request-timeout", args.request_timeout), ("--shutdown-timeout", args.shutdown_timeout)):
+        if not value >= 0 or value == float("inf"):
+            raise LanternError(f"{flag} must be a number of seconds, 0 or more (got {value})")
     api_key = args.api_key or os.environ.get("LANTERN_API_KEY")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         raise LanternError(f"binding to {args.host} exposes the API beyond this machine: "
@@ -201,14 +203,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig(
         [Path(d) for d in args.dirs], Path(args.site) if args.site else None, api_key=api_key,
         cors_origins=[o.strip() for o in (args.cors or "").split(",") if o.strip()],
-        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue), engine=args.engine,
+        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue,
+                      request_timeout_s=args.request_timeout or None), engine=args.engine,
         parallel=args.parallel, threads=args.threads,
         log=lambda line: print(f"lantern serve: {line}", file=sys.stderr, flush=True))
     app = create_app(config)
     names = ", ".join(f"/models/{Path(d).resolve().name}/" for d in args.dirs)
     print(f"lantern: serving {names}, the runtime, the site and the OpenAI API (/v1) on "
           f"http://{args.host}:{args.port}/", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    serve_until_signal(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
     return 0
 
 
@@ -356,6 +359,13 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("--parallel", type=int, default=8,
                    help="llamacpp engine: sequences decoded together per model (default 8)")
     s.add_argument("--threads", type=int, help="llamacpp engine: CPU threads (default: all cores)")
+    s.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="a request's deadline unless it sends its own `timeout` field, its wait in the queue "
+                        "included: past it the request ends with HTTP 504, or in a stream with finish_reason "
+                        "\"timeout\" and an error event (default 600; 0: none)")
+    s.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM or Ctrl-C, stop taking requests and give the running ones this long to "
+                        "finish before they are cancelled; requests whose clients left stop at once (default 10)")
     s.set_defaults(func=cmd_serve)
 
     v = sub.add_parser(

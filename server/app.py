@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import functools
 import json
+import math
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +19,12 @@ from typing import Callable
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import request_rules
 from . import reasoning
-from .engine import InvalidRequest, ModelEngine, Step, new_id
+from .engine import InvalidRequest, ModelEngine, Step, Stop, new_id
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                        ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
@@ -36,6 +38,8 @@ class Limits:
     max_body_bytes: int = 1 << 20
     max_tokens: int = 4096
     max_queue: int = 16  # requests waiting per model before 429
+    request_timeout_s: float | None = None  # a request's deadline unless it sends `timeout` (None: none)
+    body_timeout_s: float = 30.0  # a /v1/ request's body must arrive whole within this (else 408)
 
 
 @dataclass
@@ -54,12 +58,17 @@ class ServerConfig:
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         self.status, self.body = status, ErrorBody(message=message, type=type_, param=param, code=code)
+        self.headers = headers
 
 
-def _error(status: int, body: ErrorBody) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=body).model_dump(), status_code=status)
+def _error(status: int, body: ErrorBody, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=body).model_dump(), status_code=status, headers=headers)
+
+
+# nginx's "client closed request": the status counted for a request whose client left before its answer
+CLIENT_GONE = 499
 
 
 class ModelSlot:
@@ -71,6 +80,7 @@ class ModelSlot:
         self.engine: ModelEngine | None = None
         self.load_error: str | None = None
         self.waiting = 0
+        self.finished: deque[float] = deque(maxlen=256)  # when recent requests ended (Retry-After)
         self.ready = threading.Event()
         # one thread per admitted request: the llamacpp engine decodes them together
         self.executor = ThreadPoolExecutor(max_workers=config.limits.max_queue, thread_name_prefix=f"gen-{name}")
@@ -99,6 +109,12 @@ class Server:
         self.slots = ({name: ModelSlot(name, path, config) for name, path in self.folders.items()}
                       if config.api else {})
         self.metrics = Metrics()
+        self.active: set[Stop] = set()  # the Stop of every admitted request not yet answered
+        self.draining = False  # set on SIGTERM: no new requests; lifespan's end stops what still runs
+        self.in_flight = 0  # /v1/ requests inside ApiGuard
+
+    def drain(self) -> None:
+        self.draining = True
 
     def slot_for(self, req: SamplingFields) -> ModelSlot:
         slots = self.slots
@@ -115,30 +131,54 @@ class Server:
             raise ApiError(503, f"model {name} failed to load: {slot.load_error}", type_="server_error")
         if (req.token_limit() or 0) > self.limits.max_tokens:
             raise ApiError(400, f"max_tokens is limited to {self.limits.max_tokens}", param="max_tokens")
+        self.check_room(slot)  # before the template, tokenizer and grammar work: a full queue costs nothing
         return slot
 
-    def admit(self, slot: ModelSlot) -> None:
-        """Take a place in the model's queue, or 429 (before any response byte is sent)."""
+    def check_room(self, slot: ModelSlot) -> None:
+        """503 while shutting down; 429 with a Retry-After when the model's queue is full."""
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", type_="server_error", code="shutting_down")
         if slot.waiting >= self.limits.max_queue:
-            raise ApiError(429, f"{slot.waiting} requests are already waiting for {slot.name}; retry later",
-                           type_="rate_limit_error", code="queue_full")
+            wait = self.retry_after(slot)
+            raise ApiError(429, f"{slot.waiting} requests are already waiting for {slot.name}; retry in {wait} s",
+                           type_="rate_limit_error", code="queue_full", headers={"Retry-After": str(wait)})
+
+    def admit(self, slot: ModelSlot) -> None:
+        """Take a place in the model's queue (checked again: others may have taken the last one)."""
+        self.check_room(slot)
         slot.waiting += 1
 
-    async def run(self, slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step,
-                  cancelled: threading.Event, **constraint):
-        """Generate on a worker thread for an admitted request."""
+    @staticmethod
+    def retry_after(slot: ModelSlot) -> int:
+        """Seconds until a place in a full queue is likely to free: one request's share of the last
+        minute's throughput (5 before two requests have finished), from 1 to 60."""
+        now = time.monotonic()
+        recent = [t for t in slot.finished if now - t <= 60]
+        if len(recent) < 2:
+            return 5
+        per_second = len(recent) / max(now - recent[0], 1.0)
+        return max(1, min(60, math.ceil(1 / per_second)))
+
+    async def run(self, slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, stop: Stop,
+                  **constraint):
+        """Generate on a worker thread for an admitted request. A task cancelled meanwhile (the
+        graceful shutdown's time is up) stops its generation at the next step."""
         def step(s: Step) -> None:
-            if s.usage is not None:  # the terminal step, also for a client that has gone away
-                self.metrics.observe(s.usage, s.finish)
+            if s.finish is not None:  # the terminal step, also for a client that has gone away
+                self.metrics.observe(s)
             on_step(s)
 
         try:
             await asyncio.get_running_loop().run_in_executor(
-                slot.executor, functools.partial(slot.engine.generate, prompt, req, cancelled, step, **constraint))
+                slot.executor, functools.partial(slot.engine.generate, prompt, req, stop, step, **constraint))
         except InvalidRequest as err:
             raise ApiError(400, str(err)) from None
+        except asyncio.CancelledError:
+            stop.cancel("shutdown")
+            raise
         finally:
             slot.waiting -= 1
+            slot.finished.append(time.monotonic())
 
     @staticmethod
     def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields) -> list[int]:
@@ -148,17 +188,25 @@ class Server:
             raise ApiError(400, str(err)) from None
         return slot.engine.encode(prompt_text)
 
-    async def respond(self, req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk, make_final,
-                      **constraint):
-        """Non-streaming: one JSON body. Streaming: SSE chunks and `data: [DONE]`."""
-        cancelled = threading.Event()
+    async def respond(self, request: Request, req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk,
+                      make_final, **constraint):
+        """Non-streaming: one JSON body. Streaming: SSE chunks and `data: [DONE]`. Either way the
+        generation stops at the next step once the client disconnects or the deadline passes."""
+        stop = Stop(req.timeout or self.limits.request_timeout_s)
         self.admit(slot)
+        self.active.add(stop)
         if not req.stream:
             steps: list[Step] = []
+            watcher = asyncio.create_task(_watch_disconnect(request, stop))
             try:
-                await self.run(slot, prompt, req, steps.append, cancelled, **constraint)
+                await self.run(slot, prompt, req, steps.append, stop, **constraint)
             finally:
-                cancelled.set()
+                watcher.cancel()
+                self.active.discard(stop)
+            if steps[-1].stopped == "client_gone":
+                return Response(status_code=CLIENT_GONE)  # nobody reads it; counted in /metrics
+            if steps[-1].finish == "timeout":
+                raise _timed_out(stop, steps[-1])
             return make_final(steps)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -166,7 +214,7 @@ class Server:
         async def produce():
             try:
                 await self.run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s),
-                               cancelled, **constraint)
+                               stop, **constraint)
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except ApiError as err:
                 queue.put_nowait(err)
@@ -176,64 +224,192 @@ class Server:
         producer = asyncio.create_task(produce())
         include_usage = req.stream_options.include_usage
 
-        async def events():
-            first = True
-            try:
-                while True:
-                    item = await queue.get()
-                    if item is None:
-                        break
-                    if isinstance(item, ApiError):
-                        yield f"data: {json.dumps(ErrorResponse(error=item.body).model_dump())}\n\n"
-                        break
-                    chunk = make_chunk(item, first)
-                    first = False
-                    if item.usage is not None and not include_usage:
-                        chunk.usage = None
-                    body = chunk.model_dump()
-                    for choice in body["choices"]:  # OpenAI sends `role` only in the first delta
-                        delta = choice.get("delta", {})
-                        for key in ("role", "reasoning_content"):
-                            if key in delta and delta[key] is None:
-                                del delta[key]
-                    yield f"data: {json.dumps(body)}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:
-                cancelled.set()  # a client that went away stops its generation at the next step
+        complete = False
 
-        response = StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        async def events():
+            nonlocal complete
+            first = True
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                if isinstance(item, ApiError):
+                    yield f"data: {json.dumps(ErrorResponse(error=item.body).model_dump())}\n\n"
+                    break
+                if item.finish == "timeout":  # the text so far and finish_reason "timeout", then the error
+                    queue.put_nowait(_timed_out(stop, item))
+                chunk = make_chunk(item, first)
+                first = False
+                if item.usage is not None and not include_usage:
+                    chunk.usage = None
+                body = chunk.model_dump()
+                for choice in body["choices"]:  # OpenAI sends `role` only in the first delta
+                    delta = choice.get("delta", {})
+                    for key in ("role", "reasoning_content"):
+                        if key in delta and delta[key] is None:
+                            del delta[key]
+                yield f"data: {json.dumps(body)}\n\n"
+            yield "data: [DONE]\n\n"
+            complete = True
+
+        def closed() -> bool:
+            """Stop the generation (a client that went away: at the next step); True if the shutdown cut it."""
+            stop.cancel("shutdown" if self.draining else "client_gone")
+            self.active.discard(stop)
+            return self.draining and not complete
+
+        response = _Stream(events(), closed, media_type="text/event-stream",
+                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         response.producer = producer  # keep a reference: the task must not be collected mid-run
         return response
+
+
+class _Stream(StreamingResponse):
+    """A StreamingResponse that calls ``closed()`` when it ends in any way: finished, its client gone
+    (even before the first event), or its task cancelled; a stream the shutdown cut ends with the reason."""
+
+    def __init__(self, content, closed: Callable[[], bool], **kwargs):
+        super().__init__(content, **kwargs)
+        self.closed = closed
+
+    async def __call__(self, scope, receive, send) -> None:
+        cut = False
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            cut = self.closed()
+        if cut:  # Starlette ends a cancelled stream quietly (its task group takes the cancellation)
+            await ApiGuard.shut_down(200, send)
 
 
 def _server(request: Request) -> Server:
     return request.app.state.lantern
 
 
+async def _watch_disconnect(request: Request, stop: Stop) -> None:
+    """Cancel ``stop`` when the client of a non-streaming request disconnects (its body is read, so
+    the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    stop.cancel("client_gone")
+
+
+def _timed_out(stop: Stop, last: Step) -> ApiError:
+    made = last.usage.completion_tokens if last.usage else 0
+    where = f"after {made} tokens" if last.usage else "before it started (it waited in the queue)"
+    return ApiError(504, f"the request reached its timeout of {stop.timeout_s:g} s {where}",
+                    type_="server_error", param="timeout", code="timeout")
+
+
 # --------------------------------------------------------------------------- middleware and errors
 
 
-async def guard(request: Request, call_next):
-    """/v1/: the API key and the body size limit; every /v1/ response is counted."""
-    server, path = _server(request), request.url.path
-    if path.startswith("/v1/"):
-        key = server.config.api_key
-        if key and request.headers.get("authorization") != f"Bearer {key}":
+class ApiGuard:
+    """An ASGI middleware for /v1/: the API key; the body, read whole before the route runs, within
+    Limits.max_body_bytes (413) and Limits.body_timeout_s (408: a client that sends its body slowly
+    cannot hold a connection); and a count of every response by status. Other paths pass untouched."""
+
+    def __init__(self, app, server: Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        status = 0
+        self.server.in_flight += 1
+
+        async def counted(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            refusal = self.refusal(dict(scope["headers"]))
+            body = b""
+            if refusal is None:
+                body, refusal = await self.read_body(receive)
+            if refusal is not None:
+                await refusal(scope, receive, counted)
+            elif body is not None:
+                await self.app(scope, _replay(body, receive), counted)
+        except Exception:
+            status = status or 500  # answered by Starlette's outermost error handler
+            raise
+        except asyncio.CancelledError:
+            if not self.server.draining:
+                raise
+            await self.shut_down(status, counted)  # uvicorn's graceful shutdown is over: end it with a reason
+        finally:
+            self.server.in_flight -= 1
+            self.server.metrics.count_request(scope["path"], status or CLIENT_GONE)
+
+    @staticmethod
+    async def shut_down(status: int, send) -> None:
+        """End a request that the shutdown cancelled: a 503, or a stream's error event and its end
+        (without `data: [DONE]`, so no client takes it for a whole answer)."""
+        body = ErrorBody(message="the server shut down before the answer was complete (--shutdown-timeout)",
+                         type="server_error", code="shutting_down")
+        with contextlib.suppress(Exception):
+            if not status:
+                await _error(503, body)({"type": "http"}, None, send)
+            else:
+                event = f"data: {json.dumps(ErrorResponse(error=body).model_dump())}\n\n".encode()
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def refusal(self, headers: dict[bytes, bytes]) -> JSONResponse | None:
+        key, limit = self.server.config.api_key, self.server.limits.max_body_bytes
+        if key and headers.get(b"authorization") != f"Bearer {key}".encode():
             return _error(401, ErrorBody(message="missing or wrong API key (Authorization: Bearer ...)",
                                          type="authentication_error", code="invalid_api_key"))
-        size, limit = request.headers.get("content-length"), server.limits.max_body_bytes
-        if size is not None and size.isdigit() and int(size) > limit:
-            return _error(413, ErrorBody(message=f"request body over {limit} bytes",
-                                         type="invalid_request_error", code="request_too_large"))
-    response = await call_next(request)
-    if path.startswith("/v1/"):
-        server.metrics.count_request(path, response.status_code)
-    return response
+        size = headers.get(b"content-length", b"")
+        if size.isdigit() and int(size) > limit:
+            return self.too_large(limit)
+        return None
+
+    @staticmethod
+    def too_large(limit: int) -> JSONResponse:
+        return _error(413, ErrorBody(message=f"request body over {limit} bytes", type="invalid_request_error",
+                                     code="request_too_large"))
+
+    async def read_body(self, receive) -> tuple[bytes | None, JSONResponse | None]:
+        """(body, None), (None, a refusal), or (None, None) when the client left before sending it."""
+        limits, parts, size = self.server.limits, [], 0
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None, None
+                    parts.append(message.get("body", b""))
+                    size += len(parts[-1])
+                    if size > limits.max_body_bytes:  # a chunked body has no content-length to check first
+                        return None, self.too_large(limits.max_body_bytes)
+                    if not message.get("more_body"):
+                        return b"".join(parts), None
+        except TimeoutError:
+            return None, _error(408, ErrorBody(
+                message=f"the request body did not arrive within {limits.body_timeout_s:g} s ({size} bytes came)",
+                type="invalid_request_error", code="request_timeout"))
+
+
+def _replay(body: bytes, receive):
+    """An ASGI receive that gives the body read already, then the client's own messages (its disconnect)."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replayed
 
 
 async def api_error(_: Request, err: ApiError):
-    return _error(err.status, err.body)
+    return _error(err.status, err.body, err.headers)
 
 
 async def internal_error(_: Request, err: Exception):
@@ -372,7 +548,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     prompt = server.prepare(slot, prompt_text, req)
     grammar = await asyncio.to_thread(slot.engine.compile_grammar, spec) if spec else None
     turn = ChatTurn(slot, req, prompt_text, calling, strict)
-    return await server.respond(req, slot, prompt, turn.chunk, turn.final, grammar=grammar,
+    return await server.respond(request, req, slot, prompt, turn.chunk, turn.final, grammar=grammar,
                                 hold_from=TOOL_OPEN if calling else None)
 
 
@@ -393,7 +569,7 @@ async def completions(req: CompletionRequest, request: Request):
         return Completion(id=cid, created=created, model=slot.name, usage=steps[-1].usage,
                           choices=[CompletionChoice(text=text, finish_reason=steps[-1].finish)])
 
-    return await server.respond(req, slot, prompt, make_chunk, make_final)
+    return await server.respond(request, req, slot, prompt, make_chunk, make_final)
 
 
 # --------------------------------------------------------------------------- the app
@@ -406,6 +582,15 @@ async def lifespan(app: FastAPI):
     for slot in slots.values():
         threading.Thread(target=slot.load, daemon=True, name=f"load-{slot.name}").start()
     yield
+    # uvicorn's graceful shutdown is over (--shutdown-timeout) and it has cancelled the requests left:
+    # stop their generations, and let them answer why (503, or a stream's error event) before the exit
+    server = app.state.lantern
+    for stop in list(server.active):
+        stop.cancel("shutdown")
+    for _ in range(100):
+        if not server.in_flight:
+            break
+        await asyncio.sleep(0.02)
     for slot in slots.values():
         slot.executor.shutdown(wait=False, cancel_futures=True)
         if slot.engine:
@@ -420,7 +605,7 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"])
-    app.middleware("http")(guard)
+    app.add_middleware(ApiGuard, server=server)
     for kind, handler in ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)
     app.include_router(router)

@@ -1,4 +1,5 @@
-"""Run a `lantern serve` app on a free loopback port in a background thread (tests, validate)."""
+"""Run a `lantern serve` app: until a signal (the CLI), or on a free loopback port in a background
+thread (tests, validate)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,19 @@ def serve_in_thread(app: FastAPI) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def serve_until_signal(app: FastAPI, host: str, port: int, shutdown_timeout: float) -> None:
+    """uvicorn until SIGTERM or SIGINT. Then: no new connections, new requests on open ones get 503
+    (Server.drain), the running ones get ``shutdown_timeout`` seconds to finish, then uvicorn cancels
+    them and the app's lifespan stops their generations at the next step (each thread ends within
+    one forward pass, so the process exits right after). A second signal exits at once."""
+    import uvicorn
+
+    class Draining(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            app.state.lantern.drain()
+            super().handle_exit(sig, frame)
+
+    Draining(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=shutdown_timeout)).run()

@@ -30,6 +30,7 @@ from . import llamacpp
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .reasoning import held_back
 from .sampler import Sampled, Sampler, SamplingParams
+from .stopping import Stop, Stopped
 from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
 
 
@@ -42,7 +43,10 @@ class Step:
     delta: str
     logprobs: list[TokenLogprob] | None
     finish: str | None = None
-    usage: Usage | None = None
+    usage: Usage | None = None  # on the terminal step (None: stopped before it started)
+    stopped: str | None = None  # terminal step: the Stop reason that ended it, if one did
+    unused: int = 0  # terminal step of a stopped request: tokens it was allowed and never generated
+    late: int = 0  # terminal step: tokens sampled after its client had gone (0 or 1)
 
 
 def sampling_params(req: SamplingFields, vocab_size: int, defaults: dict) -> SamplingParams:
@@ -92,9 +96,16 @@ class TvmDecoder:
         return f"tvm ({self.library}, one sequence at a time, {TVM_CONVERSATIONS} conversations cached)"
 
     @contextlib.contextmanager
-    def open(self, prompt: list[int]) -> Iterator[TvmSession]:
-        with self.lock:
+    def open(self, prompt: list[int], stop: Stop | None = None) -> Iterator[TvmSession]:
+        """Wait for the model (Stopped if the request must end first), prefill, yield the session."""
+        stop = stop or Stop()
+        stop.acquire(self.lock)
+        try:
+            if stop.check():
+                raise Stopped(stop.reason)
             yield TvmSession(self.model, prompt)
+        finally:
+            self.lock.release()
 
     def close(self) -> None:
         pass
@@ -188,12 +199,13 @@ class ModelEngine:
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
         return TokenLogprob(**entry(s.token, s.logprob), top_logprobs=[TopLogprob(**entry(i, lp)) for i, lp in s.top])
 
-    def generate(self, prompt: list[int], req: SamplingFields, cancelled: threading.Event,
+    def generate(self, prompt: list[int], req: SamplingFields, stop: Stop,
                  on_step: Callable[[Step], None], grammar=None, hold_from: str | None = None) -> None:
         """Run one request to a terminal state, reporting text deltas through ``on_step``.
 
         ``grammar`` (compiled) masks every step's tokens; text from ``hold_from`` on (a tool call's
-        opening tag) is not streamed but left for the terminal step.
+        opening tag) is not streamed but left for the terminal step. ``stop`` ends it early: before
+        it starts (a terminal step without usage), or at its next token (finish "abort" or "timeout").
         """
         params = self.sampling(req)
         if not prompt:
@@ -208,15 +220,20 @@ class ModelEngine:
         sampler = Sampler(params)
         mask: TokenMask | None = self.grammars.matcher(grammar) if grammar is not None else None
         holds = stops + ([hold_from] if hold_from else [])
-        with self.decoder.open(prompt) as seq:
+        with contextlib.ExitStack() as opened:
+            try:
+                seq = opened.enter_context(self.decoder.open(prompt, stop))
+            except Stopped as why:  # never started: it waited past its deadline, or its client left
+                on_step(Step("", None, Stop.FINISH[why.reason], None, stopped=why.reason, unused=max_tokens))
+                return
             logits, cached, started = seq.logits, seq.cached, seq.started
             prefill_s = time.perf_counter() - started
             ids: list[int] = []
-            text, sent, finish, first_at = "", 0, None, 0.0
+            text, sent, finish, first_at, late = "", 0, None, 0.0, 0
             pending: list[TokenLogprob] = []
             while True:
-                if cancelled.is_set():
-                    finish = "abort"
+                if stop.check():
+                    finish = Stop.FINISH[stop.reason]
                     break
                 s = sampler.sample(logits, mask.allowed() if mask else None)
                 first_at = first_at or time.perf_counter()
@@ -224,6 +241,7 @@ class ModelEngine:
                     finish = "stop"
                     break
                 ids.append(s.token)
+                late += stop.reason == "client_gone"  # its client left while this token was being made
                 sampler.accept(s.token)
                 if mask:
                     mask.accept(s.token)
@@ -245,16 +263,20 @@ class ModelEngine:
                 if safe > sent:
                     on_step(Step(text[sent:safe], pending or None))
                     sent, pending = safe, []
-                logits = seq.step(s.token)
-            decode_s = time.perf_counter() - first_at
-            n = len(ids)
-            usage = Usage(prompt_tokens=len(prompt), completion_tokens=n, total_tokens=len(prompt) + n,
-                          ttft_ms=(first_at - started) * 1000,
-                          prefill_tokens_per_s=len(prompt) / prefill_s if prefill_s else 0.0,
-                          decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
-                          tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0, cached_prompt_tokens=cached)
-            on_step(Step(text[sent:], pending or None, finish, usage))
-
+                try:
+                    logits = seq.step(s.token)
+                except Stopped:
+                    continue  # the check at the top of the loop ends it
+        decode_s = time.perf_counter() - first_at if first_at else 0.0
+        n = len(ids)
+        usage = Usage(prompt_tokens=len(prompt), completion_tokens=n, total_tokens=len(prompt) + n,
+                      ttft_ms=(first_at - started) * 1000 if first_at else 0.0,
+                      prefill_tokens_per_s=len(prompt) / prefill_s if prefill_s else 0.0,
+                      decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
+                      tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0, cached_prompt_tokens=cached)
+        stopped = stop.reason if finish in ("abort", "timeout") else None  # not one that ended on its own
+        on_step(Step(text[sent:], pending or None, finish, usage, stopped=stopped,
+                     unused=max_tokens - n if stopped else 0, late=late))
 
     def describe(self) -> str:
         return f"engine {self.decoder.describe()}: {self.engine_reason}"

@@ -31,6 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import LanternError
+from .stopping import Stop
 
 # How long the scheduler waits for sequences that just got logits to send their next token before it
 # decodes without them. Sampling takes well under a millisecond; a grammar mask or a slow thread more.
@@ -64,12 +65,12 @@ class Session:
     """An open sequence, as engine.ModelEngine.generate uses it: the prompt's last logits, how many
     prompt tokens were reused, and ``step(token)`` for the next logits."""
 
-    def __init__(self, owner: "LlamaCppDecoder", seq: _Seq):
-        self._owner, self._seq = owner, seq
+    def __init__(self, owner: "LlamaCppDecoder", seq: _Seq, stop: Stop):
+        self._owner, self._seq, self._stop = owner, seq, stop
         self.logits, self.cached, self.started = seq.logits, seq.cached, seq.started
 
     def step(self, token: int) -> np.ndarray:
-        return self._owner._feed(self._seq, [token])
+        return self._owner._feed(self._seq, [token], self._stop)
 
 
 class LlamaCppDecoder:
@@ -141,32 +142,34 @@ class LlamaCppDecoder:
     # -- request side (any thread) --------------------------------------------------------------
 
     @contextlib.contextmanager
-    def open(self, prompt: list[int]) -> Iterator[Session]:
+    def open(self, prompt: list[int], stop: Stop | None = None) -> Iterator[Session]:
         """Admit ``prompt`` (waits for a free slot), prefill what the cache lacks, yield the session;
-        leaving frees the slot and keeps its tokens cached for the next prompt that shares them."""
-        seq = _Seq(prompt=list(prompt))
+        leaving frees the slot and keeps its tokens cached for the next prompt that shares them.
+        ``stop`` raises Stopped (stopping.py) while it waits: a request that must end leaves the
+        queue, or its prefill between two chunks, at once."""
+        seq, stop = _Seq(prompt=list(prompt)), stop or Stop()
         with self.cv:
             self.waiting.append(seq)
             self.cv.notify()
         try:
-            self._wait(seq)
-            yield Session(self, seq)
+            self._wait(seq, stop)
+            yield Session(self, seq, stop)
         finally:
             with self.cv:
                 seq.closed = True
                 self.sampling.discard(id(seq))
                 self.cv.notify()
 
-    def _feed(self, seq: _Seq, tokens: list[int]) -> np.ndarray:
+    def _feed(self, seq: _Seq, tokens: list[int], stop: Stop) -> np.ndarray:
         with self.cv:
             seq.todo = list(tokens)
             seq.done.clear()
             self.sampling.discard(id(seq))
             self.cv.notify()
-        return self._wait(seq)
+        return self._wait(seq, stop)
 
-    def _wait(self, seq: _Seq) -> np.ndarray:
-        seq.done.wait()
+    def _wait(self, seq: _Seq, stop: Stop) -> np.ndarray:
+        stop.wait(seq.done)  # the caller's open() marks the sequence closed if this raises
         if seq.error is not None:
             raise seq.error
         return seq.logits

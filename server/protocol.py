@@ -124,6 +124,9 @@ class SamplingFields(BaseModel):
     logprobs: bool = _field(_SHARED["logprobs"])
     top_logprobs: int | None = _field(_SHARED["top_logprobs"])
     n: int = _field(_SHARED["n"])
+    # the server's own (not in request_rules.json: the browser engine takes an AbortSignal): seconds
+    # until the request ends with finish_reason "timeout" (504 unstreamed), its wait in the queue included
+    timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -166,7 +169,8 @@ class CompletionRequest(SamplingFields):
     echo: bool = _field(request_rules.RULES["endpoints"]["completions"]["echo"])
 
 
-FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+# "timeout": `lantern serve` only, a request past its `timeout` (a stream then ends with an error event)
+FinishReason = Literal["stop", "length", "abort", "tool_calls", "timeout"]
 
 
 class TopLogprob(BaseModel):

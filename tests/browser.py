@@ -7,6 +7,7 @@ import functools
 import http.server
 import json
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -205,6 +206,36 @@ def token_matrices(art: Artifact) -> list[list[int]]:
             n, k = rec["shape"][0], rec["shape"][1] * 8
             shapes[(n, k)] = shapes.get((n, k), 0) + 1
     return [[n, k, count] for (n, k), count in shapes.items()]
+
+
+def serve_process(args: list[str], command: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """``lantern serve ARGS --port P`` as its own process (it can get signals) on a free loopback port,
+    once its /health says ok: (the process, its stderr a text pipe; the base URL). ``command``:
+    another `lantern serve` (default: this Python's)."""
+    import socket
+    import sys
+    import time
+    import urllib.request
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    command = command or [sys.executable, "-m", "lantern.cli", "serve"]
+    proc = subprocess.Popen([*command, *args, "--port", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(3000):
+        if proc.poll() is not None:
+            raise RuntimeError(f"lantern serve exited ({proc.returncode}): {proc.stderr.read()[-2000:]}")
+        try:
+            if json.load(urllib.request.urlopen(base + "/health", timeout=2))["status"] == "ok":
+                return proc, base
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise TimeoutError("lantern serve did not get ready in 5 minutes")
 
 
 def wait_until_ready(base: str) -> None:

@@ -97,9 +97,7 @@ def cpu_runs(artifact_path, engine: str = "tvm") -> dict[tuple[str, int], dict]:
     checks them and the browser test compares its own answers with the tvm engine's (the same
     library, compiled for WebGPU).
     """
-    import threading
-
-    from lantern.server.engine import ModelEngine
+    from lantern.server.engine import ModelEngine, Stop
     from lantern.server.protocol import ChatCompletionRequest
     from lantern.server.structured import request_spec
 
@@ -112,7 +110,7 @@ def cpu_runs(artifact_path, engine: str = "tvm") -> dict[tuple[str, int], dict]:
                                                           True, req.schema_defaults.model_dump()))
             prompt = engine.encode(engine.render_chat(MESSAGES))
             steps = []
-            engine.generate(prompt, req, threading.Event(), steps.append, grammar=grammar)
+            engine.generate(prompt, req, Stop(), steps.append, grammar=grammar)
             out[name, seed] = {"text": "".join(s.delta for s in steps), "finish": steps[-1].finish,
                                "tokens": steps[-1].usage.completion_tokens}
     engine.close()

@@ -423,3 +423,24 @@ def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, brow
     fallback = [e for e in out["events"] if e["type"] == "fallback"]
     assert fallback and fallback[0]["reason"] == "DeviceLostError" and fallback[0]["midStream"] is True
     assert out["text"] == cpu_greedy(smollm2, user(PROMPTS[0]), 24)
+
+
+def test_a_worker_that_crashes_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, browser):
+    """An uncaught error in the engine's worker (as a wasm abort raises) four chunks in: the stream
+    fails over with WorkerCrashedError and the cloud continues the text exactly."""
+    name = smollm2.path.name
+    with lantern_server([smollm2.path], engine="tvm") as (base, _):
+        wait_until_ready(base)
+        context = browser.new_context()
+        page = open_page(context, base)
+        out = page.evaluate("([o, r, n, f]) => routerChat(o, r, n, f)", [
+            {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+            {"messages": user(PROMPTS[0]), "max_tokens": 24, "temperature": 0, "stream": True}, 4, "crash"])
+        context.close()
+    routes = [c["lantern_route"] for c in out["chunks"]]
+    assert routes[:4] == ["local"] * 4 and routes[-1] == "cloud"
+    assert routes == sorted(routes, key=lambda r: r == "cloud")
+    fallback = [e for e in out["events"] if e["type"] == "fallback"]
+    assert fallback and fallback[0]["reason"] == "WorkerCrashedError" and fallback[0]["midStream"] is True, fallback
+    assert "debug-crash" in fallback[0]["error"], fallback
+    assert out["text"] == cpu_greedy(smollm2, user(PROMPTS[0]), 24)

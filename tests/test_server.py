@@ -187,7 +187,7 @@ def test_api_key_is_enforced(smollm2):
 
 # Queueing, 429 and cancellation are the server's, not an engine's: run on the fast engine (tvm: +27 s).
 @pytest.mark.parametrize("engine_name", ["llamacpp"])
-def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot(smollm2, engine_name):
+def test_sixteen_streams_finish_a_burst_gets_429_with_retry_after_and_a_disconnect_frees_its_slot(smollm2, engine_name):
     from openai import OpenAI, RateLimitError
 
     with served(smollm2, limits=Limits(max_queue=16), engine=engine_name) as (base, _):
@@ -200,8 +200,8 @@ def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot
                 s = client.chat.completions.create(model=name, messages=user(f"Say {i}."), max_tokens=3,
                                                    temperature=0, stream=True)
                 results.append([c.choices[0].finish_reason for c in s][-1])
-            except RateLimitError:
-                errors.append(429)
+            except RateLimitError as err:
+                errors.append(err.response.headers.get("retry-after"))
 
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(20)]
         for t in threads:
@@ -210,6 +210,7 @@ def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot
             t.join()
         assert len(results) >= 16 and all(r in ("stop", "length") for r in results)
         assert len(results) + len(errors) == 20 and errors  # the burst beyond the queue got 429, no 5xx
+        assert all(wait and 1 <= int(wait) <= 60 for wait in errors), errors  # each 429 says when to retry
 
         # a client that disconnects mid-stream: its generation stops early
         s = client.chat.completions.create(model=name, messages=user("Count to one hundred."), max_tokens=500,
@@ -218,7 +219,7 @@ def test_sixteen_streams_finish_a_burst_gets_429_and_a_disconnect_frees_its_slot
         s.close()
         for _ in range(600):
             _, data = raw(base, "GET", "/metrics")
-            if 'lantern_generations_total{finish_reason="abort"} 1' in data.decode():
+            if 'lantern_generations_total{finish_reason="cancelled"} 1' in data.decode():
                 break
             time.sleep(0.1)
         else:

@@ -253,9 +253,8 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
     validates with jsonschema and every listed format checked; answers cut by max_tokens are counted
     apart, and each of them is a prefix the grammar still allows (finish_reason "length")."""
     import random
-    import threading
 
-    from lantern.server.engine import ModelEngine
+    from lantern.server.engine import ModelEngine, Stop
     from lantern.server.protocol import ChatCompletionRequest
 
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
@@ -274,7 +273,7 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
                 grammar = engine.compile_grammar(spec := request_spec(req.response_format.model_dump(exclude_none=True),
                                                                       [], None, True, req.schema_defaults.model_dump()))
                 steps = []
-                engine.generate(prompt, req, threading.Event(), steps.append, grammar=grammar)
+                engine.generate(prompt, req, Stop(), steps.append, grammar=grammar)
                 text, finish = "".join(s.delta for s in steps), steps[-1].finish
                 if finish == "length":  # still a prefix of an answer the grammar allows
                     matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source)))

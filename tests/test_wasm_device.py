@@ -242,3 +242,45 @@ def test_a_model_too_large_for_wasm_memory_is_refused_before_download_and_routed
     assert "at most 4.00 GiB" in event["reason"]
     reply = out["reply"]
     assert reply["lantern_route"] == "cloud" and reply["choices"][0]["message"]["content"]
+
+
+def test_two_pages_loading_into_an_empty_cache_at_once_both_answer_and_the_cache_serves_a_third(
+        smollm2_q4, playwright):
+    """Two tabs of one origin (one browser context: one Cache Storage) load the same model at once into
+    an empty cache. Both load and answer alike, each file is stored once, and a third tab loads every
+    file from the cache (none fetched) and verifies it there."""
+    name = smollm2_q4.path.name
+    model = f"/models/{name}/"
+    files = set(smollm2_q4.manifest["gguf"]["files"])
+    with lantern_server([smollm2_q4.path]) as (base, seen):
+        browser = launch(playwright, webgpu=False)
+        try:
+            context = browser.new_context()
+            first, second = open_page(context, base), open_page(context, base)
+            for page in (first, second):  # both start before either has stored a byte
+                page.evaluate("(m) => { window.loading = load(m, { device: 'wasm' }); }", model)
+            stats = [page.evaluate("() => window.loading") for page in (first, second)]
+            answers = [chat(page, {"messages": PARIS, "max_tokens": 12, "temperature": 0})[0]
+                       for page in (first, second)]
+            stored = first.evaluate("""async () => {
+                const out = [];
+                for (const name of await caches.keys())
+                    for (const req of await (await caches.open(name)).keys()) out.push(new URL(req.url).pathname);
+                return out; }""")
+            before = len(seen)
+            third = open_page(context, base)
+            third.evaluate("(m) => load(m, { device: 'wasm' })", model)
+            [again] = chat(third, {"messages": PARIS, "max_tokens": 12, "temperature": 0})
+            phases = third.evaluate("progress.filter((p) => p.phase === 'verify' && p.file).map((p) => [p.file, p.fromCache])")
+        finally:
+            browser.close()
+    assert [s["device"] for s in stats] == ["wasm", "wasm"]
+    texts = [a["choices"][0]["message"]["content"] for a in answers + [again]]
+    assert texts[0] and texts.count(texts[0]) == 3, texts
+    fetched = [p.rsplit("/", 1)[-1] for p, _ in seen[:before] if p.startswith(model)]
+    assert all(fetched.count(f) <= 2 for f in files), fetched  # at most once per page
+    ours = [p.rsplit("/", 1)[-1] for p in stored if p.startswith(model)]
+    assert files <= set(ours) and len(ours) == len(set(ours)), ours  # each file stored once
+    refetched = [p for p, _ in seen[before:] if p.startswith(model) and p.rsplit("/", 1)[-1] in files]
+    assert refetched == [], refetched  # the third tab read them all from the cache...
+    assert {f for f, cached in phases if cached} >= files, phases  # ...and verified them there

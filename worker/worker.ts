@@ -47,6 +47,9 @@ async function handle(msg: WorkerRequest): Promise<unknown> {
     case "debug-lose-device":
       engine?.debugLoseDevice();
       return null;
+    case "debug-crash":  // an uncaught error, as a wasm abort in a callback throws one
+      setTimeout(() => { throw new Error("debug-crash: an uncaught error in the engine worker"); });
+      return null;
     case "unload":
       await engine?.unload();
       engine = null;

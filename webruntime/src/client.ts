@@ -1,7 +1,7 @@
 // The page side of an engine that runs in a Web Worker: same API as Engine, every call is a
 // message (protocol.ts). Streamed chunks arrive as they are made, without acknowledgements.
 import type { CreateOptions, PromptPlan } from "./engine";
-import { deserializeError } from "./errors";
+import { deserializeError, WorkerCrashedError } from "./errors";
 import { PushStream } from "./stream";
 import type {
   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats,
@@ -25,14 +25,25 @@ export class WorkerEngine {
 
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
+  private crashed: WorkerCrashedError | null = null;
 
   private constructor(private readonly worker: Worker, private readonly onProgress: EngineOptions["onProgress"]) {
     worker.onmessage = (ev: MessageEvent<WorkerResponse>) => this.receive(ev.data);
     worker.onerror = (ev) => {
-      const err = new Error(`the engine worker failed: ${ev.message}`);
-      for (const p of this.pending.values()) p.reject(err);
-      this.pending.clear();
+      ev.preventDefault();
+      this.crash(new WorkerCrashedError(`the engine worker crashed: ${ev.message || "an uncaught error"}`));
     };
+  }
+
+  /** An uncaught error in the worker leaves its engine in an unknown state: every call in flight
+   * fails with WorkerCrashedError (a stream mid-way too, so the router continues it on the cloud),
+   * the worker is stopped, and later calls fail at once. */
+  private crash(err: WorkerCrashedError): void {
+    if (this.crashed) return;
+    this.crashed = err;
+    for (const p of this.pending.values()) p.reject(err);
+    this.pending.clear();
+    this.worker.terminate();
   }
 
   static async start(options: EngineOptions, workerUrl: URL): Promise<WorkerEngine> {
@@ -62,11 +73,13 @@ export class WorkerEngine {
 
   private call(msg: Outgoing, onChunk?: (c: ChatCompletionChunk) => void): Promise<unknown> & { id: number } {
     const id = this.nextId++;
+    const crashed = this.crashed;
     const promise = new Promise((resolve, reject) => {
-      this.pending.set(id, { resolve, reject, onChunk });
+      if (crashed) reject(crashed);
+      else this.pending.set(id, { resolve, reject, onChunk });
     }) as Promise<unknown> & { id: number };
     promise.id = id;
-    this.worker.postMessage({ ...msg, id } as WorkerRequest);
+    if (!crashed) this.worker.postMessage({ ...msg, id } as WorkerRequest);
     return promise;
   }
 
@@ -93,6 +106,11 @@ export class WorkerEngine {
 
   async debugLoseDevice(): Promise<void> {
     await this.call({ kind: "debug-lose-device" });
+  }
+
+  /** Make the worker throw an uncaught error (tests: a crash mid-stream). */
+  async debugCrash(): Promise<void> {
+    await this.call({ kind: "debug-crash" });
   }
 
   async interrupt(): Promise<void> {

@@ -40,9 +40,12 @@ export class InvalidRequestError extends LanternError {}
 
 export class EngineNotLoadedError extends LanternError {}
 
+/** The engine's Web Worker died (an uncaught error, a wasm abort): the engine is gone; create another. */
+export class WorkerCrashedError extends LanternError {}
+
 const KNOWN = {
   LanternError, IntegrityError, NetworkError, QuotaError, WebGPUUnavailableError, DeviceLostError,
-  OutOfMemoryError, ArtifactError, InvalidRequestError, EngineNotLoadedError,
+  OutOfMemoryError, ArtifactError, InvalidRequestError, EngineNotLoadedError, WorkerCrashedError,
 } as const;
 
 export function serializeError(err: unknown): SerializedError {

@@ -71,7 +71,8 @@ export interface CreateChatCompletion<Options> {
   (req: ChatCompletionRequest, opts?: Options): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
 }
 
-export type FinishReason = "stop" | "length" | "abort" | "tool_calls";
+/** "timeout": from `lantern serve` only (through the router), a request past its `timeout` field. */
+export type FinishReason = "stop" | "length" | "abort" | "tool_calls" | "timeout";
 
 export interface TopLogprob {
   token: string;
@@ -218,6 +219,7 @@ export type WorkerRequest =
   | { kind: "stats"; id: number }
   | { kind: "render"; id: number; request: ChatCompletionRequest }
   | { kind: "debug-lose-device"; id: number }
+  | { kind: "debug-crash"; id: number }
   | { kind: "debug"; id: number; request: DebugOp }
   | { kind: "unload"; id: number };
 

@@ -45,13 +45,25 @@ export class CloudError extends LanternError {
 
 class LocalTimeout extends LanternError {}
 
-async function* sse(resp: Response): AsyncGenerator<unknown> {
+/**
+ * The events of an OpenAI-style stream. A stream that breaks or closes before `data: [DONE]` (the
+ * server died, the connection dropped) is a NetworkError, and an in-band `{"error": ...}` event a
+ * CloudError (504 for a timeout): neither may pass for a complete answer.
+ */
+async function* sse(resp: Response, path: string): AsyncGenerator<unknown> {
   const reader = resp.body!.pipeThrough(new TextDecoderStream()).getReader();
   let buf = "";
+  let events = 0;
   for (;;) {
-    const { done, value } = await reader.read();
-    if (done) return;
-    buf += value;
+    let piece: ReadableStreamReadResult<string>;
+    try {
+      piece = await reader.read();
+    } catch (err) {
+      if ((err as Error)?.name === "AbortError") throw err;  // the caller's own abort
+      throw new NetworkError(path, `the stream broke after ${events} events (${err})`);
+    }
+    if (piece.done) throw new NetworkError(path, `the stream closed before its end ([DONE]) after ${events} events`);
+    buf += piece.value;
     let cut: number;
     while ((cut = buf.indexOf("\n\n")) >= 0) {
       const event = buf.slice(0, cut);
@@ -60,7 +72,10 @@ async function* sse(resp: Response): AsyncGenerator<unknown> {
         if (!line.startsWith("data:")) continue;
         const data = line.slice(5).trim();
         if (data === "[DONE]") return;
-        yield JSON.parse(data);
+        const parsed = JSON.parse(data);
+        if (parsed?.error) throw new CloudError(parsed.error.code === "timeout" ? 504 : 500, parsed.error.message ?? String(parsed.error));
+        events++;
+        yield parsed;
       }
     }
   }
@@ -100,7 +115,7 @@ class Cloud {
 
   async *chatStream(req: ChatCompletionRequest, signal?: AbortSignal): AsyncGenerator<ChatCompletionChunk> {
     const resp = await this.post("/chat/completions", { ...req, stream: true }, signal);
-    for await (const c of sse(resp)) yield { ...(c as ChatCompletionChunk), lantern_route: "cloud" };
+    for await (const c of sse(resp, "/chat/completions")) yield { ...(c as ChatCompletionChunk), lantern_route: "cloud" };
   }
 
   /** Continue ``prompt`` (a rendered chat plus the text streamed so far) with the legacy endpoint. */
@@ -109,7 +124,7 @@ class Cloud {
     const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, chat_template_kwargs: _k, max_completion_tokens: _c, schema_defaults: _d,
       ...sampling } = req;
     const resp = await this.post("/completions", { ...sampling, prompt, max_tokens: maxTokens, stream: true }, signal);
-    for await (const c of sse(resp)) {
+    for await (const c of sse(resp, "/completions")) {
       const choice = (c as { choices: { text: string; finish_reason: FinishReason | null }[] }).choices[0];
       if (choice) yield { text: choice.text, finish: choice.finish_reason };
     }
@@ -212,7 +227,7 @@ export class Router {
   private fallback(err: unknown, midStream: boolean): void {
     const e = err as Error;
     this.emit({ type: "fallback", reason: e?.name ?? "Error", error: e?.message ?? String(err), midStream });
-    if (["DeviceLostError", "OutOfMemoryError", "LocalTimeout"].includes(e?.name)) {
+    if (["DeviceLostError", "OutOfMemoryError", "LocalTimeout", "WorkerCrashedError"].includes(e?.name)) {
       // The engine is not coming back on this page; later requests go straight to the cloud.
       this.localUnavailable = e.name;
       const engine = this.local;
@@ -233,6 +248,9 @@ export class Router {
         const ctrl = new AbortController();
         opts.signal?.addEventListener("abort", () => ctrl.abort());
         const timeoutMs = self.opts.localTimeoutMs ?? 120000;
+        // The prompt a cloud continuation needs, rendered now: a crashed worker cannot render it later.
+        const planned = self.promptFor(req, local);
+        planned.catch(() => {});  // read only on a fallback
         try {
           const stream = await local.chat.completions.create({ ...req, stream: true }, { signal: ctrl.signal });
           const it = stream[Symbol.asyncIterator]();
@@ -254,7 +272,7 @@ export class Router {
         } catch (err) {
           if (!self.fallbackWorthy(err) || opts.signal?.aborted) throw err;
           // Continue on the cloud from what was already streamed: no duplicates, no gaps.
-          plan = await self.promptFor(req, local);
+          plan = await planned;
           self.fallback(err, true);
         }
         if (constrained(req)) {
