@@ -171,13 +171,21 @@ def lantern_server(model_dirs, site: Path | None = None, customize=None,
         yield base, seen
 
 
-def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict]) -> Callable[[object], None]:
+def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict],
+                   files: dict[str, bytes] | None = None) -> Callable[[object], None]:
     """A ``customize`` for lantern_server: ``/<alias>/lantern.json`` is ``folder``'s manifest after
     ``edit`` (a model the server itself does not load, e.g. one that claims sizes no browser fits),
+    ``files`` replace some of the folder's files (the manifest then lists their sizes and hashes),
     and every other ``/<alias>/`` file is the served ``folder``'s own."""
-    from starlette.responses import JSONResponse
+    import hashlib
+
+    from starlette.responses import JSONResponse, Response
 
     manifest = edit(json.loads((folder / "lantern.json").read_text()))
+    files = files or {}
+    for name, data in files.items():
+        manifest["files"][name] = {**manifest["files"][name], "size": len(data),
+                                   "sha256": hashlib.sha256(data).hexdigest()}
 
     def customize(app) -> None:
         @app.middleware("http")
@@ -186,7 +194,10 @@ def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict]) -> Ca
             if path == f"/{alias}/lantern.json":
                 return JSONResponse(manifest)
             if path.startswith(f"/{alias}/"):
-                request.scope["path"] = f"/models/{folder.name}/{path[len(alias) + 2:]}"
+                name = path[len(alias) + 2:]
+                if name in files:
+                    return Response(files[name], media_type="application/json")
+                request.scope["path"] = f"/models/{folder.name}/{name}"
             return await call_next(request)
 
     return customize

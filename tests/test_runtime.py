@@ -8,6 +8,7 @@ the runtime picks on a software adapter. References come from the same artifact'
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 
 import pytest
@@ -423,6 +424,34 @@ def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, brow
     fallback = [e for e in out["events"] if e["type"] == "fallback"]
     assert fallback and fallback[0]["reason"] == "DeviceLostError" and fallback[0]["midStream"] is True
     assert out["text"] == cpu_greedy(smollm2, user(PROMPTS[0]), 24)
+
+
+def test_a_tensor_over_the_adapters_buffer_limits_is_refused_before_download_and_routed_to_the_cloud(
+        smollm2, browser, playwright):
+    """The same model, whose tensor-cache.json claims an embedding of 1.5 GiB: over SwiftShader's
+    buffer limits: OutOfMemoryError before any weight shard is fetched, and the router answers from the
+    cloud with the reason. (Device "auto" would run such a model's GGUF on the CPU; on this software
+    adapter it picks the CPU before it tries WebGPU at all.)"""
+    name = smollm2.path.name
+    index = json.loads((smollm2.path / "tensor-cache.json").read_text())
+    index["records"][0]["records"][0]["nbytes"] = 3 * 2**29
+    customize = manifest_alias("wide", smollm2.path, lambda m: m, {"tensor-cache.json": json.dumps(index).encode()})
+    with lantern_server([smollm2.path], customize=customize) as (base, seen):
+        wait_until_ready(base)
+        context = browser.new_context()
+        page = open_page(context, base)
+        err = page.evaluate("() => errorOf(() => load('/wide/'))")
+        out = page.evaluate("([o, r]) => routerChat(o, r)", [
+            {"local": {"model": "/wide/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+            {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0}])
+        shards = [p for p, _ in seen if p.startswith("/wide/") and p.endswith(".bin")]
+        context.close()
+    assert err["name"] == "OutOfMemoryError" and f"is {3 * 2**29} bytes" in err["message"], err
+    assert "binds at most" in err["message"], err
+    assert shards == [], shards  # refused before the weights were fetched
+    [event] = out["events"]
+    assert event["route"] == "cloud" and event["reason"].startswith("load-failed:OutOfMemoryError"), event
+    assert out["reply"]["lantern_route"] == "cloud" and out["reply"]["choices"][0]["message"]["content"]
 
 
 def test_a_worker_that_crashes_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, browser):

@@ -33,13 +33,14 @@ export async function detectGpu(): Promise<Gpu> {
   };
 }
 
-/** Throw before allocating when a tensor exceeds the adapter's buffer limits or memory is short. */
+/** Throw OutOfMemoryError before the weights are fetched when a tensor exceeds the adapter's buffer
+ * limits or memory is short (device "auto" then runs the GGUF on the CPU, where there is one). */
 export function checkFits(manifest: Manifest, largestTensorBytes: number, device: GPUDevice): void {
   const limit = Math.min(device.limits.maxStorageBufferBindingSize, device.limits.maxBufferSize);
   if (largestTensorBytes > limit) {
-    throw new WebGPUUnavailableError(
+    throw new OutOfMemoryError(
       `the largest weight tensor is ${largestTensorBytes} bytes but this adapter binds at most ${limit} bytes ` +
-      "(maxStorageBufferBindingSize)");
+      "(maxStorageBufferBindingSize, maxBufferSize)");
   }
   const gib = (globalThis.navigator as Navigator & { deviceMemory?: number })?.deviceMemory;
   // deviceMemory is rounded down and capped at 8 GiB, so only a clear shortfall is an error.

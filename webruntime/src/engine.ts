@@ -3,7 +3,7 @@
 // The device generates tokens (devices.ts); the engine owns everything a request sees around them.
 import { detectGpu, type Gpu } from "./device";
 import type { Device, DeviceKind, Generation } from "./devices";
-import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, WebGPUUnavailableError } from "./errors";
+import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, WebGPUUnavailableError } from "./errors";
 import { autoDevice } from "./library";
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
 import type {
@@ -67,7 +67,8 @@ const DEVICES = ["auto", "webgpu", "wasm"];
 
 /**
  * The device for ``want``: "webgpu" and "wasm" as named; "auto" as autoDevice says, and the CPU
- * (wasm) also when WebGPU fails to load with WebGPUUnavailableError and the artifact has a GGUF.
+ * (wasm) also when WebGPU fails to load with WebGPUUnavailableError or OutOfMemoryError (the model
+ * does not fit the GPU) and the artifact has a GGUF.
  */
 async function openDevice(want: string, open: { webgpu: (gpu: Gpu) => Promise<Device>; wasm: () => Promise<Device> },
                           hasGguf: boolean): Promise<Device> {
@@ -86,7 +87,7 @@ async function openDevice(want: string, open: { webgpu: (gpu: Gpu) => Promise<De
     try {
       return await open.webgpu(gpu!);
     } catch (err) {
-      if (!(err instanceof WebGPUUnavailableError) || !hasGguf) throw err;
+      if (!(err instanceof WebGPUUnavailableError || err instanceof OutOfMemoryError) || !hasGguf) throw err;
       why = err.message;
     }
   } else if (gpu) {
