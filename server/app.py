@@ -234,7 +234,7 @@ class Server:
                 if item is None:
                     break
                 if isinstance(item, ApiError):
-                    yield f"data: {json.dumps(ErrorResponse(error=item.body).model_dump())}\n\n"
+                    yield _sse_error(item.body)
                     break
                 if item.finish == "timeout":  # the text so far and finish_reason "timeout", then the error
                     queue.put_nowait(_timed_out(stop, item))
@@ -292,6 +292,11 @@ async def _watch_disconnect(request: Request, stop: Stop) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
     stop.cancel("client_gone")
+
+
+def _sse_error(body: ErrorBody) -> str:
+    """An error as a stream's event (OpenAI's shape): the stream's last before `data: [DONE]`, or its end."""
+    return f"data: {json.dumps(ErrorResponse(error=body).model_dump())}\n\n"
 
 
 def _timed_out(stop: Stop, last: Step) -> ApiError:
@@ -355,8 +360,7 @@ class ApiGuard:
             if not status:
                 await _error(503, body)({"type": "http"}, None, send)
             else:
-                event = f"data: {json.dumps(ErrorResponse(error=body).model_dump())}\n\n".encode()
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": _sse_error(body).encode(), "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def refusal(self, headers: dict[bytes, bytes]) -> JSONResponse | None:
