@@ -8,6 +8,12 @@ per engine: decode tokens/s in each case, the ratios to free text, and each gram
 compile time.
 
     .venv/bin/python ci/bench_structured.py dist/smollm2 [--max-tokens 48] [--reps 3] [--browser]
+
+With --jsonschemabench DIR it runs real-world schemas instead (ci/jsonschemabench.py): Lantern's and
+llguidance's declared coverage per split, the benchmark's test instances through each accepted grammar,
+and with --answers N, N answers a split from the model, validated:
+
+    .venv/bin/python ci/bench_structured.py dist/smollm2 --jsonschemabench ../shared/jsonschemabench --answers 5
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "ci"))
 
 from browser import chromium, lantern_server  # noqa: E402
 
@@ -92,7 +99,19 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--reps", type=int, default=3, help="runs per configuration (the median is printed)")
     parser.add_argument("--browser", action="store_true", help="also run the browser engine (slow on SwiftShader)")
+    parser.add_argument("--jsonschemabench", type=Path, metavar="DIR",
+                        help="run JSONSchemaBench's schemas (<split>.jsonl, <split>.tests.jsonl) instead")
+    parser.add_argument("--answers", type=int, default=0, metavar="N",
+                        help="with --jsonschemabench: answer N accepted schemas of each split with the model")
+    parser.add_argument("--splits", nargs="*", help="with --jsonschemabench: only these splits")
+    parser.add_argument("--no-llguidance", action="store_true", help="with --jsonschemabench: skip llguidance")
+    parser.add_argument("--dump", type=Path, help="with --jsonschemabench: write every schema's result as JSON lines")
     args = parser.parse_args()
+    if args.jsonschemabench:
+        import jsonschemabench
+        return jsonschemabench.main(args.jsonschemabench, args.artifact, args.answers,
+                                    args.max_tokens if args.max_tokens != 48 else 384, args.no_llguidance,
+                                    args.splits, args.dump)
     rows = [("cpu (lantern serve)", cpu(args.artifact, args.max_tokens, args.reps))]
     if args.browser:
         rows.append(("browser (WebGPU)", browser(args.artifact, args.max_tokens, args.reps)))

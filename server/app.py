@@ -30,7 +30,7 @@ from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, Ch
                        ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
                        ErrorResponse, Logprobs, ModelCard, ModelList, SamplingFields, ToolCall, ToolCallDelta)
 from .static import SITE, model_folders, mount_static
-from .structured import TOOL_OPEN, StructuredOutputError, calls_tools, parse_tool_calls, request_spec
+from .structured import TOOL_OPEN, GrammarCompileFault, StructuredOutputError, calls_tools, parse_tool_calls, request_spec
 
 
 @dataclass
@@ -420,6 +420,11 @@ async def internal_error(_: Request, err: Exception):
     return _error(500, ErrorBody(message=f"{type(err).__name__}: {err}", type="server_error"))
 
 
+async def compile_fault(_: Request, err: Exception):
+    return _error(503, ErrorBody(message=str(err), type="server_error", code="grammar_compile_timeout"),
+                  {"Retry-After": "1"})
+
+
 async def invalid_request(_: Request, err: Exception):
     return _error(400, ErrorBody(message=str(err), type="invalid_request_error"))
 
@@ -440,7 +445,8 @@ async def http_error(_: Request, err: StarletteHTTPException):
 
 
 ERROR_HANDLERS = ((ApiError, api_error), (Exception, internal_error), (InvalidRequest, invalid_request),
-                  (StructuredOutputError, invalid_request), (RequestValidationError, validation_error),
+                  (StructuredOutputError, invalid_request), (GrammarCompileFault, compile_fault),
+                  (RequestValidationError, validation_error),
                   (StarletteHTTPException, http_error))
 
 
@@ -474,8 +480,11 @@ class ChatTurn:
     """One chat completion's answer, streamed or whole: the reasoning split off, tool calls parsed from
     the whole text (they arrive whole in the last chunk)."""
 
-    def __init__(self, slot: ModelSlot, req: ChatCompletionRequest, prompt_text: str, calling: bool, strict: bool):
+    def __init__(self, slot: ModelSlot, req: ChatCompletionRequest, prompt_text: str, calling: bool, strict: bool,
+                 warnings: tuple[str, ...] = ()):
         self.slot, self.calling, self.logprobs_on = slot, calling, req.logprobs
+        # what the schema's rewrite ignored (unknown keywords, ...): on the answer, the first chunk of a stream
+        self.extra = {"lantern_warnings": list(warnings)} if warnings else {}
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.streamed: list[str] = []  # content so far, for the tool calls in the last chunk
         tags = slot.engine.reasoning_tags
@@ -515,7 +524,7 @@ class ChatTurn:
                                    choices=[ChunkChoice(delta=delta, finish_reason=finish,
                                                         logprobs=Logprobs(content=step.logprobs)
                                                         if self.logprobs_on and step.logprobs else None)],
-                                   lantern_route="cloud")
+                                   lantern_route="cloud", **(self.extra if first else {}))
 
     def final(self, steps: list[Step]) -> ChatCompletion:
         lps = [lp for s in steps for lp in (s.logprobs or [])]
@@ -524,6 +533,7 @@ class ChatTurn:
         content, calls, finish = self.split_calls("".join(c for _, c in parts))
         return ChatCompletion(
             id=self.id, created=self.created, model=self.slot.name, usage=steps[-1].usage, lantern_route="cloud",
+            **self.extra,
             choices=[Choice(message=AssistantMessage(content=content, reasoning_content=thought, tool_calls=calls),
                             finish_reason=finish or steps[-1].finish,
                             logprobs=Logprobs(content=lps) if self.logprobs_on else None)])
@@ -551,7 +561,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     prompt_text = slot.engine.render_chat(messages, tools if calling else None, kwargs)
     prompt = server.prepare(slot, prompt_text, req)
     grammar = await asyncio.to_thread(slot.engine.compile_grammar, spec) if spec else None
-    turn = ChatTurn(slot, req, prompt_text, calling, strict)
+    turn = ChatTurn(slot, req, prompt_text, calling, strict, spec.warnings if spec else ())
     return await server.respond(request, req, slot, prompt, turn.chunk, turn.final, grammar=grammar,
                                 hold_from=TOOL_OPEN if calling else None)
 

@@ -480,8 +480,36 @@ def chars_ebnf(chars) -> str:
     return " | ".join(f"({a})" if " " in a and len(alts) > 1 else a for a in alts)
 
 
+def one_class(pattern: str | None, min_length: int, max_length: int | None):
+    """(characters, least, most) when the strings are any run of one character class within lengths (no
+    pattern, or a pattern like `^[a-z0-9]{2,40}$`): written as xgrammar's repetition, which costs the
+    same at any length, where the automaton would need a state per character; else None. PatternError
+    when no length is left."""
+    node = parse_pattern(pattern) if pattern is not None else ("rep", ("set", ALL), 0, None)
+    if node[0] == "cat":
+        parts = node[1][1:] if node[1][:1] == [("bol",)] else node[1]
+        parts = parts[:-1] if parts[-1:] == [("eol",)] else parts
+        if len(parts) != 1:
+            return None
+        node = parts[0]
+    if node[0] == "set":
+        node = ("rep", node, 1, 1)
+    if node[0] != "rep" or node[1][0] != "set":
+        return None
+    lo = max(node[2], min_length)
+    hi = node[3] if max_length is None else max_length if node[3] is None else min(node[3], max_length)
+    if hi is not None and lo > hi:
+        raise PatternError("no string matches it" if pattern is not None else "no string has such a length")
+    return norm(node[1][1]), lo, hi
+
+
 def string_rules(key: str, name: str) -> list[str]:
     """The EBNF rules (start: ``{name}_0``) for the placeholder ``key``: the quoted string."""
+    run = one_class(*placeholder_payload(key))
+    if run is not None:
+        chars, lo, hi = run
+        count = f"{{{lo},}}" if hi is None else f"{{{lo},{hi}}}"
+        return [f'{name}_0 ::= "\\"" {name}_c0{count} "\\""', f"{name}_c0 ::= {chars_ebnf(chars)}"]
     trans, accepting, sets = _dfa(key)
     rules = [f'{name}_0 ::= "\\"" {name}_s0']
     char_rules: dict[tuple, str] = {}

@@ -20,13 +20,14 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import LanternError
-from . import number_grammar, string_grammar, unique_grammar
+from . import number_grammar, schema_normalize, string_grammar, unique_grammar
 
 SUPPORT = json.loads((Path(__file__).with_name("schema_support.json")).read_text())
 _KEYWORDS = set(SUPPORT["keywords"])
@@ -56,11 +57,26 @@ _LENGTHS = ("minLength", "maxLength")
 PLACEHOLDER_IN_EBNF = re.compile(r'"\\"(lantern:([a-z]+)(?::[-0-9a-z=.]+)*)\\""')
 
 
-def check_schema(schema, where: str = "#", defaults: dict | None = None) -> dict | bool:
+def check_schema(schema, where: str = "#", defaults: dict | None = None, warnings: list | None = None) -> dict | bool:
     """A copy of ``schema`` that xgrammar enforces exactly, or StructuredOutputError naming the keyword.
 
+    The schema is first rewritten into Lantern's dialect (schema_normalize: drafts, annotations and
+    unknown keywords, allOf, not, conditionals); what that ignored is appended to ``warnings``.
+    """
+    try:
+        normalized, notes = schema_normalize.normalize(schema, where)
+    except schema_normalize.SchemaError as err:
+        raise StructuredOutputError(str(err)) from None
+    if warnings is not None:
+        warnings.extend(n for n in notes if n not in warnings)
+    return _check(normalized, where, defaults)
+
+
+def _check(schema, where: str, defaults: dict | None) -> dict | bool:
+    """check_schema on a normalized schema.
+
     xgrammar ignores keywords it does not know and its numeric ranges and some formats are
-    inexact, so: unknown keywords and formats are rejected; formats in `format_patterns` become
+    inexact, so: keywords and formats outside schema_support.json are rejected; formats in `format_patterns` become
     exact patterns; a number or integer with bounds or multipleOf, a string with a pattern or
     lengths, and an array with uniqueItems become placeholders that number_grammar, string_grammar
     and unique_grammar swap for exact rules once xgrammar has written the rest of the grammar
@@ -98,13 +114,13 @@ def check_schema(schema, where: str = "#", defaults: dict | None = None) -> dict
             raise StructuredOutputError(f"schema keyword 'patternProperties' at {where}: pattern '{key}': {err}") from None
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
-            out[key] = {k: check_schema(v, f"{where}/{key}/{k}", defaults) for k, v in schema[key].items()}
+            out[key] = {k: _check(v, f"{where}/{key}/{k}", defaults) for k, v in schema[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(schema.get(key), list):
-            out[key] = [check_schema(v, f"{where}/{key}/{i}", defaults) for i, v in enumerate(schema[key])]
+            out[key] = [_check(v, f"{where}/{key}/{i}", defaults) for i, v in enumerate(schema[key])]
     for key in _SCHEMA_ONE:
         if key in schema:
-            out[key] = check_schema(schema[key], f"{where}/{key}", defaults)
+            out[key] = _check(schema[key], f"{where}/{key}", defaults)
     out = with_default_bounds(out, defaults or {})
     if any(k in schema for k in _NUMERIC):
         out = _exact_number(out, where)
@@ -145,7 +161,10 @@ def _as_placeholder(schema: dict, key: str, own: tuple, kinds: list) -> dict:
     others = [t for t in _types(schema) if t not in kinds]
     if not others:
         return {**rest, "const": key}
-    return {**rest, "anyOf": [{"const": key}, {"type": others if len(others) > 1 else others[0]}]}
+    # the other types' keywords go in their branch: xgrammar ignores keywords beside anyOf
+    top = {k: v for k, v in rest.items() if k in ("$defs", "definitions")}
+    other = {k: v for k, v in rest.items() if k not in top}
+    return {**top, "anyOf": [{"const": key}, {**other, "type": others if len(others) > 1 else others[0]}]}
 
 
 def _no_values_list(schema: dict, keyword: str, where: str) -> None:
@@ -299,15 +318,41 @@ class GrammarSpec:
 
     kind: str
     source: str
+    warnings: tuple[str, ...] = field(default=(), compare=False)  # what the schemas' rewrite ignored
 
 
-def _schema_text(schema, where: str, defaults: dict | None) -> str:
+def grammar_size(schema) -> int:
+    """The size compile_limits bounds, read from a checked schema, the same in both runtimes (the twin of
+    structured.ts's grammarSize): one per JSON object in it (each subschema, each map of them), and for an
+    object with minProperties or maxProperties, whose grammar xgrammar writes with a count of properties
+    written so far, n(n+1)/2 more for its n properties. xgrammar's rules, compile time and memory grow
+    with it (tracked by ci/bench_structured.py --jsonschemabench)."""
+    if isinstance(schema, list):
+        return sum(grammar_size(v) for v in schema)
+    if not isinstance(schema, dict):
+        return 0
+    n = len(schema["properties"]) if isinstance(schema.get("properties"), dict) else 0
+    counted = n * (n + 1) // 2 if ("minProperties" in schema or "maxProperties" in schema) else 0
+    return 1 + counted + sum(grammar_size(v) for v in schema.values())
+
+
+def check_size(size: int, limits: dict = COMPILE_LIMITS) -> None:
+    if size > limits["size"]:
+        raise StructuredOutputError(
+            f"the schema's grammar has size {size}, over the limit of {limits['size']}: bound or simplify it "
+            "(fewer subschemas or alternatives, no minProperties or maxProperties over many properties)")
+
+
+def _schema_spec(schema, where: str, defaults: dict | None) -> GrammarSpec:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as err:
             raise StructuredOutputError(f"{where} is not valid JSON: {err}") from None
-    return json.dumps(check_schema(schema, defaults=defaults))  # in the schema's order: xgrammar keeps it
+    warnings: list[str] = []
+    checked = check_schema(schema, defaults=defaults, warnings=warnings)
+    check_size(grammar_size(checked))
+    return GrammarSpec("json_schema", json.dumps(checked), tuple(warnings))  # in the schema's order
 
 
 def response_format_spec(fmt: dict | None, defaults: dict | None = None) -> GrammarSpec | None:
@@ -317,16 +362,16 @@ def response_format_spec(fmt: dict | None, defaults: dict | None = None) -> Gram
     kind = fmt.get("type")
     if kind == "json_object":
         schema = fmt.get("schema")  # WebLLM passes a schema as a JSON string here
-        return GrammarSpec("json_schema", _schema_text(schema if schema is not None else {"type": "object"},
-                                                       "response_format.schema", defaults))
+        return _schema_spec(schema if schema is not None else {"type": "object"}, "response_format.schema", defaults)
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
             raise StructuredOutputError("response_format.json_schema must be {name, schema, strict}")
-        return GrammarSpec("json_schema", _schema_text(spec["schema"], "response_format.json_schema.schema", defaults))
+        return _schema_spec(spec["schema"], "response_format.json_schema.schema", defaults)
     if kind == "grammar":
         if not isinstance(fmt.get("grammar"), str) or not fmt["grammar"].strip():
             raise StructuredOutputError("response_format.grammar must be an EBNF string with a `root` rule")
+        check_size(fmt["grammar"].count("::="))  # a grammar's own rules
         return GrammarSpec("ebnf", fmt["grammar"])
     if kind == "regex":
         if not isinstance(fmt.get("pattern"), str) or not fmt["pattern"]:
@@ -337,11 +382,11 @@ def response_format_spec(fmt: dict | None, defaults: dict | None = None) -> Gram
                                 "grammar, regex")
 
 
-def _tool_tag(fn: dict, defaults: dict | None) -> dict:
+def _tool_tag(fn: dict, defaults: dict | None, warnings: list) -> dict:
     params = fn.get("parameters") or {"type": "object", "properties": {}}
     return {"type": "tag", "begin": f'{TOOL_OPEN}{{"name": {json.dumps(fn["name"])}, "arguments": ',
             "content": {"type": "json_schema",
-                        "json_schema": check_schema(params, f"#/tools/{fn['name']}/parameters", defaults)},
+                        "json_schema": check_schema(params, f"#/tools/{fn['name']}/parameters", defaults, warnings)},
             "end": "}" + TOOL_CLOSE}
 
 
@@ -355,21 +400,23 @@ def tool_spec(tools: list[dict], choice, parallel: bool, defaults: dict | None =
     if not calls_tools(tools, choice):
         return None
     by_name = {t["function"]["name"]: t["function"] for t in tools}
+    warnings: list[str] = []
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if name not in by_name:
             raise StructuredOutputError(f"tool_choice names the function {name!r}, which is not in tools "
                                         f"({', '.join(by_name)})")
-        fmt = _tool_tag(by_name[name], defaults)
+        fmt = _tool_tag(by_name[name], defaults, warnings)
     else:
-        tags = [_tool_tag(fn, defaults) for fn in by_name.values()]
+        tags = [_tool_tag(fn, defaults, warnings) for fn in by_name.values()]
         if choice == "required":
             fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
                    "stop_after_first": not parallel}
         else:
             fmt = {"type": "triggered_tags", "triggers": [TOOL_OPEN], "tags": tags, "at_least_one": False,
                    "stop_after_first": not parallel}
-    return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}))
+    check_size(grammar_size(fmt))
+    return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}), tuple(warnings))
 
 
 def request_spec(response_format: dict | None, tools: list[dict], tool_choice, parallel: bool,
@@ -474,10 +521,25 @@ def _engine_message(err: Exception) -> str:
     return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(err).strip()).splitlines()[0]
 
 
-class GrammarCompiler:
-    """One per model: the vocabulary for xgrammar and a cache of compiled grammars (or of refusals) by spec.
+class GrammarCompileFault(LanternError):
+    """A compile past the safety net in seconds: the machine's fault, not the schema's (HTTP 503)."""
 
-    A compile over ``limits`` (seconds, megabytes: schema_support.json's compile_limits) is refused."""
+
+def compiled_text(spec: GrammarSpec) -> str:
+    """What xgrammar compiles for a spec: a json_schema's EBNF (placeholders swapped), an ebnf spec's own
+    text, a structural tag's tight form (the twin of structured.ts's compiledText)."""
+    if spec.kind == "json_schema":
+        return schema_ebnf(spec.source)
+    return spec.source if spec.kind == "ebnf" else tight_structural_tag(spec.source)
+
+
+class GrammarCompiler:
+    """One per model: the vocabulary for xgrammar and a cache of compiled grammars by spec.
+
+    What may be compiled was decided with the spec (grammar_size, the same on every machine and in the
+    browser); a compile that takes longer than ``limits["seconds"]`` (a safety net far above that) answers
+    503 and keeps its result for a retry. The cache holds at most ``limits["cache_megabytes"]`` of compiled
+    grammars, least recently used out first."""
 
     def __init__(self, tokenizer_json: dict, token_postproc: str, vocab_size: int, stop_ids: list[int],
                  limits: dict = COMPILE_LIMITS):
@@ -492,43 +554,47 @@ class GrammarCompiler:
         vocab_type = {"byte_level": xgrammar.VocabType.BYTE_LEVEL,
                       "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(token_postproc, xgrammar.VocabType.RAW)
         info = xgrammar.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids))
-        self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=True)
-        self._cache: dict[GrammarSpec, object] = {}
+        self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # the cache below bounds memory
+        self._cache: OrderedDict[GrammarSpec, object] = OrderedDict()
         self._lock = threading.Lock()
         self.limits = limits
         self.vocab_size = vocab_size
         self.hits = 0
 
-    def compile(self, spec: GrammarSpec):
+    def _cached(self, spec: GrammarSpec):
         with self._lock:
-            if spec in self._cache:
-                self.hits += 1
-                if isinstance(self._cache[spec], StructuredOutputError):
-                    raise self._cache[spec]
-                return self._cache[spec]
-        start = time.perf_counter()
-        try:
-            if spec.kind == "json_schema" and number_grammar.PREFIX in spec.source:
-                compiled = self._compiler.compile_grammar(schema_ebnf(spec.source))
-            elif spec.kind == "json_schema":
-                compiled = self._compiler.compile_json_schema(spec.source, **JSON_LAYOUT)
-            elif spec.kind == "ebnf":
-                compiled = self._compiler.compile_grammar(spec.source)
-            else:
-                compiled = self._compiler.compile_structural_tag(tight_structural_tag(spec.source))
-        except Exception as err:  # xgrammar raises RuntimeError/ValueError for bad schemas and grammars
-            what = {"json_schema": "JSON schema", "ebnf": "EBNF grammar"}.get(spec.kind, "grammar")
-            raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
-        seconds, megabytes = time.perf_counter() - start, compiled.memory_size_bytes / 2**20
-        if seconds > self.limits["seconds"] or megabytes > self.limits["megabytes"]:
-            compiled = StructuredOutputError(
-                f"compiling the grammar took {seconds:.1f} s and {megabytes:.0f} MB, over the limit of "
-                f"{self.limits['seconds']} s and {self.limits['megabytes']} MB: bound its strings and arrays "
-                "(maxLength, maxItems, schema_defaults) or simplify its patterns")
+            if spec not in self._cache:
+                return None
+            self.hits += 1
+            self._cache.move_to_end(spec)
+            return self._cache[spec]
+
+    def _keep(self, spec: GrammarSpec, compiled) -> None:
         with self._lock:
             self._cache[spec] = compiled
-        if isinstance(compiled, StructuredOutputError):
-            raise compiled
+            budget = self.limits["cache_megabytes"] * 2**20
+            while len(self._cache) > 1 and sum(c.memory_size_bytes for c in self._cache.values()) > budget:
+                self._cache.popitem(last=False)
+
+    def compile(self, spec: GrammarSpec):
+        hit = self._cached(spec)
+        if hit is not None:
+            return hit
+        what = {"json_schema": "JSON schema", "ebnf": "EBNF grammar"}.get(spec.kind, "grammar")
+        start = time.perf_counter()
+        try:
+            text = compiled_text(spec)
+            if spec.kind == "structural_tag":
+                compiled = self._compiler.compile_structural_tag(text)
+            else:
+                compiled = self._compiler.compile_grammar(text)
+        except Exception as err:
+            raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
+        seconds = time.perf_counter() - start
+        self._keep(spec, compiled)
+        if seconds > self.limits["seconds"]:
+            raise GrammarCompileFault(f"compiling the grammar took {seconds:.1f} s, over the server's limit of "
+                                      f"{self.limits['seconds']} s (the machine is busy); it is kept: retry")
         return compiled
 
     def matcher(self, compiled) -> "TokenMask":

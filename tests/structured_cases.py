@@ -67,11 +67,23 @@ ADD = {"type": "function", "function": {
 TOOLS = [WEATHER, ADD]
 
 # Requests each engine must reject up front, and a word the error must contain.
+# A draft-04 schema with a vendor keyword and an allOf: answered, with lantern_warnings naming what was
+# ignored, by both runtimes.
+ANNOTATED = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object", "x-order": 1,
+             "allOf": [{"properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]},
+                       {"properties": {"population": {"type": "integer", "minimum": 0, "exclusiveMinimum": True,
+                                                      "maximum": 100000000}}, "required": ["population"]}]}
+ANNOTATED_WARNINGS = ["ignored the unknown keyword 'x-order' at #"]
+
 BAD_REQUESTS = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
      "wat"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "array", "uniqueItems": True}}}}, "uniqueItems"),
+        "type": "array", "uniqueItems": True, "minItems": 2}}}}, "uniqueItems"),  # strings cannot be listed
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "strin"}}}}}}, "'type' at #/properties/a"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/gone"}}}}}}, "points to nothing"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "number", "multipleOf": 0.1}}}}, "multipleOf"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {

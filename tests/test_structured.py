@@ -18,8 +18,8 @@ import xgrammar
 from xgrammar.testing import _get_matcher_from_grammar, _is_grammar_accept_string
 
 from browser import lantern_server, repo_root, wait_until_ready
-from structured_cases import (ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, STRICT_FORMATS, TOOLS, WEATHER, cpu_runs,
-                              random_strict_schema, request)
+from structured_cases import (ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, STRICT_FORMATS,
+                              TOOLS, WEATHER, cpu_runs, random_strict_schema, request)
 
 from lantern.server.structured import (JSON_LAYOUT, StructuredOutputError, check_schema, parse_tool_calls,
                                        request_spec, schema_ebnf, tight_structural_tag)
@@ -36,8 +36,8 @@ def python_spec(req: dict):
 # ---- schema checks (no model) --------------------------------------------------------------------
 
 @pytest.mark.parametrize("schema, keyword", [
-    ({"type": "array", "uniqueItems": True}, "uniqueItems"),  # items that cannot be listed
-    ({"type": "array", "items": {"type": "object"}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),  # items that cannot be listed
+    ({"type": "array", "items": {"type": "object"}, "uniqueItems": True, "minItems": 2}, "uniqueItems"),
     ({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.01}}}, "multipleOf"),  # not exact in doubles
     ({"enum": []}, "enum"),
     ({"type": "string", "pattern": "^a$", "minLength": 2}, "minLength"),  # no string matches both
@@ -48,7 +48,10 @@ def python_spec(req: dict):
     ({"type": "string", "format": "uuid", "maxLength": 8}, "maxLength"),
     ({"type": "integer", "not": {"const": 3}}, "not"),
     ({"type": "string", "format": "iri"}, "format"),
-    ({"allOf": [{"type": "object"}, {"required": ["a"]}]}, "allOf"),
+    ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "pattern"),  # two patterns: not merged
+    ({"type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if"),
+    ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref"),  # a $ref to nowhere
     ({"$ref": "https://example.com/s.json"}, "$ref"),
     ({"type": "number", "minimum": 10, "maximum": 1}, "minimum"),  # contradictory bounds
     ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}, "exclusiveMinimum"),  # no integer between
@@ -159,10 +162,8 @@ def test_typescript_and_python_build_the_same_grammars():
     for text, ts in zip(texts, out["calls"]):
         content, calls = parse_tool_calls(text)
         assert ts == {"content": content, "calls": [c["function"] for c in calls]}, text
-    # the browser refuses a compile over its time limit, and remembers the refusal
-    assert out["limit"][0] == out["limit"][1] and out["entries"] == 0
-    assert re.fullmatch(r"InvalidRequestError: compiling the grammar took \d+\.\d s, over the limit of 0 s: .*",
-                        out["limit"][0]), out["limit"]
+    # the browser keeps what it compiled (a slow compile is only logged: the server's time limit is for its load)
+    assert out["limit"] == ["compiled", "compiled"] and out["entries"] == 1 and out["hits"] == 1
 
 
 def test_unbounded_strings_and_arrays_get_the_request_s_default_bounds():
@@ -197,18 +198,32 @@ def test_unbounded_strings_and_arrays_get_the_request_s_default_bounds():
     assert off(s="x" * 1000) and off(a=range(100))
 
 
-def test_a_compile_over_the_limits_is_refused_with_the_limit_and_remembered():
-    from lantern.server.structured import COMPILE_LIMITS, GrammarCompiler, GrammarSpec
+def test_the_compile_limit_is_the_schema_s_size_and_the_time_limit_a_server_fault():
+    """A schema whose grammar is over compile_limits' size is refused when the request is read (the same
+    count on every machine; the browser's is held equal in test_browser_and_server_decide_alike...); a
+    compile past the seconds safety net is a 503-type fault whose grammar is kept; the cache keeps at most
+    cache_megabytes of grammars, least recently used out first."""
+    from lantern.server.structured import (COMPILE_LIMITS, GrammarCompileFault, GrammarCompiler, GrammarSpec,
+                                           grammar_size)
 
-    assert COMPILE_LIMITS == {"seconds": 2, "megabytes": 64}
+    assert COMPILE_LIMITS == {"size": 2000, "seconds": 30, "cache_megabytes": 1024}
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(70)}, "minProperties": 1}
+    assert grammar_size(check_schema(wide)) > 2000  # counted: 70 * 71 / 2 beside the 70 subschemas
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": wide}}
+    with pytest.raises(StructuredOutputError, match=r"grammar has size \d+, over the limit of 2000"):
+        request_spec(fmt, [], None, True)
+    assert request_spec({**fmt, "json_schema": {"name": "w", "schema": {**wide, "required": ["p0"]}}}, [], None, True)
     vocab = {c: i for i, c in enumerate('abcdefghij{}[]":, 0123456789')}
-    spec = GrammarSpec("json_schema", json.dumps(check_schema({"type": "string", "maxLength": 200})))
-    assert GrammarCompiler({"model": {"vocab": vocab}}, "raw", 32, [31]).compile(spec)  # within the real limits
-    small = GrammarCompiler({"model": {"vocab": vocab}}, "raw", 32, [31], limits={"seconds": 2, "megabytes": 0.01})
-    for _ in range(2):
-        with pytest.raises(StructuredOutputError, match=r"took \d+\.\d s and \d+ MB, over the limit of 2 s and 0.01 MB"):
-            small.compile(spec)
-    assert small.hits == 1  # the second refusal came from the cache
+    specs = [GrammarSpec("json_schema", json.dumps(check_schema({"type": "string", "maxLength": n}))) for n in (3, 4)]
+    slow = GrammarCompiler({"model": {"vocab": vocab}}, "raw", 32, [31], limits={**COMPILE_LIMITS, "seconds": 0})
+    with pytest.raises(GrammarCompileFault, match=r"took \d+\.\d s, over the server's limit of 0 s"):
+        slow.compile(specs[0])
+    assert slow.compile(specs[0]) and slow.hits == 1  # kept: the retry is a hit
+    small = GrammarCompiler({"model": {"vocab": vocab}}, "raw", 32, [31], limits={**COMPILE_LIMITS, "cache_megabytes": 0})
+    small.compile(specs[0])
+    small.compile(specs[1])
+    small.compile(specs[0])
+    assert small.hits == 0  # the budget holds one grammar: the first was dropped for the second
 
 
 def run_typescript(entry: str, payload: dict) -> dict:
@@ -397,6 +412,20 @@ def test_openai_client_tool_calls_required_named_and_round_trip(client):
     calls = [t for d in deltas for t in d.tool_calls or []]
     assert len(calls) >= 1 and chunks[-1].choices[0].finish_reason == "tool_calls"
     assert_valid_call(calls[0], WEATHER)
+
+
+@pytest.mark.slow
+def test_a_real_world_schema_is_answered_and_what_was_ignored_is_said(client):
+    """A draft-04 schema with a vendor keyword and an allOf: the answer validates (jsonschema reads it as
+    draft-04) and lists what was ignored in lantern_warnings; a stream says it in its first chunk only."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": ANNOTATED}}
+    done = chat(client, "Name a city and its population, as JSON.", response_format=fmt, temperature=0, max_tokens=96)
+    assert done.lantern_warnings == ANNOTATED_WARNINGS
+    assert done.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(done.choices[0].message.content), ANNOTATED)
+    chunks = list(chat(client, "Name a city.", response_format=fmt, max_tokens=4, stream=True))
+    assert chunks[0].lantern_warnings == ANNOTATED_WARNINGS
+    assert not any(getattr(c, "lantern_warnings", None) for c in chunks[1:])
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ import xgrammar
 from xgrammar.testing import _get_matcher_from_grammar
 
 from browser import launch, lantern_server
-from structured_cases import (ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, cpu_runs, random_strict_schema,
-                              request)
+from structured_cases import (ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER,
+                              cpu_runs, random_strict_schema, request)
 
 from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 
@@ -121,6 +121,10 @@ def test_bad_structured_requests_are_rejected_up_front(page):
         assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
     stats = page.evaluate("engine.stats()")
     assert stats["queued"] == 0 and stats["kvSequences"] <= 1
+    # what a real-world schema's rewrite ignored: said on the answer, as the server says it
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": ANNOTATED}}
+    [reply] = chat(page, {"messages": MESSAGES, "max_tokens": 4, "response_format": fmt})
+    assert reply["lantern_warnings"] == ANNOTATED_WARNINGS
 
 
 def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, report):

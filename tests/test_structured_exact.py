@@ -368,6 +368,7 @@ FORMAT_SAMPLES = {  # (valid, invalid)
             ["/relative", "http://a b.com", "http://a.com/%zz", "1http://a"]),
     "json-pointer": (["", "/a", "/a~0b", "/a~1"], ["a", "/~2"]),
     "relative-json-pointer": (["0", "1/a", "0#"], ["-1", "01", "a"]),
+    "byte": (["", "QUJD", "YWI=", "YQ==", "QUJDRA=="], ["QUJ", "YQ=", "a b", "YQ===", "Y"]),  # ajv-formats' base64
 }
 
 

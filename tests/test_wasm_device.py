@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from browser import launch, lantern_server, manifest_alias, wait_until_ready
-from structured_cases import ADD, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, request
+from structured_cases import ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, request
 from test_runtime import cpu_greedy, open_page
 from test_smollm2 import PROMPTS
 
@@ -167,6 +167,10 @@ def test_structured_output_and_tools(session, report):
         err = page.evaluate("(req) => errorOf(() => engine.chat.completions.create(req))",
                             {"messages": MESSAGES, "max_tokens": 4, **bad})
         assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
+    # the same warnings for what a real-world schema's rewrite ignored
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": ANNOTATED}}
+    [reply] = chat(page, {"messages": MESSAGES, "max_tokens": 4, "response_format": fmt})
+    assert reply["lantern_warnings"] == ANNOTATED_WARNINGS
 
 
 def test_device_choice_and_bad_artifacts(session, smollm2_q4, tmp_path, playwright):

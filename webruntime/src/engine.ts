@@ -160,7 +160,10 @@ export class Engine {
     const spec = requestSpec(req);
     const plan = this.plan(req, spec);
     const grammar = spec ? await device.prepare(spec) : null;
-    if (req.stream) return this.stream(req, grammar, plan, opts);
+    // what the schema's rewrite ignored (unknown keywords, ...): said on the console and on the answer, as the server says it
+    const warnings = spec?.warnings?.length ? { lantern_warnings: spec.warnings } : {};
+    if (spec?.warnings?.length) console.warn(`lantern: ${spec.warnings.join("; ")}`);
+    if (req.stream) return this.stream(req, grammar, plan, opts, warnings);
     let text = "";
     let reasoning = "";
     const logprobs: TokenLogprob[] = [];
@@ -186,11 +189,12 @@ export class Engine {
     return {
       id: job.id, object: "chat.completion", created: job.created, model: this.manifest.model.name, lantern_device: device.kind,
       choices: [{ index: 0, message, finish_reason: finish, logprobs: req.logprobs ? { content: logprobs } : null }],
-      usage: usage!,
+      usage: usage!, ...warnings,
     };
   }
 
-  private stream(req: CheckedRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions): AsyncIterable<ChatCompletionChunk> {
+  private stream(req: CheckedRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions,
+                 warnings: { lantern_warnings?: string[] }): AsyncIterable<ChatCompletionChunk> {
     const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
     const includeUsage = req.stream_options.include_usage;
@@ -200,6 +204,7 @@ export class Engine {
     const chunk = (job: Job, e: StepEvent): ChatCompletionChunk => {
       const delta: ChatCompletionChunk["choices"][0]["delta"] = first ? { role: "assistant", content: e.delta } : { content: e.delta };
       if (e.reasoning) delta.reasoning_content = e.reasoning;
+      const opening = first ? warnings : {};
       first = false;
       let finish = e.finish;
       if (e.finish && callsTools(req)) {
@@ -215,7 +220,7 @@ export class Engine {
         id: job.id, object: "chat.completion.chunk", created: job.created, model: this.manifest.model.name, lantern_device: kind,
         choices: [{ index: 0, delta, finish_reason: finish, logprobs: e.logprobs ? { content: e.logprobs } : null }],
         lantern_completion_tokens: e.tokens,
-        ...(plan.reasoning ? { lantern_text: e.raw } : {}),
+        ...(plan.reasoning ? { lantern_text: e.raw } : {}), ...opening,
       };
       if (e.usage && includeUsage) c.usage = e.usage;
       return c;

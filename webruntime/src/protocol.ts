@@ -104,9 +104,12 @@ export type Route = "local" | "cloud";
 // The browser device that computed a response (set by the engine on every response and chunk).
 export type DeviceName = "webgpu" | "wasm";
 
+// What the rewrite of a request's schemas ignored (unknown keywords, annotation formats, ...): on an answer
+// and on a stream's first chunk, from both runtimes.
 export interface ChatCompletion {
   lantern_route?: Route;
   lantern_device?: DeviceName;
+  lantern_warnings?: string[];
   id: string;
   object: "chat.completion";
   created: number;
@@ -124,6 +127,7 @@ export interface ChatCompletion {
 export interface ChatCompletionChunk {
   lantern_route?: Route;
   lantern_device?: DeviceName;
+  lantern_warnings?: string[];
   // completion tokens generated so far, and the raw text of this chunk before reasoning_content was
   // split off (the router continues a failed stream from here)
   lantern_completion_tokens?: number;

@@ -478,8 +478,34 @@ export function placeholder(pattern: string | null, minLength: number, maxLength
   return payloadPlaceholder(KIND, [pattern, minLength, maxLength]);
 }
 
+/**
+ * [characters, least, most] when the strings are any run of one character class within lengths (no pattern,
+ * or one like `^[a-z0-9]{2,40}$`), written as xgrammar's repetition; else null (see string_grammar.one_class).
+ */
+export function oneClass(pattern: string | null, minLength: number, maxLength: number | null): [Chars, number, number | null] | null {
+  let node: Node = pattern !== null ? parsePattern(pattern) : { t: "rep", node: { t: "set", chars: ALL }, lo: 0, hi: null };
+  if (node.t === "cat") {
+    let parts = node.items;
+    if (parts.length && parts[0].t === "bol") parts = parts.slice(1);
+    if (parts.length && parts[parts.length - 1].t === "eol") parts = parts.slice(0, -1);
+    if (parts.length !== 1) return null;
+    node = parts[0];
+  }
+  if (node.t === "set") node = { t: "rep", node, lo: 1, hi: 1 };
+  if (node.t !== "rep" || node.node.t !== "set") return null;
+  const lo = Math.max(node.lo, minLength);
+  const hi = maxLength === null ? node.hi : node.hi === null ? maxLength : Math.min(node.hi, maxLength);
+  if (hi !== null && lo > hi) throw new PatternError(pattern !== null ? "no string matches it" : "no string has such a length");
+  return [norm(node.node.chars), lo, hi];
+}
+
 /** The EBNF rules (start: `${name}_0`) for the placeholder `key`: the quoted string. */
 export function stringRules(key: string, name: string): string[] {
+  const run = oneClass(...(placeholderPayload(key) as [string | null, number, number | null]));
+  if (run !== null) {
+    const [chars, lo, hi] = run;
+    return [`${name}_0 ::= "\\"" ${name}_c0{${lo},${hi === null ? "" : hi}} "\\""`, `${name}_c0 ::= ${charsEbnf(chars)}`];
+  }
   if (!automata.has(key)) {
     if (automata.size >= 256) automata.clear();
     automata.set(key, stringDfa(...(placeholderPayload(key) as [string | null, number, number | null])));

@@ -9,6 +9,7 @@
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
 import { InvalidRequestError, LanternError } from "./errors";
+import { normalize } from "./normalize";
 import * as numbers from "./numbers";
 import * as strings from "./strings";
 import * as unique from "./unique";
@@ -16,7 +17,7 @@ import type { ChatCompletionRequest, ChatMessage, Tool, ToolCall, ToolChoice } f
 
 declare const __SCHEMA_SUPPORT__: {
   engine: string; keywords: string[]; formats: string[]; format_patterns: Record<string, string>;
-  compile_limits: { seconds: number; megabytes: number };
+  compile_limits: { size: number; seconds: number; cache_megabytes: number };
 };
 const SUPPORT = __SCHEMA_SUPPORT__;
 const KEYWORDS = new Set(SUPPORT.keywords);
@@ -47,9 +48,16 @@ export interface SchemaDefaults { maxLength?: number; maxItems?: number }
 
 /**
  * A copy of `schema` that xgrammar enforces exactly, or InvalidRequestError naming the keyword; `defaults`
- * bound the strings and arrays it leaves unbounded (see structured.py's check_schema).
+ * bound the strings and arrays it leaves unbounded (see structured.py's check_schema). The schema is first
+ * rewritten into Lantern's dialect (normalize.ts); what that ignored is appended to `warnings`.
  */
-export function checkSchema(schema: unknown, where = "#", defaults: SchemaDefaults = {}): Schema {
+export function checkSchema(schema: unknown, where = "#", defaults: SchemaDefaults = {}, warnings?: string[]): Schema {
+  const [normalized, notes] = normalize(schema, where);
+  if (warnings) for (const n of notes) if (!warnings.includes(n)) warnings.push(n);
+  return checkNormalized(normalized, where, defaults);
+}
+
+function checkNormalized(schema: unknown, where: string, defaults: SchemaDefaults): Schema {
   if (typeof schema === "boolean") return schema;
   if (!isObject(schema)) throw new InvalidRequestError(`schema at ${where} must be an object or a boolean`);
   for (const key of Object.keys(schema)) {
@@ -86,13 +94,13 @@ export function checkSchema(schema: unknown, where = "#", defaults: SchemaDefaul
   }
   for (const key of SCHEMA_MAPS) {
     const v = schema[key];
-    if (isObject(v)) out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkSchema(s, `${where}/${key}/${k}`, defaults)]));
+    if (isObject(v)) out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkNormalized(s, `${where}/${key}/${k}`, defaults)]));
   }
   for (const key of SCHEMA_LISTS) {
     const v = schema[key];
-    if (Array.isArray(v)) out[key] = v.map((s, i) => checkSchema(s, `${where}/${key}/${i}`, defaults));
+    if (Array.isArray(v)) out[key] = v.map((s, i) => checkNormalized(s, `${where}/${key}/${i}`, defaults));
   }
-  for (const key of SCHEMA_ONE) if (key in schema) out[key] = checkSchema(schema[key], `${where}/${key}`, defaults);
+  for (const key of SCHEMA_ONE) if (key in schema) out[key] = checkNormalized(schema[key], `${where}/${key}`, defaults);
   out = withDefaultBounds(out, defaults);
   if (NUMERIC.some((k) => k in schema)) out = exactNumber(out, where);
   if ("pattern" in schema || LENGTHS.some((k) => k in out)) {  // a format's own pattern alone: xgrammar's is exact
@@ -157,7 +165,10 @@ function asPlaceholder(schema: Record<string, unknown>, key: string, own: string
   const rest = Object.fromEntries(Object.entries(schema).filter(([k]) => !own.includes(k) && k !== "type"));
   const others = typesOf(schema).filter((t) => !kinds.includes(t as string));
   if (!others.length) return { ...rest, const: key };
-  return { ...rest, anyOf: [{ const: key }, { type: others.length > 1 ? others : others[0] }] };
+  // the other types' keywords go in their branch: xgrammar ignores keywords beside anyOf
+  const top = Object.fromEntries(Object.entries(rest).filter(([k]) => k === "$defs" || k === "definitions"));
+  const other = Object.fromEntries(Object.entries(rest).filter(([k]) => !(k in top)));
+  return { ...top, anyOf: [{ const: key }, { ...other, type: others.length > 1 ? others : others[0] }] };
 }
 
 function noValuesList(schema: Record<string, unknown>, keyword: string, where: string): void {
@@ -251,7 +262,8 @@ function uniqueItems(schema: Record<string, unknown>, where: string): Record<str
 // ---- requests -> grammar specs ------------------------------------------------------------------
 
 /** What xgrammar compiles; `source` is a JSON schema text, an EBNF grammar or a structural tag (JSON). */
-export interface GrammarSpec { kind: "json_schema" | "ebnf" | "structural_tag"; source: string }
+/** `warnings`: what the rewrite of its schemas ignored (not part of the grammar: a cache ignores them). */
+export interface GrammarSpec { kind: "json_schema" | "ebnf" | "structural_tag"; source: string; warnings?: string[] }
 
 /**
  * JSON as Python's json.dumps writes it by default (", " and ": ", keys in order), so a spec is the
@@ -263,7 +275,27 @@ function pyJson(v: unknown): string {
   return JSON.stringify(v);
 }
 
-function schemaText(schema: unknown, where: string, defaults: SchemaDefaults): string {
+/**
+ * The size compile_limits bounds, read from a checked schema: the twin of structured.py's grammar_size (one per
+ * JSON object in it, and n(n+1)/2 more for an object of n properties with minProperties or maxProperties).
+ */
+export function grammarSize(schema: unknown): number {
+  if (Array.isArray(schema)) return schema.reduce((n: number, v) => n + grammarSize(v), 0);
+  if (!isObject(schema)) return 0;
+  const n = isObject(schema.properties) ? Object.keys(schema.properties).length : 0;
+  const counted = "minProperties" in schema || "maxProperties" in schema ? (n * (n + 1)) / 2 : 0;
+  return 1 + counted + Object.values(schema).reduce((m: number, v) => m + grammarSize(v), 0);
+}
+
+function checkSize(size: number): void {
+  const limit = SUPPORT.compile_limits.size;
+  if (size > limit) {
+    throw new InvalidRequestError(`the schema's grammar has size ${size}, over the limit of ${limit}: bound or simplify it ` +
+      "(fewer subschemas or alternatives, no minProperties or maxProperties over many properties)");
+  }
+}
+
+function schemaSpec(schema: unknown, where: string, defaults: SchemaDefaults): GrammarSpec {
   if (typeof schema === "string") {
     try {
       schema = JSON.parse(schema);
@@ -271,23 +303,28 @@ function schemaText(schema: unknown, where: string, defaults: SchemaDefaults): s
       throw new InvalidRequestError(`${where} is not valid JSON: ${(err as Error).message}`);
     }
   }
-  return pyJson(checkSchema(schema, "#", defaults));
+  const warnings: string[] = [];
+  const checked = checkSchema(schema, "#", defaults, warnings);
+  checkSize(grammarSize(checked));
+  const source = pyJson(checked);
+  return warnings.length ? { kind: "json_schema", source, warnings } : { kind: "json_schema", source };
 }
 
 export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"], defaults: SchemaDefaults = {}): GrammarSpec | null {
   if (!fmt || (fmt.type ?? "text") === "text") return null;
   switch (fmt.type) {
     case "json_object":  // WebLLM passes a schema as a JSON string here
-      return { kind: "json_schema", source: schemaText(fmt.schema ?? { type: "object" }, "response_format.schema", defaults) };
+      return schemaSpec(fmt.schema ?? { type: "object" }, "response_format.schema", defaults);
     case "json_schema":
       if (!isObject(fmt.json_schema) || !("schema" in fmt.json_schema)) {
         throw new InvalidRequestError("response_format.json_schema must be {name, schema, strict}");
       }
-      return { kind: "json_schema", source: schemaText(fmt.json_schema.schema, "response_format.json_schema.schema", defaults) };
+      return schemaSpec(fmt.json_schema.schema, "response_format.json_schema.schema", defaults);
     case "grammar":
       if (typeof fmt.grammar !== "string" || !fmt.grammar.trim()) {
         throw new InvalidRequestError("response_format.grammar must be an EBNF string with a `root` rule");
       }
+      checkSize(fmt.grammar.split("::=").length - 1);  // a grammar's own rules
       return { kind: "ebnf", source: fmt.grammar };
     case "regex":
       if (typeof fmt.pattern !== "string" || !fmt.pattern) {
@@ -300,15 +337,16 @@ export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"]
   }
 }
 
-function toolTag(fn: Tool["function"], defaults: SchemaDefaults): Record<string, unknown> {
+function toolTag(fn: Tool["function"], defaults: SchemaDefaults, warnings: string[]): Record<string, unknown> {
   const params = fn.parameters ?? { type: "object", properties: {} };
   return { type: "tag", begin: `${TOOL_OPEN}{"name": ${JSON.stringify(fn.name)}, "arguments": `,
-    content: { type: "json_schema", json_schema: checkSchema(params, `#/tools/${fn.name}/parameters`, defaults) }, end: `}${TOOL_CLOSE}` };
+    content: { type: "json_schema", json_schema: checkSchema(params, `#/tools/${fn.name}/parameters`, defaults, warnings) }, end: `}${TOOL_CLOSE}` };
 }
 
 export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel: boolean, defaults: SchemaDefaults = {}): GrammarSpec | null {
   if (!tools.length || choice === "none") return null;
   const byName = new Map(tools.map((t) => [t.function.name, t.function]));
+  const warnings: string[] = [];
   let fmt: Record<string, unknown>;
   if (typeof choice === "object" && choice !== null) {
     const name = choice.function?.name;
@@ -316,14 +354,16 @@ export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel
     if (!fn) {
       throw new InvalidRequestError(`tool_choice names the function '${name}', which is not in tools (${[...byName.keys()].join(", ")})`);
     }
-    fmt = toolTag(fn, defaults);
+    fmt = toolTag(fn, defaults, warnings);
   } else {
-    const tags = [...byName.values()].map((fn) => toolTag(fn, defaults));
+    const tags = [...byName.values()].map((fn) => toolTag(fn, defaults, warnings));
     fmt = choice === "required"
       ? { type: "tags_with_separator", tags, separator: "\n", at_least_one: true, stop_after_first: !parallel }
       : { type: "triggered_tags", triggers: [TOOL_OPEN], tags, at_least_one: false, stop_after_first: !parallel };
   }
-  return { kind: "structural_tag", source: pyJson({ type: "structural_tag", format: fmt }) };
+  checkSize(grammarSize(fmt));
+  const source = pyJson({ type: "structural_tag", format: fmt });
+  return warnings.length ? { kind: "structural_tag", source, warnings } : { kind: "structural_tag", source };
 }
 
 /**
@@ -477,7 +517,6 @@ export function withExactRules(ebnf: string): string {
   return `${swapped.replace(/\n+$/, "")}\n${rules.join("\n")}\n`;
 }
 
-const hasPlaceholders = (spec: GrammarSpec): boolean => spec.kind === "json_schema" && spec.source.includes(numbers.PREFIX);
 
 /**
  * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
@@ -511,14 +550,22 @@ async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise
 }
 
 /**
+ * What xgrammar compiles for `spec`: a json_schema's EBNF (placeholders swapped), an ebnf spec's own text, a
+ * structural tag's tight form (the twin of structured.py's compiled_text).
+ */
+export async function compiledText(spec: GrammarSpec): Promise<string> {
+  return engineCall(spec, () => (spec.kind === "json_schema" ? schemaEbnf(spec.source)
+    : spec.kind === "ebnf" ? Promise.resolve(spec.source) : tightStructuralTag(spec.source)));
+}
+
+/**
  * xgrammar's grammar for ``spec``, printed, and the name of its root rule: what the `wasm` device
- * translates for llama.cpp (gbnf.ts). The same calls and errors as GrammarCompiler.compile.
+ * translates for llama.cpp (gbnf.ts). The same text and errors as GrammarCompiler.compile.
  */
 export async function printGrammar(spec: GrammarSpec): Promise<{ text: string; root: string }> {
   const G = xgr().Grammar;
-  const grammar = await engineCall(spec, () => (hasPlaceholders(spec) ? schemaEbnf(spec.source).then((text) => G.fromEBNF(text))
-    : spec.kind === "json_schema" ? G.fromJSONSchema(spec.source, false, -1, SEPARATORS, true)
-    : spec.kind === "ebnf" ? G.fromEBNF(spec.source) : tightStructuralTag(spec.source).then((tag) => G.fromStructuralTag(tag))));
+  const source = await compiledText(spec);
+  const grammar = await engineCall(spec, () => (spec.kind === "structural_tag" ? G.fromStructuralTag(source) : G.fromEBNF(source)));
   try {
     const text = grammar.toString();
     // a structural tag's grammar prints its own root rule last
@@ -537,8 +584,8 @@ export interface TokenizerJson {
 /** One per engine: the vocabulary for xgrammar and a cache of compiled grammars (and of refusals) by spec. */
 export class GrammarCompiler {
   private readonly cache = new Map<string, XGrammar.CompiledGrammar>();
-  private readonly refused = new Map<string, InvalidRequestError>();
-  /** A compile over this is refused (schema_support.json's compile_limits). */
+  /** schema_support.json's compile_limits. What may be compiled was decided with the spec (grammarSize); the
+   * server's time limit is a safety net for its load, so here a slow compile is only logged. */
   limits = SUPPORT.compile_limits;
   hits = 0;
 
@@ -551,7 +598,7 @@ export class GrammarCompiler {
     for (const t of tokenizer.added_tokens ?? []) vocab[t.id] = t.content;
     const type = tokenPostproc === "byte_level" ? "byte_level" : tokenPostproc === "byte_fallback" ? "byte_fallback" : "raw";
     const info = await xgr().TokenizerInfo.createTokenizerInfo(vocab, type, false, vocabSize, [...stopIds].sort((a, b) => a - b));
-    return new GrammarCompiler(await xgr().GrammarCompiler.createGrammarCompiler(info, true), vocabSize);
+    return new GrammarCompiler(await xgr().GrammarCompiler.createGrammarCompiler(info, false), vocabSize);
   }
 
   get entries(): number {
@@ -565,22 +612,13 @@ export class GrammarCompiler {
       this.hits++;
       return hit;
     }
-    const refused = this.refused.get(key);
-    if (refused) throw refused;
+    const text = await compiledText(spec);
     const start = performance.now();
-    const compiled = await engineCall(spec, () => (hasPlaceholders(spec) ? schemaEbnf(spec.source).then((text) => this.compiler.compileGrammar(text))
-      : spec.kind === "json_schema" ? this.compiler.compileJSONSchema(spec.source, false, -1, SEPARATORS, true)
-      : spec.kind === "ebnf" ? this.compiler.compileGrammar(spec.source)
-        : tightStructuralTag(spec.source).then((tag) => this.compiler.compileStructuralTag(tag))));
+    const compiled = await engineCall(spec, () => (spec.kind === "structural_tag" ? this.compiler.compileStructuralTag(text)
+      : this.compiler.compileGrammar(text)));
     const seconds = (performance.now() - start) / 1000;
-    if (seconds > this.limits.seconds) {  // web-xgrammar reports no memory size: time only (schema_support.json)
-      compiled.dispose();
-      const err = new InvalidRequestError(`compiling the grammar took ${seconds.toFixed(1)} s, over the limit of ` +
-        `${this.limits.seconds} s: bound its strings and arrays (maxLength, maxItems, schema_defaults) or simplify its patterns`);
-      this.refused.set(key, err);
-      throw err;
-    }
-    this.cache.set(key, compiled);
+    if (seconds > this.limits.seconds) console.warn(`lantern: compiling a grammar took ${seconds.toFixed(1)} s`);
+    this.cache.set(key, compiled);  // a page's few grammars: kept (a matcher may still hold an old one)
     return compiled;
   }
 

@@ -1,0 +1,341 @@
+"""JSONSchemaBench through Lantern's structured output (the `--jsonschemabench DIR` mode of
+ci/bench_structured.py; a benchmark, not a test).
+
+For every schema of DIR (`<split>.jsonl` and `<split>.tests.jsonl`, as in ../shared/jsonschemabench):
+- declared: whether Lantern accepts it (the server's checks and xgrammar's compile against the model's
+  vocabulary, with the default schema_defaults), its compile time, and llguidance's verdict on the same
+  schema in the same run (llguidance runs in its own virtual environment under the cache, not in Lantern's);
+- instances, no model: each of the benchmark's test instances of an accepted schema, written the way Lantern
+  writes JSON (one line, OpenAI's separators, the schema's key order), through the grammar: a valid one the
+  grammar refuses is over-constrained, an invalid one it accepts is under-constrained (an invalid answer
+  Lantern could give);
+- answers (with an artifact): `--answers N` schemas of each split answered greedily by the model, each
+  answer validated by jsonschema (Draft 2020-12, formats checked): valid, invalid or cut at max_tokens;
+  the mask time per token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jsonschema
+
+from lantern.server.protocol import ChatCompletionRequest
+from lantern.server.structured import StructuredOutputError, response_format_spec, schema_ebnf
+
+LLGUIDANCE = "llguidance==1.9.1"
+LAYOUT = {"ensure_ascii": False, "separators": (", ", ": ")}
+
+
+def load(folder: Path) -> list[dict]:
+    """Every schema of the folder: {split, id, schema, tests}, in file order."""
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        if path.name.endswith(".tests.jsonl"):
+            continue
+        tests_path = path.with_name(path.name[: -len(".jsonl")] + ".tests.jsonl")
+        tests = {}
+        if tests_path.exists():
+            for line in filter(None, tests_path.read_text().split("\n")):  # not splitlines: U+2028 is text
+                row = json.loads(line)
+                tests[row["id"]] = row["tests"]
+        for line in filter(None, path.read_text().split("\n")):
+            row = json.loads(line)
+            rows.append({"split": path.name[: -len(".jsonl")], "id": row["id"], "schema": row["schema"],
+                         "tests": tests.get(row["id"], [])})
+    return rows
+
+
+def request_for(schema, max_tokens: int = 384) -> dict:
+    text = json.dumps(schema)
+    shown = text if len(text) <= 3000 else text[:3000] + " ..."
+    return {"messages": [{"role": "system", "content": "You answer with one JSON value that satisfies the user's "
+                          "JSON Schema."},
+                         {"role": "user", "content": f"JSON Schema:\n{shown}\nWrite one example."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}},
+            "temperature": 0, "max_tokens": max_tokens}
+
+
+def lantern_declared(rows: list[dict], engine) -> None:
+    """Sets row["lantern"] (None: accepted, else the refusal), row["compile_s"] and row["spec"]."""
+    for row in rows:
+        start = time.perf_counter()
+        try:
+            req = ChatCompletionRequest(**request_for(row["schema"]))
+            fmt = req.response_format.model_dump(exclude_none=True)  # as the server reads it
+            row["spec"] = response_format_spec(fmt, req.schema_defaults.model_dump())
+            row["compiled"] = engine.compile_grammar(row["spec"])
+            row["lantern"] = None
+        except StructuredOutputError as err:
+            row["lantern"] = str(err)
+        except Exception as err:  # noqa: BLE001 (a crash is a result too: it is printed)
+            row["lantern"] = f"crash: {type(err).__name__}: {err}"
+        row["compile_s"] = time.perf_counter() - start
+
+
+_LLG_SCRIPT = r"""
+import json, sys
+from llguidance import LLMatcher
+out = []
+for line in sys.stdin:
+    schema = json.loads(line)
+    try:
+        err = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(json.dumps(schema)))
+    except Exception as e:
+        err = str(e) or type(e).__name__
+    out.append(err or None)
+print(json.dumps(out))
+"""
+
+
+def llguidance_env() -> Path:
+    """A virtual environment with llguidance, made once under the cache."""
+    cache = Path(os.environ.get("LANTERN_CACHE", Path.home() / ".cache" / "lantern"))
+    env = cache / "bench-llguidance"
+    python = env / "bin" / "python"
+    if not python.exists():
+        print(f"installing {LLGUIDANCE} into {env} (once) ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", LLGUIDANCE], check=True)
+    return python
+
+
+def llguidance_declared(rows: list[dict]) -> None:
+    """Sets row["llguidance"]: None where llguidance accepts the schema, else its error."""
+    text = "".join(json.dumps(r["schema"]) + "\n" for r in rows)
+    out = subprocess.run([str(llguidance_env()), "-c", _LLG_SCRIPT], input=text, capture_output=True, text=True,
+                         check=True)
+    for row, err in zip(rows, json.loads(out.stdout)):
+        row["llguidance"] = err
+
+
+# ---- instances ----------------------------------------------------------------------------------
+
+def _resolve(schema, root, depth: int = 0):
+    """``schema`` with a local $ref followed (a few levels)."""
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#") \
+            and depth < 16:
+        node = root
+        for part in schema["$ref"][1:].split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            return schema
+        schema, depth = node, depth + 1
+    return schema
+
+
+def _property_order(schema, root, keys: set) -> tuple[list, dict]:
+    """The property names a schema lists, in its order, and their subschemas (following $ref, allOf and the
+    first anyOf/oneOf branch that lists a key of the instance)."""
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict):
+        return [], {}
+    names, subs = [], {}
+    own = schema.get("properties")
+    if isinstance(own, dict):
+        for k, v in own.items():
+            names.append(k)
+            subs[k] = v
+    for part in schema.get("allOf") or []:
+        n, s = _property_order(part, root, keys)
+        names += [k for k in n if k not in subs]
+        subs = {**s, **subs}
+    for key in ("anyOf", "oneOf"):
+        for part in schema.get(key) or []:
+            n, s = _property_order(part, root, keys)
+            if keys & set(n):
+                names += [k for k in n if k not in subs]
+                subs = {**s, **subs}
+                break
+    return names, subs
+
+
+def in_schema_order(value, schema, root):
+    """``value`` with each object's keys in the order its schema lists them (others after, as they came)."""
+    if isinstance(value, dict):
+        names, subs = _property_order(schema, root, set(value))
+        order = [k for k in names if k in value] + [k for k in value if k not in names]
+        extra = _resolve(schema, root).get("additionalProperties") if isinstance(_resolve(schema, root), dict) else None
+        return {k: in_schema_order(value[k], subs.get(k, extra if isinstance(extra, dict) else {}), root)
+                for k in order}
+    if isinstance(value, list):
+        s = _resolve(schema, root)
+        items = s.get("items") if isinstance(s, dict) else None
+        prefix = s.get("prefixItems") if isinstance(s, dict) else None
+        out = []
+        for i, v in enumerate(value):
+            sub = prefix[i] if isinstance(prefix, list) and i < len(prefix) else \
+                items[i] if isinstance(items, list) and i < len(items) else items
+            out.append(in_schema_order(v, sub if isinstance(sub, dict) else {}, root))
+        return out
+    return value
+
+
+def check_instances(rows: list[dict]) -> None:
+    """Sets row["instances"]: a list of (valid, accepted, text) for an accepted schema's test instances."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    for row in rows:
+        row["instances"] = []
+        if row["lantern"] is not None or not row["tests"]:
+            continue
+        spec = row["spec"]
+        grammar = xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source))
+        for test in row["tests"]:
+            text = json.dumps(in_schema_order(test["data"], row["schema"], row["schema"]), **LAYOUT)
+            row["instances"].append((test["valid"], bool(_is_grammar_accept_string(grammar, text)), text))
+
+
+def mask_times(rows: list[dict], engine) -> None:
+    """Sets row["mask_us"]: the mean time to compute the token mask (and accept the token), per token,
+    along the first valid test instance the grammar accepts, tokenized as the model writes it."""
+    for row in rows:
+        text = next((t for valid, accepted, t in row.get("instances", []) if valid and accepted), None)
+        if text is None:
+            continue
+        mask = engine.grammars.matcher(row["compiled"])
+        tokens = engine.encode(text)
+        start = time.perf_counter()
+        for token in tokens:
+            allowed = mask.allowed()
+            if not allowed[token]:
+                break  # a tokenization the grammar does not take token by token: the time so far is kept
+            mask.accept(token)
+        row["mask_us"] = (time.perf_counter() - start) * 1e6 / max(1, len(tokens))
+
+
+# ---- answers ------------------------------------------------------------------------------------
+
+def validator(schema):
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def answer(engine, row: dict, max_tokens: int) -> None:
+    from lantern.server.engine import Stop
+
+    req = ChatCompletionRequest(**request_for(row["schema"], max_tokens))
+    prompt = engine.encode(engine.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
+    steps = []
+    start = time.perf_counter()
+    engine.generate(prompt, req, Stop(), steps.append, grammar=row["compiled"])
+    row["answer_s"] = time.perf_counter() - start
+    text = "".join(s.delta for s in steps)
+    last = steps[-1]
+    row["tokens"] = last.usage.completion_tokens if last.usage else 0
+    if last.finish == "length":
+        row["answer"] = "cut"
+        return
+    try:
+        errors = sorted(validator(row["schema"]).iter_errors(json.loads(text)), key=str)
+    except json.JSONDecodeError:
+        errors = ["not JSON"]
+    row["answer"] = "valid" if not errors else "invalid"
+    row["answer_error"] = str(errors[0])[:300] if errors else None
+    row["answer_text"] = text
+
+
+def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int) -> None:
+    picked, seen = [], Counter()
+    for row in rows:
+        if row["lantern"] is None and seen[row["split"]] < per_split:
+            seen[row["split"]] += 1
+            picked.append(row)
+    done = 0
+    with ThreadPoolExecutor(4) as pool:  # the llamacpp engine decodes these in shared steps
+        for _ in pool.map(lambda r: answer(engine, r, max_tokens), picked):
+            done += 1
+            print(f"\ranswers {done}/{len(picked)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+def pct(n: int, d: int) -> str:
+    return f"{n / d:5.0%}" if d else "    -"
+
+
+def report(rows: list[dict], answers: bool) -> None:
+    by_split = defaultdict(list)
+    for r in rows:
+        by_split[r["split"]].append(r)
+    head = (f"{'split':16} {'n':>4} {'lantern':>8} {'llguid.':>8}  {'inst ok':>8} {'over':>5} {'under':>6}")
+    if answers:
+        head += f"  {'answered':>8} {'valid':>5} {'invalid':>7} {'cut':>4} {'compliance':>10}"
+    print(head)
+    for split, rs in [*sorted(by_split.items()), ("all", rows)]:
+        n = len(rs)
+        ours = sum(r["lantern"] is None for r in rs)
+        theirs = sum(r.get("llguidance", "x") is None for r in rs)
+        inst = [i for r in rs for i in r.get("instances", [])]
+        over = sum(v and not a for v, a, _ in inst)
+        under = sum(a and not v for v, a, _ in inst)
+        line = (f"{split:16} {n:4} {pct(ours, n):>8} {pct(theirs, n) if 'llguidance' in rs[0] else '-':>8}  "
+                f"{len(inst) - over - under:4}/{len(inst):<4} {over:5} {under:6}")
+        if answers:
+            a = Counter(r.get("answer") for r in rs if "answer" in r)
+            k = sum(a.values())
+            line += f"  {k:8} {a['valid']:5} {a['invalid']:7} {a['cut']:4} {pct(a['valid'], k):>10}"
+        print(line)
+    print(f"{'split':16} {'compile ms mean':>16} {'mask us/token mean':>19}")
+    for split, rs in [*sorted(by_split.items()), ("all", rows)]:
+        ms = [r["compile_s"] * 1000 for r in rs if r["lantern"] is None]
+        us = [r["mask_us"] for r in rs if "mask_us" in r]
+        print(f"{split:16} {statistics.mean(ms) if ms else 0:16.0f} {statistics.mean(us) if us else 0:19.0f}")
+    compile_ms = sorted(r["compile_s"] * 1000 for r in rows if r["lantern"] is None)
+    if compile_ms:
+        p = lambda q: compile_ms[min(len(compile_ms) - 1, int(q * len(compile_ms)))]  # noqa: E731
+        print(f"compile time of accepted schemas: p50 {p(0.5):.0f} ms, p99 {p(0.99):.0f} ms, max {compile_ms[-1]:.0f} ms")
+    if answers:
+        answered = [r for r in rows if "answer" in r]
+        if answered:
+            ms = [r["answer_s"] * 1000 / max(1, r["tokens"]) for r in answered]
+            print(f"answers: {len(answered)}, median {statistics.median(ms):.0f} ms a token (4 at once)")
+    reasons = Counter(_reason(r["lantern"]) for r in rows if r["lantern"] is not None)
+    print("refusals by cause: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common(25)))
+
+
+def _reason(message: str) -> str:
+    import re
+
+    m = re.match(r"schema keywords? '([^']+)'", message)
+    if m and "is not supported by the grammar engine" in message:
+        return f"unknown keyword {m[1]}"
+    if m:
+        return m[1]
+    return message.split(":")[0][:60]
+
+
+def main(folder: Path, artifact: Path | None, per_split: int, max_tokens: int, skip_llguidance: bool,
+         only: list[str] | None, dump: Path | None) -> int:
+    from lantern.server.engine import ModelEngine
+
+    rows = load(folder)
+    if only:
+        rows = [r for r in rows if r["split"] in only]
+    engine = ModelEngine(artifact, "llamacpp" if per_split else "auto")
+    start = time.perf_counter()
+    lantern_declared(rows, engine)
+    print(f"lantern: {len(rows)} schemas checked and compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    if not skip_llguidance:
+        llguidance_declared(rows)
+    check_instances(rows)
+    mask_times(rows, engine)
+    if per_split:
+        run_answers(rows, engine, per_split, max_tokens)
+    report(rows, bool(per_split))
+    if dump:
+        keep = ("split", "id", "lantern", "llguidance", "compile_s", "mask_us", "instances", "answer", "answer_error",
+                "answer_text", "tokens", "answer_s")
+        dump.write_text("\n".join(json.dumps({k: r[k] for k in keep if k in r}) for r in rows) + "\n")
+    return 0

@@ -1,0 +1,270 @@
+"""Real-world schemas (server/schema_normalize.py and its browser twin webruntime/src/normalize.ts), no
+model, seconds: each keyword group the rewrite reads (drafts, annotations and unknown keywords, allOf,
+not, conditionals, $ref siblings, formats as bounds) lets through only JSON that jsonschema (Draft
+2020-12, formats checked) and ajv both find valid, on random instances, and accepts its listed valid
+examples; what was ignored is reported; bad schemas are refused by name; the browser decides and
+writes alike, on these cases and on every JSONSchemaBench schema of ../shared/jsonschemabench when
+that folder is there (LANTERN_JSONSCHEMABENCH names another)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import xgrammar
+from xgrammar.testing import _is_grammar_accept_string
+
+from browser import repo_root
+from test_structured import run_typescript
+
+sys.path.insert(0, str(repo_root() / "ci"))
+from jsonschemabench import in_schema_order, load  # noqa: E402
+
+from lantern.server.structured import StructuredOutputError, grammar_size, response_format_spec, schema_ebnf
+
+LAYOUT = {"ensure_ascii": False, "separators": (", ", ": ")}
+
+# (name, schema, valid examples the grammar must accept, each as Lantern writes it)
+CASES = [
+    ("draft-04 spellings", {
+        "$schema": "http://json-schema.org/draft-04/schema#", "id": "http://example.com/s", "type": "object",
+        "definitions": {"n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 9}},
+        "properties": {"n": {"$ref": "#/definitions/n"}, "t": {"type": "array", "items": [{"type": "string"}],
+                                                                 "additionalItems": {"type": "boolean"}, "maxItems": 3}},
+        "dependencies": {"t": ["n"]}},
+     ['{"n": 1}', '{"n": 9, "t": ["a", true]}', "{}"]),
+    ("dependentSchemas", {
+        "type": "object", "properties": {"card": {"type": "string", "maxLength": 4}, "cvc": {"type": "integer"}},
+        "dependentSchemas": {"card": {"required": ["cvc"]}}},
+     ['{"card": "1234", "cvc": 1}', '{"cvc": 7}', "{}"]),
+    ("allOf merged", {
+        "allOf": [{"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}, "required": ["a"]},
+                  {"properties": {"a": {"type": "integer", "maximum": 5}, "b": {"enum": ["x", "y", 3]}}},
+                  {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
+     ['{"a": 0, "b": "x"}', '{"a": 5, "b": "y"}']),
+    ("allOf of $refs", {
+        "$defs": {"named": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
+                            "required": ["name"]},
+                  "aged": {"properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}}}},
+        "allOf": [{"$ref": "#/$defs/named"}, {"$ref": "#/$defs/aged"}], "required": ["age"]},
+     ['{"name": "Ada", "age": 36}']),
+    ("allOf with additionalProperties false: only its own properties", {
+        "allOf": [{"properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
+                  {"properties": {"a": {"minimum": 1}}, "additionalProperties": False}]},
+     ['{"a": 1}', "{}"]),
+    ("$ref siblings, 2020-12", {
+        "$defs": {"s": {"type": "string"}}, "type": "object",
+        "properties": {"code": {"$ref": "#/$defs/s", "pattern": "^[A-Z]{3}$"}}, "required": ["code"]},
+     ['{"code": "ABC"}']),
+    ("$ref siblings, draft-07 (ignored by jsonschema, applied by ajv: applied)", {
+        "$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"s": {"type": "string", "maxLength": 3}},
+        "type": "object", "properties": {"code": {"$ref": "#/definitions/s", "minLength": 2}}, "required": ["code"]},
+     ['{"code": "ab"}']),
+    ("not", {
+        "type": "object", "properties": {
+            "v": {"type": ["string", "integer", "null"], "not": {"type": "null"}},
+            "color": {"enum": ["red", "green", "blue"], "not": {"const": "green"}},
+            "flag": {"type": "boolean", "not": {"const": False}}},
+        "required": ["v"], "not": {"required": ["secret"]}},
+     ['{"v": 1}', '{"v": "a", "color": "red", "flag": true}']),
+    ("if required then", {
+        "type": "object", "properties": {"email": {"type": "string", "maxLength": 20}, "verified": {"type": "boolean"}},
+        "if": {"required": ["email"]}, "then": {"required": ["verified"]}, "else": {"properties": {"verified": False}}},
+     ['{"email": "a@b.c", "verified": true}', "{}"]),
+    ("anyOf with siblings", {
+        "type": "object", "properties": {"kind": {"type": "string"}, "r": {"type": "number"}, "w": {"type": "number"}},
+        "additionalProperties": False, "anyOf": [{"required": ["kind", "r"]}, {"required": ["kind", "w"]}]},
+     ['{"kind": "circle", "r": 1}', '{"kind": "box", "w": 2.5}']),
+    ("required but not listed", {
+        "type": "object", "properties": {"id": {"type": "string", "maxLength": 5}}, "required": ["id", "rank"]},
+     ['{"id": "a", "rank": 3}', '{"id": "a", "rank": {"x": [1]}}']),
+    ("type list with object keywords", {
+        "type": ["string", "object"], "maxLength": 4,
+        "properties": {"args": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1}},
+        "required": ["args"]},
+     ['"abcd"', '{"args": ["x"]}']),
+    ("formats as bounds", {
+        "type": "object", "properties": {"replicas": {"type": ["integer", "null"], "format": "int32"},
+                                         "data": {"type": "string", "format": "byte"},
+                                         "ratio": {"type": "number", "format": "double"}}},
+     ['{"replicas": 2147483647, "data": "QUJD", "ratio": 0.5}', '{"replicas": null}']),
+    ("uniqueItems over strings", {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True},
+     ['[]', '["abc"]']),
+    ("patternProperties .*", {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {".*": {"type": "integer",
+                                                                                                   "minimum": 0}}},
+     ['{"a": 1}']),
+    ("minProperties over no properties", {"type": "object", "minProperties": 1, "maxProperties": 2},
+     ['{"k": 1}', '{"k": [], "j": null}']),
+    ("vendor keywords and annotation formats", {
+        "type": "object", "x-kubernetes-preserve-unknown-fields": True, "_format": "int32",
+        "properties": {"c": {"type": "string", "format": "color", "maxLength": 7, "example": "#fff"}},
+        "required": ["c"]},
+     ['{"c": "#fff"}']),
+]
+
+
+def _names(node, out: list) -> list:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k in ("properties", "dependentSchemas", "dependencies") and isinstance(v, dict):
+                out.extend(n for n in v if n not in out)
+            if k == "required" and isinstance(v, list):
+                out.extend(n for n in v if isinstance(n, str) and n not in out)
+            _names(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _names(v, out)
+    return out
+
+
+def _value(rng: random.Random, names: list, depth: int):
+    kind = rng.choice(["int", "int", "big", "num", "str", "str", "bool", "null", "list", "obj", "obj"][: 11 if depth
+                                                                                                      else 8])
+    if kind == "int":
+        return rng.randint(-3, 10)
+    if kind == "big":
+        return rng.choice([2147483647, 2147483648, -2147483649, 10**12])
+    if kind == "num":
+        return rng.choice([0.5, -1.25, 3.0, 150.5])
+    if kind == "str":
+        return rng.choice(["", "a", "ab", "ABC", "abcd", "x@y", "QUJD", "QUJ", "#fff", "red", "green", "x", "y",
+                           "circle", "a@b.c", "longer text"])
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    if kind == "list":
+        return [_value(rng, names, depth - 1) for _ in range(rng.randint(0, 3))]
+    return {n: _value(rng, names, depth - 1) for n in names if rng.random() < 0.5}
+
+
+def _grammar(schema):
+    spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    return spec, xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source))
+
+
+def _validator(schema):
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def test_each_keyword_group_lets_through_only_what_both_validators_accept(report):
+    rng = random.Random(34)
+    cases, texts_of = [], []
+    for name, schema, examples in CASES:
+        spec, grammar = _grammar(schema)
+        names = _names(schema, []) + ["k", "j", "secret"]
+        texts = {json.dumps(_value(rng, names, 2), **LAYOUT) for _ in range(400)}
+        texts |= {t for t in (json.dumps(json.loads(e), **LAYOUT) for e in examples)}
+        accepted = sorted(t for t in texts if _is_grammar_accept_string(grammar, t))
+        for example in examples:
+            assert _is_grammar_accept_string(grammar, example), (name, example, "a valid example refused")
+        assert len(accepted) >= len(examples), name
+        cases.append({"schema": schema, "texts": accepted})
+        texts_of.append((name, schema, accepted))
+    by_ajv = run_typescript("ajv_check.ts", {"cases": cases})["out"]
+    total = 0
+    for (name, schema, accepted), ajv_ok in zip(texts_of, by_ajv):
+        check = _validator(schema)
+        for text, ok in zip(accepted, ajv_ok):
+            errors = list(check.iter_errors(json.loads(text)))
+            assert not errors, (name, text, errors[0].message)
+            assert ok is not False, (name, text, "ajv refuses it")  # None: a draft-04 schema, which ajv 8 cannot read
+        total += len(accepted)
+    report(f"schema rewrite: {len(CASES)} keyword groups, {total} accepted texts of ~400 random instances each, "
+           "every one valid for jsonschema and ajv; every listed valid example accepted")
+
+
+def test_what_was_ignored_is_reported_once_per_keyword():
+    spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": CASES[-1][1]}})
+    assert spec.warnings == (
+        "ignored the unknown keyword 'x-kubernetes-preserve-unknown-fields' at #",
+        "ignored the unknown keyword '_format' at #",
+        "ignored format 'color' (no validator checks it) at #/properties/c",
+        "ignored the unknown keyword 'example' at #/properties/c")
+    many = {"type": "object", "properties": {f"p{i}": {"type": "string", "x-order": i} for i in range(5)}}
+    spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": many}})
+    assert spec.warnings == ("ignored the unknown keyword 'x-order' at #/properties/p0 and 4 more places",)
+
+
+@pytest.mark.parametrize("schema, message", [
+    (3, "schema at # must be an object or a boolean, not integer"),
+    ([{"type": "string"}], "schema at # must be an object or a boolean, not array"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}}, "'#/$defs/nowhere' points to nothing"),
+    ({"$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}, {"type": "object"}]},
+                "b": {"allOf": [{"$ref": "#/$defs/a"}, {"required": ["x"]}]}}, "$ref": "#/$defs/a"},
+     "refers to itself through allOf"),
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "keyword 'type' at #/allOf/1: no type is in both"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"], "additionalProperties": False},
+     "'b' is required but not in properties, and additionalProperties is false"),
+    ({"type": "strin"}, "schema keyword 'type' at #: \"strin\" is not a JSON Schema type"),
+])
+def test_a_schema_that_is_not_json_schema_or_has_no_value_is_refused_by_name(schema, message):
+    with pytest.raises(StructuredOutputError, match=None) as err:
+        response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    assert message in str(err.value)
+
+
+def test_a_huge_schema_is_refused_within_the_limits():
+    """5 MB of nested subschemas: refused by the rewrite's node count, in well under a second a MB."""
+    import time
+
+    node: dict = {"type": "string"}
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "object", "properties": {
+        f"q{j}": node for j in range(60)}} for i in range(4000)}}
+    assert len(json.dumps(wide)) > 5_000_000
+    start = time.perf_counter()
+    with pytest.raises(StructuredOutputError, match="more than 20000 subschemas"):
+        response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": wide}})
+    assert time.perf_counter() - start < 5
+
+
+def _bench_schemas() -> list[dict]:
+    folder = Path(os.environ.get("LANTERN_JSONSCHEMABENCH", repo_root().parent / "shared" / "jsonschemabench"))
+    return load(folder) if folder.is_dir() else []
+
+
+def test_browser_and_server_decide_and_write_alike():
+    """The same checked schema text, warnings, size (so the same accept or refuse) and error for each case
+    above and each JSONSchemaBench schema; the EBNF text alike where both xgrammar builds print alike (they
+    print a bounded repeat, {n,m}, differently), and where they do not, the two grammars accept the same
+    of the benchmark's test instances."""
+    bench = _bench_schemas()
+    rows = [{"schema": s, "tests": []} for _, s, _ in CASES] + bench
+    defaults = {"maxLength": 256, "maxItems": 64}
+    ts = run_typescript("schema_parity.ts", {"schemas": [r["schema"] for r in rows], "defaults": defaults})["out"]
+    same_text = instances = 0
+    for row, web in zip(rows, ts):
+        try:
+            spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": row["schema"]}},
+                                        defaults)
+        except StructuredOutputError as err:
+            assert web == {"error": f"InvalidRequestError: {err}"}, row["schema"]
+            continue
+        assert "error" not in web, (web, row["schema"])
+        assert json.loads(web["source"]) == json.loads(spec.source) and web["warnings"] == list(spec.warnings)
+        assert web["size"] == grammar_size(json.loads(spec.source))
+        try:
+            ebnf = schema_ebnf(spec.source)
+        except RuntimeError:  # xgrammar refuses the checked schema: so does the browser's
+            assert web["ebnf"] is None, row["schema"]
+            continue
+        if ebnf == web["ebnf"]:
+            same_text += 1
+            continue
+        assert "{" in web["ebnf"] or "repeat" in ebnf, row["schema"]
+        ours, theirs = xgrammar.Grammar.from_ebnf(ebnf), xgrammar.Grammar.from_ebnf(web["ebnf"])
+        for test in row["tests"]:
+            text = json.dumps(in_schema_order(test["data"], row["schema"], row["schema"]), **LAYOUT)
+            assert _is_grammar_accept_string(ours, text) == _is_grammar_accept_string(theirs, text), (row["schema"], text)
+            instances += 1
+    assert same_text >= len(CASES) // 2
+    if bench:
+        print(f"{len(bench)} JSONSchemaBench schemas: {same_text} grammars alike as text, {instances} test instances "
+              "alike on the others")
