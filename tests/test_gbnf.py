@@ -61,9 +61,9 @@ EBNF = 'root ::= "say " word ("," word)*\nword ::= [^\\x00-\\x20,\\\\"]+ | "\\""
 EXACT = {"type": "object", "properties": {
     "code": {"type": "string", "pattern": "^[A-Z\\-\\]]{2}\\d$", "maxLength": 3},
     "tags": {"type": "array", "items": {"enum": ["a", "b\"c"]}, "uniqueItems": True},
-    "q": {"type": "integer", "multipleOf": 5, "maximum": 20}, "s": {"type": "string", "maxLength": 2}},
+    "q": {"type": "integer", "multipleOf": 5, "maximum": 20}, "s": {"type": "string", "minLength": 1, "maxLength": 2}},
     "required": ["code", "tags", "q", "s"], "additionalProperties": False}
-EXACT_OK = ['{"code": "A]1", "tags": ["b\\"c", "a"], "q": 15, "s": "\\u00e9\\n"}', '{"code": "--0", "tags": [], "q": -5, "s": ""}']
+EXACT_OK = ['{"code": "A]1", "tags": ["b\\"c", "a"], "q": 15, "s": "\\u00e9\\n"}', '{"code": "--0", "tags": [], "q": -5, "s": "x"}']
 EXACT_BAD = ['{"code": "A]", "tags": [], "q": 0, "s": ""}', '{"code": "AB1", "tags": ["a", "a"], "q": 0, "s": ""}',
              '{"code": "AB1", "tags": [], "q": 25, "s": ""}', '{"code": "AB1", "tags": [], "q": 7, "s": ""}',
              '{"code": "AB1", "tags": [], "q": 0, "s": "\t"}', '{"code": "AB1", "tags": [], "q": 0, "s": "abc"}']

@@ -264,9 +264,11 @@ def test_xgrammar_alone_lets_invalid_strings_through():
     assert raw_accepts(raw({"type": "string", "pattern": "^a$", "maxLength": 0}), '"a"')  # lengths dropped
     assert raw_accepts(raw({"type": "string", "maxLength": 3}), '"\t"')  # a raw tab: not JSON
     ours = lambda schema: accepts_of(string_grammar.string_rules(  # noqa: E731
-        string_grammar.placeholder(schema.get("pattern"), 0, schema.get("maxLength")), "s"), "s")
+        string_grammar.placeholder(schema.get("pattern"), schema.get("minLength", 0), schema.get("maxLength")), "s"), "s")
     assert not ours({"pattern": "^[^a]+$"})('"""') and ours({"pattern": "^[^a]+$"})('"\\""')
-    assert not ours({"maxLength": 3})('"\t"') and ours({"maxLength": 3})('"\\t"')
+    assert not ours({"maxLength": 3, "minLength": 1})('"\t"') and ours({"maxLength": 3, "minLength": 1})('"\\t"')
+    # a maxLength alone is one repeated class (fast to mask): raw characters, escapes left out
+    assert not ours({"maxLength": 3})('"\t"') and not ours({"maxLength": 3})('"\\t"') and ours({"maxLength": 3})('"é"')
 
 
 # ---- uniqueItems ----------------------------------------------------------------------------------

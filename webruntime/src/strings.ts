@@ -479,11 +479,14 @@ export function placeholder(pattern: string | null, minLength: number, maxLength
 }
 
 /**
- * [characters, least, most] when the strings are any run of one character class within lengths (no pattern,
- * or one like `^[a-z0-9]{2,40}$`), written as xgrammar's repetition; else null (see string_grammar.one_class).
+ * [characters, least, most] when the strings are a run of one class within lengths, written as xgrammar's
+ * repetition of one character class: a string with only a maxLength (characters: null, any character JSON
+ * holds raw), or a pattern like `^[a-z0-9]{2,40}$` over printable ASCII; else null (the automaton). See
+ * string_grammar.one_class.
  */
-export function oneClass(pattern: string | null, minLength: number, maxLength: number | null): [Chars, number, number | null] | null {
-  let node: Node = pattern !== null ? parsePattern(pattern) : { t: "rep", node: { t: "set", chars: ALL }, lo: 0, hi: null };
+export function oneClass(pattern: string | null, minLength: number, maxLength: number | null): [Chars | null, number, number | null] | null {
+  if (pattern === null) return minLength === 0 && maxLength !== null ? [null, 0, maxLength] : null;
+  let node: Node = parsePattern(pattern);
   if (node.t === "cat") {
     let parts = node.items;
     if (parts.length && parts[0].t === "bol") parts = parts.slice(1);
@@ -492,10 +495,10 @@ export function oneClass(pattern: string | null, minLength: number, maxLength: n
     node = parts[0];
   }
   if (node.t === "set") node = { t: "rep", node, lo: 1, hi: 1 };
-  if (node.t !== "rep" || node.node.t !== "set") return null;
+  if (node.t !== "rep" || node.node.t !== "set" || minus(node.node.chars, RAW).length) return null;
   const lo = Math.max(node.lo, minLength);
   const hi = maxLength === null ? node.hi : node.hi === null ? maxLength : Math.min(node.hi, maxLength);
-  if (hi !== null && lo > hi) throw new PatternError(pattern !== null ? "no string matches it" : "no string has such a length");
+  if (hi !== null && lo > hi) throw new PatternError("no string matches it");
   return [norm(node.node.chars), lo, hi];
 }
 
@@ -504,7 +507,8 @@ export function stringRules(key: string, name: string): string[] {
   const run = oneClass(...(placeholderPayload(key) as [string | null, number, number | null]));
   if (run !== null) {
     const [chars, lo, hi] = run;
-    return [`${name}_0 ::= "\\"" ${name}_c0{${lo},${hi === null ? "" : hi}} "\\""`, `${name}_c0 ::= ${charsEbnf(chars)}`];
+    const char = chars === null ? '[^"\\\\\\x00-\\x1f]' : charsEbnf(chars);  // one class, repeated in place (see the twin)
+    return [`${name}_0 ::= "\\"" ${char}{${lo},${hi === null ? "" : hi}} "\\""`];
   }
   if (!automata.has(key)) {
     if (automata.size >= 256) automata.clear();
