@@ -147,7 +147,7 @@ class Normalizer {
         throw new SchemaError(`schema keyword 'type' at ${where}: ${pyJson(t)} is not a JSON Schema type (${TYPES.join(", ")})`);
       }
     }
-    let out: Obj = {};
+    const out: Obj = {};
     for (const [key, value] of Object.entries(spelled)) {
       if (REFUSED.has(key)) throw new SchemaError(`schema keyword '${key}' at ${where} is not supported: Lantern cannot enforce it in a grammar`);
       if (ANNOTATIONS.has(key)) continue;
@@ -175,7 +175,6 @@ class Normalizer {
           if (merged === false) return false;
         }
       }
-      out = merged as Obj;
       return this.finish(merged, where);
     } catch (err) {
       if (!(err instanceof Contradiction)) throw err;
