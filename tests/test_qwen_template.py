@@ -11,9 +11,7 @@ import json
 import pytest
 from browser import lantern_server, wait_until_ready
 from structured_cases import ADD, TOOLS
-from tiny_models import write_family_folder
 
-from lantern.runtime.artifact import Artifact
 from lantern.server.reasoning import opens_in_prompt, split
 
 pytestmark = pytest.mark.slow  # ~40 MB of embeddings for Qwen's 151,669-token vocabulary
@@ -24,14 +22,6 @@ SAMPLES = [
     "<|im_start|>user\nWhat's the weather?<|im_end|>\n<|im_start|>assistant\n",
     "   leading spaces, trailing spaces   \r\n  and 1234567890 digits",
 ]
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_tokenizer_dir, build_artifact, tmp_path_factory) -> Artifact:
-    folder = tmp_path_factory.mktemp("qwen3-real-tokenizer") / "tiny-qwen3-chat"
-    write_family_folder("qwen3", folder, qwen3_tokenizer_dir, seed=3, max_position_embeddings=1024)
-    return Artifact.open(build_artifact(folder, "q0f32", targets=("cpu", "gguf", "webgpu"),
-                                        webgpu_schedule="cpu-emulated"))
 
 
 def test_llama_cpp_splits_text_as_qwens_tokenizer_does(qwen3, qwen3_tokenizer_dir, shakespeare_text):

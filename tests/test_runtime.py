@@ -50,13 +50,6 @@ def open_page(browser, base: str):
 
 
 @pytest.fixture(scope="module")
-def browser(playwright):
-    b = launch(playwright)
-    yield b
-    b.close()
-
-
-@pytest.fixture(scope="module")
 def session(smollm2, browser):
     """One server, one browser context and one loaded engine shared by the tests below."""
     with lantern_server([smollm2.path]) as (base, seen):

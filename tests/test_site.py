@@ -194,6 +194,11 @@ def test_the_embedding_example_runs_as_shown(site, playwright):
         page.wait_for_function("document.getElementById('embed-output').textContent !== 'loading the model…'",
                                timeout=300_000)
         assert page.locator("#embed-output").inner_text().strip()
+        # the AI SDK snippet: the real `ai` package (/runtime/ai.js) streams through Lantern's provider
+        assert "streamText({ model: lantern()" in page.locator("#code-ai").inner_text()
+        page.wait_for_function("document.getElementById('sdk-output').dataset.route !== undefined", timeout=300_000)
+        assert page.locator("#sdk-output").inner_text().strip()
+        assert page.locator("#sdk-output").get_attribute("data-route") == "local"
         assert problems == []
     finally:
         browser.close()

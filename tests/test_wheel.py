@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from lantern.server.static import RUNTIME_FILES
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -62,7 +64,7 @@ def test_the_wheel_carries_the_site_and_the_runtime(installed, tmp_path):
                            cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
     package = Path(where).parent
     assert installed.parent in package.parents, where  # the wheel's copy, not the checkout
-    for name in ("lantern.js", "worker.js", "schema-check.js", "wllama.wasm"):
+    for name in sorted(RUNTIME_FILES):
         assert (package / "webruntime" / name).read_bytes() == (ROOT / "webruntime" / "dist" / name).read_bytes()
     assert (package / "site" / "index.html").read_bytes() == (ROOT / "site" / "index.html").read_bytes()
 

@@ -1,4 +1,4 @@
-// Bundles the runtime (src/index.ts) and the worker entry (../worker/worker.ts) into one ES
+// Bundles the runtime (src/index.ts) and the worker entries (../worker/worker.ts, shared.ts) into one ES
 // module each under dist/, next to llama.cpp's wasm; `lantern serve` serves them under /runtime/.
 import { copyFileSync } from "node:fs";
 import * as esbuild from "esbuild";
@@ -11,7 +11,17 @@ const common = { bundle: true, format: "esm", platform: "browser", target: "es20
   define: defines };
 await esbuild.build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/lantern.js" });
 await esbuild.build({ ...common, entryPoints: ["../worker/worker.ts"], outfile: "dist/worker.js" });
+// The origin's SharedWorker: one engine per model for every tab (createEngine's `shared`).
+await esbuild.build({ ...common, entryPoints: ["../worker/shared.ts"], outfile: "dist/shared-worker.js" });
+// The AI SDK provider (`@lantern-llm/webruntime/ai-sdk`): its own small module over the runtime, which
+// it imports from ./lantern.js beside it, so the main bundle does not grow and the page loads one runtime.
+const runtimeBeside = { name: "runtime-beside", setup(build) {
+  build.onResolve({ filter: /^\.\/index$/ }, () => ({ path: "./lantern.js", external: true }));
+} };
+await esbuild.build({ ...common, entryPoints: ["src/ai-sdk.ts"], outfile: "dist/ai-sdk.js", plugins: [runtimeBeside] });
 // Not part of the npm package: ajv for the site's JSON mode and the tests (/runtime/schema-check.js).
 await esbuild.build({ ...common, entryPoints: ["src/schema-check.mjs"], outfile: "dist/schema-check.js" });
+// Not part of the npm package: the `ai` package itself, for the site's embed page (/runtime/ai.js).
+await esbuild.build({ ...common, entryPoints: ["src/vendor-ai.mjs"], outfile: "dist/ai.js", minify: true });
 // llama.cpp in wasm for the `wasm` device (wllama's build); the runtime loads it from beside itself.
 copyFileSync("node_modules/@wllama/wllama/esm/wasm/wllama.wasm", "dist/wllama.wasm");

@@ -8,4 +8,6 @@ export const defines = {
   __SCHEMA_SUPPORT__: read("server/schema_support.json"),
   // the OpenAI request rules both runtimes apply (webruntime/src/rules.ts)
   __REQUEST_RULES__: read("compiler/request_rules.json"),
+  // the runtime's version: the SharedWorker's name (webruntime/src/client.ts)
+  __LANTERN_VERSION__: JSON.stringify(JSON.parse(read("webruntime/package.json")).version),
 };

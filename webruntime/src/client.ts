@@ -16,6 +16,17 @@ interface Pending {
 
 type Outgoing = WorkerRequest extends infer R ? R extends { id: number } ? Omit<R, "id"> : never : never;
 
+/** The engine's end of the line: a dedicated Worker, or this page's port of the SharedWorker. */
+interface Channel {
+  post(msg: WorkerRequest): void;
+  close(): void;
+}
+
+declare const __LANTERN_VERSION__: string;
+
+/** The SharedWorker's name: one per runtime version, so two versions of the runtime never share an engine. */
+const SHARED_NAME = `lantern-engine-${__LANTERN_VERSION__}`;
+
 export class WorkerEngine {
   readonly chat = {
     completions: {
@@ -26,14 +37,11 @@ export class WorkerEngine {
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
   private crashed: WorkerCrashedError | null = null;
+  private channel!: Channel;
+  /** Why this page asked for a shared engine and runs a dedicated one (stats().host.fallback). */
+  fallback: string | undefined;
 
-  private constructor(private readonly worker: Worker, private readonly onProgress: EngineOptions["onProgress"]) {
-    worker.onmessage = (ev: MessageEvent<WorkerResponse>) => this.receive(ev.data);
-    worker.onerror = (ev) => {
-      ev.preventDefault();
-      this.crash(new WorkerCrashedError(`the engine worker crashed: ${ev.message || "an uncaught error"}`));
-    };
-  }
+  private constructor(private readonly onProgress: EngineOptions["onProgress"]) {}
 
   /** An uncaught error in the worker leaves its engine in an unknown state: every call in flight
    * fails with WorkerCrashedError (a stream mid-way too, so the router continues it on the cloud),
@@ -43,17 +51,64 @@ export class WorkerEngine {
     this.crashed = err;
     for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
-    this.worker.terminate();
+    this.channel.close();
   }
 
+  /** The engine in a dedicated module worker of this page. */
   static async start(options: EngineOptions, workerUrl: URL): Promise<WorkerEngine> {
-    const engine = new WorkerEngine(new Worker(workerUrl, { type: "module" }), options.onProgress);
-    const { onProgress: _p, worker: _w, ...plain } = options;
-    await engine.call({ kind: "load", options: plain });
+    const engine = new WorkerEngine(options.onProgress);
+    const worker = new Worker(workerUrl, { type: "module" });
+    engine.channel = { post: (msg) => worker.postMessage(msg), close: () => worker.terminate() };
+    worker.onmessage = (ev: MessageEvent<WorkerResponse>) => engine.receive(ev.data);
+    worker.onerror = (ev) => {
+      ev.preventDefault();
+      engine.crash(new WorkerCrashedError(`the engine worker crashed: ${ev.message || "an uncaught error"}`));
+    };
+    await engine.load(options);
     return engine;
   }
 
+  /**
+   * The engine in the origin's SharedWorker: a model another tab has loaded (or is loading) is used as
+   * it is. While this page lives it holds a Web Lock named for it; the SharedWorker waits on that lock,
+   * so a tab that closes, navigates or crashes is noticed, and its requests are cancelled.
+   */
+  static async startShared(options: EngineOptions, workerUrl: URL): Promise<WorkerEngine> {
+    const engine = new WorkerEngine(options.onProgress);
+    const tab = `lantern-tab-${crypto.randomUUID()}`;
+    const release = await holdLock(tab);
+    // extendedLifetime (Chromium): the worker outlives a navigation between two pages of the origin
+    const worker = new SharedWorker(workerUrl, { type: "module", name: SHARED_NAME, extendedLifetime: true } as WorkerOptions);
+    const port = worker.port;
+    engine.channel = {
+      post: (msg) => port.postMessage(msg),
+      close: () => { port.close(); release(); },
+    };
+    port.onmessage = (ev: MessageEvent<WorkerResponse>) => engine.receive(ev.data);
+    worker.onerror = (ev) => {  // the script itself failed to load or start
+      ev.preventDefault();
+      engine.crash(new WorkerCrashedError(`the shared engine worker failed to start: ${(ev as ErrorEvent).message || "an error"}`));
+    };
+    try {
+      await engine.call({ kind: "hello", tab });
+      await engine.load(options);
+    } catch (err) {
+      engine.channel.close();
+      throw err;
+    }
+    return engine;
+  }
+
+  private async load(options: EngineOptions): Promise<void> {
+    const { onProgress: _p, worker: _w, ...plain } = options;
+    await this.call({ kind: "load", options: plain });
+  }
+
   private receive(msg: WorkerResponse): void {
+    if (msg.kind === "crash") {
+      this.crash(new WorkerCrashedError(`the shared engine worker crashed: ${msg.message}`));
+      return;
+    }
     const p = this.pending.get(msg.id);
     if (msg.kind === "progress") {
       this.onProgress?.(msg.progress);
@@ -79,7 +134,7 @@ export class WorkerEngine {
       else this.pending.set(id, { resolve, reject, onChunk });
     }) as Promise<unknown> & { id: number };
     promise.id = id;
-    if (!crashed) this.worker.postMessage({ ...msg, id } as WorkerRequest);
+    if (!crashed) this.channel.post({ ...msg, id } as WorkerRequest);
     return promise;
   }
 
@@ -87,7 +142,7 @@ export class WorkerEngine {
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     const chunks = new PushStream<ChatCompletionChunk>();
     const call = this.call({ kind: "create", request }, request.stream ? (c) => chunks.push(c) : undefined);
-    const onAbort = () => this.worker.postMessage({ kind: "abort", id: this.nextId++, target: call.id } as WorkerRequest);
+    const onAbort = () => { if (!this.crashed) this.channel.post({ kind: "abort", id: this.nextId++, target: call.id }); };
     if (opts.signal?.aborted) onAbort();
     opts.signal?.addEventListener("abort", onAbort);
     const finished = call.finally(() => opts.signal?.removeEventListener("abort", onAbort));
@@ -117,12 +172,23 @@ export class WorkerEngine {
     await this.call({ kind: "interrupt" });
   }
 
-  stats(): Promise<EngineStats> {
-    return this.call({ kind: "stats" }) as Promise<EngineStats>;
+  async stats(): Promise<EngineStats> {
+    const stats = await this.call({ kind: "stats" }) as EngineStats;
+    if (this.fallback) stats.host.fallback = this.fallback;
+    return stats;
   }
 
+  /** Unload the model (shared: leave it; the SharedWorker unloads it after its last tab and a grace period). */
   async unload(): Promise<void> {
     await this.call({ kind: "unload" });
-    this.worker.terminate();
+    this.channel.close();
   }
+}
+
+/** Hold the Web Lock ``name`` until the returned function is called or the page goes away. */
+function holdLock(name: string): Promise<() => void> {
+  if (!navigator.locks) return Promise.resolve(() => {});  // no lock: a closed tab is noticed only by its unload
+  return new Promise((held) => {
+    navigator.locks.request(name, () => new Promise<void>((release) => held(release)));
+  });
 }

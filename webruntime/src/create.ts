@@ -1,4 +1,5 @@
-// createEngine: the engine in a Web Worker (default) or in the page.
+// createEngine: the engine in the origin's SharedWorker (default where it exists), in a dedicated Web
+// Worker, or in the page.
 import { WorkerEngine } from "./client";
 import { Engine } from "./engine";
 import type { EngineOptions } from "./protocol";
@@ -7,7 +8,23 @@ export type LanternEngine = Engine | WorkerEngine;
 
 export async function createEngine(options: EngineOptions): Promise<LanternEngine> {
   if (options.worker === false) return Engine.load(options);
-  // The worker bundle sits next to this module (/runtime/worker.js beside /runtime/lantern.js).
+  // The worker bundles sit next to this module (/runtime/worker.js beside /runtime/lantern.js).
   const model = new URL(options.model, location.href).href;
-  return WorkerEngine.start({ ...options, model }, new URL("./worker.js", import.meta.url));
+  let fallback: string | undefined;
+  if (options.shared ?? true) {
+    if (typeof SharedWorker === "undefined") {
+      if (options.shared) fallback = "this browser has no SharedWorker";
+    } else {
+      try {
+        return await WorkerEngine.startShared({ ...options, model }, new URL("./shared-worker.js", import.meta.url));
+      } catch (err) {
+        if ((err as Error)?.name !== "SharedEngineUnavailableError") throw err;
+        fallback = (err as Error).message;
+        console.info(`lantern: a dedicated worker runs this engine: ${fallback}`);
+      }
+    }
+  }
+  const engine = await WorkerEngine.start({ ...options, model }, new URL("./worker.js", import.meta.url));
+  engine.fallback = fallback;
+  return engine;
 }

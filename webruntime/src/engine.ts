@@ -410,7 +410,7 @@ export class Engine {
   stats(): EngineStats {
     const device = this.loaded();
     return { device: device.kind, deviceLabel: device.label, library: device.library, queued: this.queued,
-      requests: { ...this.counts }, ...device.stats() };
+      requests: { ...this.counts }, ...device.stats(), host: { kind: "page", tabs: 1, models: 1 } };
   }
 
   async unload(): Promise<void> {

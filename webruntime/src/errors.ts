@@ -43,9 +43,14 @@ export class EngineNotLoadedError extends LanternError {}
 /** The engine's Web Worker died (an uncaught error, a wasm abort): the engine is gone; create another. */
 export class WorkerCrashedError extends LanternError {}
 
+/** The engine cannot run in a SharedWorker here (the wasm device needs Web Workers, which Chromium's
+ * SharedWorker cannot start); createEngine then runs it in a dedicated worker. */
+export class SharedEngineUnavailableError extends LanternError {}
+
 const KNOWN = {
   LanternError, IntegrityError, NetworkError, QuotaError, WebGPUUnavailableError, DeviceLostError,
   OutOfMemoryError, ArtifactError, InvalidRequestError, EngineNotLoadedError, WorkerCrashedError,
+  SharedEngineUnavailableError,
 } as const;
 
 export function serializeError(err: unknown): SerializedError {

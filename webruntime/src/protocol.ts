@@ -174,7 +174,21 @@ export interface EngineOptions {
   threads?: number;
   // tokens of context (prompt + answer) to allocate; default: the model's on webgpu, at most 4096 on wasm
   contextWindow?: number;
+  // one engine for every tab of the origin that loads the same model, in a SharedWorker (default: true
+  // where SharedWorker exists); false: a dedicated worker for this page
+  shared?: boolean;
+  // shared: how long the model stays loaded after its last tab has gone (ms; default 20000), so a
+  // navigation or a reload finds it loaded
+  sharedGraceMs?: number;
   onProgress?: (p: LoadProgress) => void;
+}
+
+/** Where an engine runs: in the page, in its own worker, or in the origin's SharedWorker. */
+export interface EngineHost {
+  kind: "page" | "dedicated" | "shared";
+  tabs: number;  // shared: the pages (engines) attached to this model; else 1
+  models: number;  // shared: models loaded in the SharedWorker; else 1
+  fallback?: string;  // why a shared engine was asked for and a dedicated worker runs
 }
 
 export interface EngineStats {
@@ -191,6 +205,7 @@ export interface EngineStats {
   adapter: { vendor: string; architecture: string; features: string[]; fallback: boolean };
   requests: Record<string, number>;  // terminal state -> count
   grammarCache: { entries: number; hits: number };  // compiled grammars kept, and requests that reused one
+  host: EngineHost;
 }
 
 export interface SerializedError {
@@ -214,8 +229,9 @@ export interface DebugResult {
   decodeSteps?: number;
 }
 
-// page -> worker
+// page -> worker (a dedicated worker, or one port of the SharedWorker)
 export type WorkerRequest =
+  | { kind: "hello"; id: number; tab: string }  // shared: the Web Lock this page holds while it lives
   | { kind: "load"; id: number; options: Omit<EngineOptions, "onProgress" | "worker"> }
   | { kind: "create"; id: number; request: ChatCompletionRequest }
   | { kind: "abort"; id: number; target: number }
@@ -232,4 +248,5 @@ export type WorkerResponse =
   | { kind: "progress"; id: number; progress: LoadProgress }
   | { kind: "chunk"; id: number; chunk: ChatCompletionChunk }
   | { kind: "result"; id: number; value: unknown }
-  | { kind: "error"; id: number; error: SerializedError };
+  | { kind: "error"; id: number; error: SerializedError }
+  | { kind: "crash"; id: number; message: string };  // shared: an uncaught error ended the SharedWorker

@@ -9,7 +9,7 @@
 // both devices accept the same requests and produce the same language. Differences: see README.
 import { Wllama } from "@wllama/wllama";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
-import { ArtifactError, EngineNotLoadedError, LanternError, OutOfMemoryError } from "./errors";
+import { ArtifactError, EngineNotLoadedError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
 import { fetchFiles, type Manifest } from "./loader";
 import type { EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
@@ -88,6 +88,9 @@ export class WasmDevice implements Device {
   static async open(modelUrl: string, manifest: Manifest, store: FileStore, options: EngineOptions,
                     report: (p: LoadProgress) => void, model: KvShape = {}): Promise<WasmDevice> {
     const parts = manifest.gguf?.files ?? [];
+    if (typeof Worker === "undefined") {  // before any download: createEngine then uses a dedicated worker
+      throw new SharedEngineUnavailableError("the wasm device (llama.cpp) starts Web Workers, which a SharedWorker cannot here");
+    }
     if (!parts.length) {
       throw new ArtifactError("this artifact has no GGUF for the wasm device: rebuild it with the gguf target " +
         "(`lantern build ... --targets webgpu,cpu,gguf`, the default)");
