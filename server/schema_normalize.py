@@ -626,8 +626,34 @@ class _Normalizer:
                       "anyOf": self.cross(schema.pop("anyOf"), schema.pop("oneOf"), where)}
         return schema
 
+    def only_listed(self, schema: dict, where: str) -> dict:
+        """xgrammar enforces no `required` beside patternProperties, and counts a repeated unlisted name
+        once each time for minProperties (`{"a": 1, "a": 2}` for two; a parser keeps one). Where either
+        matters, the object is generated with its listed properties only: the required names listed,
+        each listed name given its patterns' schemas, patternProperties dropped, additionalProperties false."""
+        required = [n for n in dict.fromkeys(schema.get("required") or []) if isinstance(n, str)]
+        patterns = schema.get("patternProperties") or {}
+        unlisted = schema.get("additionalProperties", True) is not False or bool(patterns)
+        low = schema.get("minProperties")
+        counted = _number(low) and low > len(required) + 1  # one unlisted name can always stand in for more
+        if not ((patterns and required) or (unlisted and counted)):
+            return schema
+        props = {}
+        for name in dict.fromkeys([*(schema.get("properties") or {}), *required]):
+            sub = self.property_schema(schema, name)
+            if name in (schema.get("properties") or {}):
+                for pattern, extra in patterns.items():
+                    if _search(pattern, name):
+                        sub = self.try_merge(sub, extra, f"{where}/properties/{name}")
+            props[name] = sub
+        self.warn("generated only the listed and required properties (xgrammar enforces neither required beside "
+                  "patternProperties nor distinct names for minProperties)", where)
+        return {**{k: v for k, v in schema.items() if k != "patternProperties"}, "properties": props,
+                "additionalProperties": False}
+
     def listed_properties(self, schema: dict, where: str) -> dict:
         """Required names listed in properties; unlisted properties not generated beside listed ones."""
+        schema = self.only_listed(schema, where)
         props = schema.get("properties")
         required = schema.get("required") or []
         extra = schema.get("additionalProperties", True)
@@ -647,14 +673,16 @@ class _Normalizer:
         if (not props and "additionalProperties" not in schema and "patternProperties" not in schema
                 and ("minProperties" in schema or "maxProperties" in schema)):
             schema = {**schema, "additionalProperties": {}}  # xgrammar reads none as none at all when it counts
+        # the names an object can have (a false property only stays listed to be refused)
+        possible = [n for n, sub in (schema.get("properties") or {}).items() if sub is not False]
         if (schema.get("additionalProperties") is False and "patternProperties" not in schema
-                and _number(schema.get("minProperties")) and schema["minProperties"] > len(schema.get("properties") or {})):
+                and _number(schema.get("minProperties")) and schema["minProperties"] > len(possible)):
             raise Contradiction(f"schema keyword 'minProperties' at {where}: {schema['minProperties']} properties "
                                 "are required and fewer are allowed")
         if isinstance(schema.get("minProperties"), int) and schema["minProperties"] <= len(set(required)):
             schema = {k: v for k, v in schema.items() if k != "minProperties"}  # implied: xgrammar would count
         if (schema.get("additionalProperties") is False and "patternProperties" not in schema
-                and isinstance(schema.get("maxProperties"), int) and schema["maxProperties"] >= len(schema.get("properties") or {})):
+                and isinstance(schema.get("maxProperties"), int) and schema["maxProperties"] >= len(possible)):
             schema = {k: v for k, v in schema.items() if k != "maxProperties"}
         for name, sub in list((schema.get("properties") or {}).items()):
             if sub is False and name not in required:

@@ -95,7 +95,7 @@ BAD_REQUESTS = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "patternProperties": {"^[^a]+$": {"type": "integer"}}}}}}, "patternProperties"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
-        "type": "string", "format": "iri"}}}}, "format"),
+        "type": "string", "format": "uri-reference", "pattern": "^a"}}}}, "combined with format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "number", "minimum": 5, "exclusiveMaximum": 5}}}}, "exclusiveMaximum"),
 ]

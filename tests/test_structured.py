@@ -47,7 +47,7 @@ def python_spec(req: dict):
     ({"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}, "required"),
     ({"type": "string", "format": "uuid", "maxLength": 8}, "maxLength"),
     ({"type": "integer", "not": {"const": 3}}, "not"),
-    ({"type": "string", "format": "iri"}, "format"),
+    ({"type": "string", "format": "uri-reference", "pattern": "^a"}, "pattern"),  # a format is a pattern already
     ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "pattern"),  # two patterns: not merged
     ({"type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if"),
     ({"type": "array", "contains": {"type": "integer"}}, "contains"),

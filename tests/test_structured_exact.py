@@ -371,6 +371,19 @@ FORMAT_SAMPLES = {  # (valid, invalid)
     "json-pointer": (["", "/a", "/a~0b", "/a~1"], ["a", "/~2"]),
     "relative-json-pointer": (["0", "1/a", "0#"], ["-1", "01", "a"]),
     "byte": (["", "QUJD", "YWI=", "YQ==", "QUJDRA=="], ["QUJ", "YQ=", "a b", "YQ===", "Y"]),  # ajv-formats' base64
+    # a safe subset of each: what every validator accepts (see schema_support.json's format_patterns_about)
+    "iso-time": (["12:00:00Z", "23:59:59.5+01:00"], ["24:00:00Z", "12:60:00Z", "noon"]),
+    "iso-date-time": (["2024-02-29T12:00:00Z"], ["2023-02-29T12:00:00Z", "2024-02-29 12:00"]),
+    "idn-email": (["a@b.com", "x+y@mail-host.org"], ["plain", "@b.com", "a@"]),
+    "idn-hostname": (["example.com", "a", "abc-def.org", "x" * 62], ["ab--cd.com", "-a.com", "a-.com", "x" * 64, "a..b"]),
+    "uri-reference": (["", "a/b", "/a/b?c=d#e", "https://a.com:8080/x", "../x", "#f", "?q=1"],
+                      ["a b", "http://a b.com", "%zz", "http://a.com/%zz"]),
+    "iri": (["https://a.com", "http://a.b/c?d=e#f"], ["a/b", "http://", "//a.com", "http://a b"]),
+    "iri-reference": (["", "a/b", "https://a.com/x#y"], ["a b", "http://a b.com"]),
+    "uri-template": (["https://a.com/{id}", "/users/{id}/posts", "/x"], ["/x/{id", "/x/}", "a b"]),
+    "url": (["https://example.com", "http://a-b.example.org/x/y"], ["example.com", "https://a", "ftp//a.com", "https://a b.com"]),
+    "json-pointer-uri-fragment": (["#", "#/a", "#/a~0b/~1"], ["/a", "#a", "#/~2"]),
+    "regex": (["", "abc", "a b_c 12"], ["(", "[a", "a)"]),
 }
 
 
@@ -399,6 +412,29 @@ def test_formats_let_through_only_strings_both_validators_accept(report):
     total = sum(len(v) + len(i) for v, i in FORMAT_SAMPLES.values())
     report(f"formats: {len(FORMAT_SAMPLES)} formats, {total} samples (2023-02-29, 25:00:00Z, 256.1.1.1 among them): "
            "the grammar accepts exactly the valid ones, each valid for jsonschema and ajv-formats")
+
+
+def test_every_format_pattern_admits_only_strings_both_validators_accept(report):
+    """Strings sampled from each format pattern (300 a format, seeded; the reference formats' subsets
+    included) are valid for jsonschema's FormatChecker and for ajv-formats, and the grammar takes them."""
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    rng = random.Random(33)
+    cases = []
+    for fmt, pattern in SUPPORT["format_patterns"].items():
+        texts = sorted({sample(string_grammar.parse_pattern(pattern), rng) for _ in range(300)})
+        invalid = [t for t in texts if not checker.conforms(t, fmt)]
+        assert not invalid, (fmt, invalid[:5])
+        cases.append({"schema": {"type": "string", "format": fmt}, "texts": [json.dumps(t) for t in texts]})
+    ajv = run_typescript("ajv_check.ts", {"cases": cases})["out"]
+    for case, ok in zip(cases, ajv):
+        assert all(ok), (case["schema"]["format"], [t for t, o in zip(case["texts"], ok) if not o][:5])
+    for case in cases[-3:]:  # and the grammar accepts what the pattern describes
+        matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(json.dumps(check_schema(case["schema"])))))
+        for text in case["texts"][:40]:
+            assert matcher.accept_string(text) and matcher.is_terminated(), (case["schema"], text)
+            matcher.reset()
+    report(f"format patterns: {sum(len(c['texts']) for c in cases)} strings sampled from {len(cases)} patterns, "
+           "all valid for jsonschema and ajv-formats")
 
 
 # ---- the keyword table ----------------------------------------------------------------------------

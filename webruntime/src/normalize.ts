@@ -610,7 +610,38 @@ class Normalizer {
     return schema;
   }
 
+  /**
+   * xgrammar enforces no `required` beside patternProperties, and counts a repeated unlisted name once
+   * each time for minProperties (`{"a": 1, "a": 2}` for two; a parser keeps one). Where either matters,
+   * the object is generated with its listed properties only: the required names listed, each listed name
+   * given its patterns' schemas, patternProperties dropped, additionalProperties false.
+   */
+  private onlyListed(schema: Obj, where: string): Obj {
+    const required = [...new Set(((schema.required as unknown[]) ?? []).filter((n): n is string => typeof n === "string"))];
+    const patterns = isObject(schema.patternProperties) ? schema.patternProperties : {};
+    const hasPatterns = Object.keys(patterns).length > 0;
+    const unlisted = (has(schema, "additionalProperties") ? schema.additionalProperties : true) !== false || hasPatterns;
+    const low = schema.minProperties;
+    const counted = typeof low === "number" && low > required.length + 1;  // one unlisted name can always stand in for more
+    if (!((hasPatterns && required.length) || (unlisted && counted))) return schema;
+    const own = isObject(schema.properties) ? schema.properties : {};
+    const props: Obj = {};
+    for (const name of new Set([...Object.keys(own), ...required])) {
+      let sub = this.propertySchema(schema, name);
+      if (has(own, name)) {
+        for (const [pattern, extra] of Object.entries(patterns)) {
+          if (search(pattern, name)) sub = this.tryMerge(sub, extra as Schema, `${where}/properties/${name}`);
+        }
+      }
+      props[name] = sub;
+    }
+    this.warn("generated only the listed and required properties (xgrammar enforces neither required beside " +
+      "patternProperties nor distinct names for minProperties)", where);
+    return { ...without(schema, "patternProperties"), properties: props, additionalProperties: false };
+  }
+
   private listedProperties(schema: Obj, where: string): Obj {
+    schema = this.onlyListed(schema, where);
     let props = schema.properties;
     const required = (schema.required as unknown[]) ?? [];
     const extra = has(schema, "additionalProperties") ? schema.additionalProperties : true;
@@ -632,15 +663,17 @@ class Normalizer {
       && (has(schema, "minProperties") || has(schema, "maxProperties"))) {
       schema = { ...schema, additionalProperties: {} };  // xgrammar reads none as none at all when it counts
     }
+    // the names an object can have (a false property only stays listed to be refused)
+    const possible = Object.entries((schema.properties as Obj) ?? {}).filter(([, sub]) => sub !== false).length;
     if (schema.additionalProperties === false && !has(schema, "patternProperties") && typeof schema.minProperties === "number"
-      && schema.minProperties > Object.keys((schema.properties as Obj) ?? {}).length) {
+      && schema.minProperties > possible) {
       throw new Contradiction(`schema keyword 'minProperties' at ${where}: ${schema.minProperties} properties are required and fewer are allowed`);
     }
     if (typeof schema.minProperties === "number" && Number.isInteger(schema.minProperties) && schema.minProperties <= new Set(required).size) {
       schema = without(schema, "minProperties");
     }
     if (schema.additionalProperties === false && !has(schema, "patternProperties") && typeof schema.maxProperties === "number"
-      && Number.isInteger(schema.maxProperties) && schema.maxProperties >= Object.keys((schema.properties as Obj) ?? {}).length) {
+      && Number.isInteger(schema.maxProperties) && schema.maxProperties >= possible) {
       schema = without(schema, "maxProperties");
     }
     for (const [name, sub] of Object.entries((schema.properties as Obj) ?? {})) {
