@@ -62,6 +62,34 @@ def test_the_inverse_cholesky_factor_is_the_textbook_one(n):
     assert np.abs(u - want).max() <= 1e-9 * np.abs(want).max()
 
 
+def test_float32_statistics_and_factor_keep_float64s_quality():
+    """A build sums H and factors its inverse in float32 (``input_statistics``, ``gptq_weight``'s
+    default): 2-2.4x faster than float64 at a 1.5B model's widths. On inputs like a transformer's the
+    layer's output error must stay float64's within 1%, with nearly every code the same."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_t(4, size=(64, 512)).astype(np.float32) * 0.05
+    draw = activation_source(512, seed=3)
+    xs = [draw(256).astype(np.float32) for _ in range(4)]
+    h32 = gptq.input_statistics(xs)
+    x = np.concatenate(xs).astype(np.float64)
+    h64 = x.T @ x / len(x)
+    assert h32.dtype == np.float32 and h32.flags.c_contiguous and np.array_equal(h32, h32.T)
+    assert np.abs(h32 - h64).max() <= 1e-5 * np.abs(h64).max()
+    fast, exact = gptq.gptq_weight(w, h32, Q4), gptq.gptq_weight(w, h64, Q4, precision=np.float64)
+    assert np.mean(fast[0] == exact[0]) > 0.9  # 8 codes a word
+    ratio = output_error(w, *fast, Q4, h64) / output_error(w, *exact, Q4, h64)
+    assert abs(ratio - 1) < 0.01, ratio
+
+
+def test_statistics_float32_cannot_factor_are_factored_in_float64_or_refused():
+    """Where float32's factor fails, float64 factors again; where that fails too, the error names the matrix."""
+    w = np.ones((4, 64), np.float32)
+    h = np.ones((64, 64))
+    h[np.diag_indices(64)] = 1e-3  # far from positive definite, beyond what the damping mends
+    with pytest.raises(LanternError, match="statistics of a 4x64 matrix are not positive definite"):
+        gptq.gptq_weight(w, h, Q4)
+
+
 def test_inputs_that_never_fire_are_harmless():
     rng = np.random.default_rng(2)
     w = rng.normal(size=(8, 64)).astype(np.float32)
