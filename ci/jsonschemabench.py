@@ -235,6 +235,7 @@ def answer(engine, row: dict, max_tokens: int) -> None:
     text = "".join(s.delta for s in steps)
     last = steps[-1]
     row["tokens"] = last.usage.completion_tokens if last.usage else 0
+    row["answer_text"] = text  # a cut answer's text too: what the model looped on
     if last.finish == "length":
         row["answer"] = "cut"
         return
@@ -244,7 +245,6 @@ def answer(engine, row: dict, max_tokens: int) -> None:
         errors = ["not JSON"]
     row["answer"] = "valid" if not errors else "invalid"
     row["answer_error"] = str(errors[0])[:300] if errors else None
-    row["answer_text"] = text
 
 
 def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int) -> None:
