@@ -269,15 +269,16 @@ def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
     h[gone, :], h[:, gone] = 0.0, 0.0
     h[np.diag_indices(in_dim)] = damped[reversed_order]
     try:
-        u = _inverse_cholesky_upper_of_reversed(h)
+        u = _inverse_cholesky_upper_of_reversed(h)  # a view of h
     except np.linalg.LinAlgError:
-        del h
+        u = None
+    del h
+    if u is None:
         if precision != np.float64:
             return gptq_weight(w, hessian, spec, block, np.float64)
         raise LanternError(f"GPTQ: the calibration statistics of a {out_dim}x{in_dim} matrix are not "
-                           "positive definite") from None
+                           "positive definite")
     u = u.astype(np.float32, copy=False)
-    del h
     importance = diag.reshape(in_dim // g, g)
     starts = range(0, out_dim, ROW_CHUNK)
     with ThreadPoolExecutor(max(1, min(len(starts), os.cpu_count() or 1))) as pool:  # numpy drops the GIL
