@@ -81,8 +81,10 @@ def test_float32_statistics_and_factor_keep_float64s_quality():
     assert abs(ratio - 1) < 0.01, ratio
 
 
-def test_statistics_float32_cannot_factor_are_factored_in_float64_or_refused():
-    """Where float32's factor fails, float64 factors again; where that fails too, the error names the matrix."""
+def test_statistics_no_precision_can_factor_are_refused_naming_the_matrix():
+    """Where float32's factor fails, float64 factors again, and where that fails too the error names
+    the matrix. Only the refusal is caused here: with the damping, no statistics found so far factor
+    in float64 but not in float32."""
     w = np.ones((4, 64), np.float32)
     h = np.ones((64, 64))
     h[np.diag_indices(64)] = 1e-3  # far from positive definite, beyond what the damping mends
