@@ -19,6 +19,7 @@ and with --answers N, N answers a split from the model, validated:
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -106,12 +107,15 @@ def main() -> int:
     parser.add_argument("--splits", nargs="*", help="with --jsonschemabench: only these splits")
     parser.add_argument("--no-llguidance", action="store_true", help="with --jsonschemabench: skip llguidance")
     parser.add_argument("--dump", type=Path, help="with --jsonschemabench: write every schema's result as JSON lines")
+    parser.add_argument("--schema-defaults", type=json.loads, metavar="JSON",
+                        help='with --jsonschemabench: the requests\' schema_defaults, e.g. \'{"maxLength": 128}\' '
+                             "(default: the server's)")
     args = parser.parse_args()
     if args.jsonschemabench:
         import jsonschemabench
         return jsonschemabench.main(args.jsonschemabench, args.artifact, args.answers,
                                     args.max_tokens if args.max_tokens != 48 else 384, args.no_llguidance,
-                                    args.splits, args.dump)
+                                    args.splits, args.dump, args.schema_defaults)
     rows = [("cpu (lantern serve)", cpu(args.artifact, args.max_tokens, args.reps))]
     if args.browser:
         rows.append(("browser (WebGPU)", browser(args.artifact, args.max_tokens, args.reps)))

@@ -33,6 +33,7 @@ from lantern.server.structured import StructuredOutputError, response_format_spe
 
 LLGUIDANCE = "llguidance==1.9.1"
 LAYOUT = {"ensure_ascii": False, "separators": (", ", ": ")}
+SCHEMA_DEFAULTS: dict | None = None  # a request's schema_defaults (--schema-defaults); None: the server's defaults
 
 
 def load(folder: Path) -> list[dict]:
@@ -61,7 +62,8 @@ def request_for(schema, max_tokens: int = 384) -> dict:
                           "JSON Schema."},
                          {"role": "user", "content": f"JSON Schema:\n{shown}\nWrite one example."}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}},
-            "temperature": 0, "max_tokens": max_tokens}
+            "temperature": 0, "max_tokens": max_tokens,
+            **({"schema_defaults": SCHEMA_DEFAULTS} if SCHEMA_DEFAULTS is not None else {})}
 
 
 def lantern_declared(rows: list[dict], engine) -> None:
@@ -319,8 +321,11 @@ def _reason(message: str) -> str:
 
 
 def main(folder: Path, artifact: Path | None, per_split: int, max_tokens: int, skip_llguidance: bool,
-         only: list[str] | None, dump: Path | None) -> int:
+         only: list[str] | None, dump: Path | None, schema_defaults: dict | None = None) -> int:
     from lantern.server.engine import ModelEngine
+
+    global SCHEMA_DEFAULTS
+    SCHEMA_DEFAULTS = schema_defaults
 
     rows = load(folder)
     if only:

@@ -63,8 +63,22 @@ def sampling_params(req: SamplingFields, vocab_size: int, defaults: dict) -> Sam
         return value if value is not None else defaults.get(name, GENERATION_FIELDS[name][0])
     return SamplingParams(temperature=pick("temperature"), top_p=pick("top_p"), top_k=min(pick("top_k"), vocab_size),
                           repetition_penalty=pick("repetition_penalty"), frequency_penalty=req.frequency_penalty,
-                          presence_penalty=req.presence_penalty, logit_bias=bias, seed=req.seed,
+                          presence_penalty=req.presence_penalty, dry_multiplier=dry_multiplier(req),
+                          dry_base=req.dry_base, dry_allowed_length=req.dry_allowed_length,
+                          dry_penalty_last_n=req.dry_penalty_last_n, logit_bias=bias, seed=req.seed,
                           top_logprobs=(req.top_logprobs or 0) if req.logprobs else -1)
+
+
+def dry_multiplier(req: SamplingFields) -> float:
+    """The request's dry_multiplier; absent, its schema_defaults.dryMultiplier when it answers under a
+    response_format (JSON from the first token, where a small model repeats itself until max_tokens),
+    else 0. The twin of dryMultiplier in webruntime/src/sampler.ts."""
+    if req.dry_multiplier is not None:
+        return req.dry_multiplier
+    fmt = getattr(req, "response_format", None)
+    if fmt is not None and fmt.type in ("json_schema", "json_object"):
+        return req.schema_defaults.dryMultiplier
+    return 0.0
 
 
 ENGINES = ("auto", "llamacpp", "tvm")
@@ -217,7 +231,7 @@ class ModelEngine:
         max_tokens = min(req.token_limit() or room, room)
         stops = req.stop_list()
         stop_ids = self.stop_ids | set(req.stop_token_ids or [])
-        sampler = Sampler(params)
+        sampler = Sampler(params, prompt)
         mask: TokenMask | None = self.grammars.matcher(grammar) if grammar is not None else None
         holds = stops + ([hold_from] if hold_from else [])
         with contextlib.ExitStack() as opened:

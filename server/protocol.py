@@ -89,10 +89,12 @@ class ResponseFormat(BaseModel):
 
 
 class SchemaDefaults(BaseModel):
-    """Bounds for a schema's unbounded strings and arrays (request_rules.json's schema_defaults)."""
+    """Bounds for a schema's unbounded strings and arrays, and the DRY penalty of an answer under a
+    response_format (request_rules.json's schema_defaults)."""
 
     maxLength: int = _field(_CHAT["schema_defaults"]["fields"]["maxLength"])  # noqa: N815 (the schema keyword)
     maxItems: int = _field(_CHAT["schema_defaults"]["fields"]["maxItems"])  # noqa: N815
+    dryMultiplier: float = _field(_CHAT["schema_defaults"]["fields"]["dryMultiplier"])  # noqa: N815
 
 
 class StreamOptions(BaseModel):
@@ -117,6 +119,10 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = _field(_SHARED["repetition_penalty"])
     frequency_penalty: float = _field(_SHARED["frequency_penalty"])
     presence_penalty: float = _field(_SHARED["presence_penalty"])
+    dry_multiplier: float | None = _field(_SHARED["dry_multiplier"])  # None: ModelEngine.sampling decides
+    dry_base: float = _field(_SHARED["dry_base"])
+    dry_allowed_length: int = _field(_SHARED["dry_allowed_length"])
+    dry_penalty_last_n: int = _field(_SHARED["dry_penalty_last_n"])
     logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None

@@ -1,6 +1,7 @@
 """Token selection for the server, step for step the browser's (webruntime/src/sampler.ts):
 
-    logit_bias -> repetition/frequency/presence penalties (over generated tokens) ->
+    logit_bias -> repetition/frequency/presence penalties (over generated tokens), then DRY (over the
+    prompt and generated tokens) ->
     grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw
 
 with the same seeded xorshift128+ generator, so a seed means the same thing in both engines.
@@ -8,6 +9,7 @@ with the same seeded xorshift128+ generator, so a seed means the same thing in b
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -49,6 +51,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    dry_multiplier: float = 0.0  # DRY ("don't repeat yourself", llama.cpp's sampler): 0 is off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1  # tokens it looks back over, the prompt's included; -1: all of them, 0: off
     logit_bias: dict[int, float] = field(default_factory=dict)
     seed: int | None = None
     top_logprobs: int = -1  # -1: no logprobs
@@ -68,13 +74,17 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 class Sampler:
-    def __init__(self, p: SamplingParams):
+    def __init__(self, p: SamplingParams, prompt: list[int] = ()):
         self.p = p
         self.rng = Rng(p.seed if p.seed is not None else random.getrandbits(52))
         self.counts: dict[int, int] = {}
+        # DRY's window: the prompt and the generated tokens, as llama.cpp's server (the wasm device) sees them
+        self.history: list[int] = list(prompt) if p.dry_multiplier else []
 
     def accept(self, token: int) -> None:
         self.counts[token] = self.counts.get(token, 0) + 1
+        if self.p.dry_multiplier:
+            self.history.append(token)
 
     def sample(self, raw: np.ndarray, allowed: np.ndarray | None = None) -> Sampled:
         """Choose the next token; ``allowed`` (a grammar's mask) rules out the others before choosing."""
@@ -88,6 +98,9 @@ class Sampler:
             if p.repetition_penalty != 1:
                 v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
             logits[i] = np.float32(v - p.frequency_penalty * n - p.presence_penalty)
+        if p.dry_multiplier and p.dry_penalty_last_n:
+            for i, penalty in dry_penalties(self.history, p).items():
+                logits[i] = np.float32(float(logits[i]) - penalty)
         if allowed is not None:
             allowed = allowed[: len(logits)]
             logits[~allowed | np.isnan(logits)] = -np.inf
@@ -131,6 +144,38 @@ class Sampler:
             u = self.rng.next() * cum[keep - 1]
             k = int(np.searchsorted(cum[:keep], u, side="right"))
             return int(ids[min(k, keep - 1)])
+
+
+def dry_penalties(history: list[int], p: SamplingParams) -> dict[int, float]:
+    """DRY, as llama.cpp defines it, without sequence breakers: a token that would extend a repeat of
+    ``n >= dry_allowed_length`` tokens (the end of ``history``, prompt and generated tokens, seen before
+    in it, followed by that token)
+    loses ``dry_multiplier * dry_base ** (n - dry_allowed_length)`` of its logit, for the longest such n.
+    The repeats are found with the Z-algorithm over the reversed window: linear in its length. The twin
+    of dryPenalties in webruntime/src/sampler.ts."""
+    window = history[-p.dry_penalty_last_n:] if p.dry_penalty_last_n > 0 else history
+    rev = window[::-1]
+    n = len(rev)
+    if n <= p.dry_allowed_length:
+        return {}
+    z = [0] * n
+    left = right = 0
+    longest: dict[int, int] = {}
+    for i in range(1, n):
+        k = min(right - i, z[i - left]) if i < right else 0
+        while i + k < n and rev[k] == rev[i + k]:
+            k += 1
+        z[i] = k
+        if i + k > right:
+            left, right = i, i + k
+        # rev[i:i+k] equals rev[:k]: the k tokens ending at history position n-1-i repeat the last k,
+        # and the token after them (rev[i-1]) would extend the repeat to k+1
+        if k >= p.dry_allowed_length and k > longest.get(rev[i - 1], 0):
+            longest[rev[i - 1]] = k
+    top = int(88.7228391 / math.log(p.dry_base)) if p.dry_base > 1.000001 else None  # llama.cpp's clamp
+    return {t: p.dry_multiplier * p.dry_base ** (k - p.dry_allowed_length if top is None
+                                                 else min(k - p.dry_allowed_length, top))
+            for t, k in longest.items()}
 
 
 NUCLEUS_START = 64  # candidates ranked first for top-p; eight times more while the nucleus is wider

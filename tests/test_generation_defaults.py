@@ -21,7 +21,7 @@ from test_structured import run_typescript
 from lantern.runtime.artifact import Artifact
 from lantern.package import GENERATION_FIELDS
 from lantern.server.engine import InvalidRequest, sampling_params
-from lantern.server.protocol import SamplingFields
+from lantern.server.protocol import ChatCompletionRequest
 
 VOCAB = 1000
 SMOL = {"temperature": 0.2, "top_p": 0.9}  # an artifact's defaults
@@ -39,15 +39,27 @@ CASES = [
     ({"top_p": 1.5}, {}),
     ({"top_k": 2.5}, {}),
     ({"repetition_penalty": 0.001}, {}),
+    # DRY: off for free text; under a JSON response_format, schema_defaults.dryMultiplier unless the request sets one
+    ({"response_format": {"type": "json_object"}}, {}),  # schema_defaults' own default: none
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+      "schema_defaults": {"dryMultiplier": 0.3}, "dry_base": 2, "dry_allowed_length": 3, "dry_penalty_last_n": 64}, {}),
+    ({"response_format": {"type": "json_object"}, "dry_multiplier": 0}, {}),
+    ({"dry_multiplier": 1.5}, {}),
+    ({"response_format": {"type": "text"}}, {}),
+    ({"dry_base": 0.5}, {}),
 ]
+DRY = {0: [0, 1.75, 2, -1], 11: [0, 1.75, 2, -1], 12: [0.3, 2, 3, 64], 13: [0, 1.75, 2, -1], 14: [1.5, 1.75, 2, -1],
+       15: [0, 1.75, 2, -1]}  # case -> [multiplier, base, allowed length, last n]
 
 
 def python_params(request: dict, defaults: dict) -> dict:
     try:
-        p = sampling_params(SamplingFields.model_validate(request), VOCAB, defaults)
+        req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **request})
+        p = sampling_params(req, VOCAB, defaults)
     except (ValidationError, InvalidRequest) as err:
         return {"error": str(err)}
-    return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "repetition_penalty": p.repetition_penalty}
+    return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "repetition_penalty": p.repetition_penalty,
+            "dry": [p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n]}
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +80,8 @@ def test_request_then_artifact_then_openai_in_both_runtimes(i, typescript):
         assert "error" in ts, (request, ts)
         return
     assert ts == py
+    if i in DRY:
+        assert py["dry"] == DRY[i]
     for name, (openai, _, _) in GENERATION_FIELDS.items():
         want = request.get(name)
         want = defaults.get(name, openai) if want is None else want

@@ -338,10 +338,42 @@ def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(tiny
         choose_engine(tiny_q4, "llamacpp")
 
 
+def test_dry_penalties_follow_their_definition():
+    """DRY's Z-algorithm against its definition, on random token strings with many repeats: for each
+    token, the longest run of tokens just before an earlier occurrence of it that equals the window's
+    end; a penalty where that run reaches the allowed length, within the last n tokens."""
+    import random
+
+    from lantern.server.sampler import dry_penalties
+
+    def by_definition(history: list[int], p: SamplingParams) -> dict[int, float]:
+        w = history[-p.dry_penalty_last_n:] if p.dry_penalty_last_n > 0 else history
+        n, longest = len(w), {}
+        for j in range(n - 1):  # w[j + 1] follows a run ending at j
+            m = 0
+            while m <= j and w[j - m] == w[n - 1 - m]:
+                m += 1
+            if m >= p.dry_allowed_length and n > p.dry_allowed_length:
+                longest[w[j + 1]] = max(longest.get(w[j + 1], 0), m)
+        return {t: p.dry_multiplier * p.dry_base ** (m - p.dry_allowed_length) for t, m in longest.items()}
+
+    rng = random.Random(0)
+    for _ in range(300):
+        history = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
+        p = SamplingParams(dry_multiplier=rng.choice([0.8, 2.0]), dry_base=rng.choice([1.75, 1.1]),
+                           dry_allowed_length=rng.randrange(1, 4), dry_penalty_last_n=rng.choice([-1, 5, 12]))
+        got, want = dry_penalties(history, p), by_definition(history, p)
+        assert got.keys() == want.keys() and all(abs(got[t] - want[t]) <= 1e-9 * want[t] for t in want), history
+    # a run of one digit: the penalty on writing it once more grows with the run
+    p = SamplingParams(dry_multiplier=0.8)
+    assert [dry_penalties([9] * n, p).get(9, 0) for n in (2, 3, 5)] == [0, 0.8, 0.8 * 1.75 ** 2]
+
+
 def test_python_and_browser_samplers_agree(smollm2):
     """Same seed, same draws: the Python sampler against the runtime's, on identical logits, at a
     small vocabulary and at Gemma 3's 262,144 (where neither sorts it: top-p's nucleus is ranked
-    64 candidates at a time, growing eightfold, and a plain draw walks the tokens in order)."""
+    64 candidates at a time, growing eightfold, and a plain draw walks the tokens in order). DRY
+    penalties, with their prompt, alike."""
     import numpy as np
     from browser import chromium
 
@@ -351,7 +383,11 @@ def test_python_and_browser_samplers_agree(smollm2):
              dict(temperature=0.5, top_p=0.5, top_k=300, seed=2),
              dict(temperature=0.9, seed=5, mask=True), dict(temperature=0, mask=True),
              dict(temperature=0, mask=True, nan=True), dict(temperature=0.9, seed=5, mask=True, nan=True),
-             dict(temperature=1.0, top_p=0.95, seed=9, mask=True, nan=True)]
+             dict(temperature=1.0, top_p=0.95, seed=9, mask=True, nan=True),
+             # DRY over the prompt and the answer: fixed logits would repeat the greedy token forever
+             dict(temperature=0, dry_multiplier=0.8, prompt=[1, 2, 3, 1, 2]),
+             dict(temperature=0, dry_multiplier=0.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=9, mask=True),
+             dict(temperature=0.9, seed=4, dry_multiplier=0.8, prompt=[7, 7, 7, 7])]
     vocabularies = []
     for size, spread in ((512, 3.0), (262144, 2.0)):
         logits = (rng.standard_normal(size) * spread).astype(np.float32)
@@ -359,7 +395,8 @@ def test_python_and_browser_samplers_agree(smollm2):
     py = []
     for logits, allowed in vocabularies:
         for c in cases:
-            s = Sampler(SamplingParams(**{k: v for k, v in c.items() if k not in ("mask", "nan")}))
+            s = Sampler(SamplingParams(**{k: v for k, v in c.items() if k not in ("mask", "nan", "prompt")}),
+                        c.get("prompt", []))
             mask = None
             if c.get("mask"):
                 mask = np.zeros(len(logits), bool)
@@ -372,6 +409,8 @@ def test_python_and_browser_samplers_agree(smollm2):
                 toks.append(t)
             if c.get("mask"):
                 assert set(toks) <= set(allowed)  # a broken model's NaNs included
+            if c.get("dry_multiplier") and c["temperature"] == 0:
+                assert len(set(toks)) > 1  # the repeats were broken
             py.append(toks)
     with lantern_server([smollm2.path]) as (base, _), chromium() as browser:
         page = browser.new_page()
@@ -380,7 +419,7 @@ def test_python_and_browser_samplers_agree(smollm2):
         js = []
         for logits, allowed in vocabularies:
             js += page.evaluate("""([logits, allowed, cases]) => cases.map((c) => {
-                const s = new lantern.Sampler(lantern.samplingParams(c, logits.length));
+                const s = new lantern.Sampler(lantern.samplingParams(c, logits.length), c.prompt ?? []);
                 let mask;
                 if (c.mask) {
                   mask = new Int32Array(logits.length / 32);

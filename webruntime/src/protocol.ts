@@ -47,6 +47,10 @@ export interface ChatCompletionRequest {
   repetition_penalty?: number;
   frequency_penalty?: number;
   presence_penalty?: number;
+  dry_multiplier?: number;  // absent: schema_defaults.dryMultiplier under a JSON response_format, else 0
+  dry_base?: number;
+  dry_allowed_length?: number;
+  dry_penalty_last_n?: number;
   logit_bias?: Record<string, number>;
   stop?: string | string[];
   stop_token_ids?: number[];
@@ -61,7 +65,7 @@ export interface ChatCompletionRequest {
   // extra chat-template variables, as vLLM and llama.cpp's server take them (Qwen3's enable_thinking)
   chat_template_kwargs?: Record<string, unknown>;
   /** Lantern's bounds for a schema's unbounded strings and arrays (request_rules.json; 0: none). */
-  schema_defaults?: { maxLength?: number; maxItems?: number };
+  schema_defaults?: { maxLength?: number; maxItems?: number; dryMultiplier?: number };
 }
 
 /** `chat.completions.create` of the engine, the worker client and the router: a stream for `stream: true`. */

@@ -1,11 +1,12 @@
 // Token selection from one step's logits, on the CPU (no step sorts the vocabulary: 262,144
 // floats for Gemma 3 take a few milliseconds). The order of operations is the contract the Python server follows:
-//   logit_bias -> repetition/frequency/presence penalties (over generated tokens) ->
+//   logit_bias -> repetition/frequency/presence penalties (over generated tokens), then DRY (over the prompt
+//   and generated tokens) ->
 //   grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw.
 // Draws come from a seeded xorshift128+ generator, so one seed gives one token sequence.
 import { InvalidRequestError } from "./errors";
 import type { ChatCompletionRequest } from "./protocol";
-import { checkRequest, generationFields, message } from "./rules";
+import { checkRequest, generationFields, message, RULES } from "./rules";
 
 export interface SamplingParams {
   temperature: number;
@@ -14,6 +15,10 @@ export interface SamplingParams {
   repetitionPenalty: number;
   frequencyPenalty: number;
   presencePenalty: number;
+  dryMultiplier: number;  // DRY (llama.cpp's "don't repeat yourself" sampler): 0 is off
+  dryBase: number;
+  dryAllowedLength: number;
+  dryPenaltyLastN: number;  // tokens it looks back over, the prompt's included; -1: all of them, 0: off
   logitBias: Map<number, number>;
   seed: number | null;
   topLogprobs: number;  // -1: no logprobs
@@ -50,10 +55,58 @@ export function samplingParams(request: ChatCompletionRequest, vocabSize: number
     repetitionPenalty: gen("repetition_penalty"),
     frequencyPenalty: req.frequency_penalty!,  // the rules' defaults are filled in
     presencePenalty: req.presence_penalty!,
+    dryMultiplier: dryMultiplier(req),
+    dryBase: req.dry_base!,
+    dryAllowedLength: req.dry_allowed_length!,
+    dryPenaltyLastN: req.dry_penalty_last_n!,
     logitBias: bias,
     seed: req.seed ?? null,
     topLogprobs: req.logprobs ? req.top_logprobs ?? 0 : -1,
   };
+}
+
+/**
+ * The request's dry_multiplier; absent, its schema_defaults.dryMultiplier when it answers under a
+ * response_format (JSON from the first token, where a small model repeats itself until max_tokens),
+ * else 0. The twin of dry_multiplier in lantern/server/engine.py.
+ */
+export function dryMultiplier(req: ChatCompletionRequest): number {
+  if (req.dry_multiplier !== undefined && req.dry_multiplier !== null) return req.dry_multiplier;
+  const type = req.response_format?.type;
+  if (type !== "json_schema" && type !== "json_object") return 0;
+  return req.schema_defaults?.dryMultiplier ?? (RULES.endpoints.chat.schema_defaults.fields!.dryMultiplier.default as number);
+}
+
+/**
+ * DRY, as llama.cpp defines it, without sequence breakers: a token that would extend a repeat of
+ * n >= dryAllowedLength tokens (the end of `history`, prompt and generated tokens, seen before in it,
+ * followed by that token) loses
+ * dryMultiplier * dryBase^(n - dryAllowedLength) of its logit, for the longest such n. The repeats are
+ * found with the Z-algorithm over the reversed window: linear in its length. The twin of
+ * dry_penalties in lantern/server/sampler.py.
+ */
+export function dryPenalties(history: number[], p: SamplingParams): Map<number, number> {
+  const window = p.dryPenaltyLastN > 0 ? history.slice(-p.dryPenaltyLastN) : history;
+  const rev = window.slice().reverse();
+  const n = rev.length;
+  if (n <= p.dryAllowedLength) return new Map();
+  const z = new Int32Array(n);
+  let left = 0;
+  let right = 0;
+  const longest = new Map<number, number>();
+  for (let i = 1; i < n; i++) {
+    let k = i < right ? Math.min(right - i, z[i - left]) : 0;
+    while (i + k < n && rev[k] === rev[i + k]) k++;
+    z[i] = k;
+    if (i + k > right) { left = i; right = i + k; }
+    // rev[i..i+k) equals rev[0..k): the k tokens ending at history position n-1-i repeat the last k,
+    // and the token after them (rev[i-1]) would extend the repeat to k+1
+    if (k >= p.dryAllowedLength && k > (longest.get(rev[i - 1]) ?? 0)) longest.set(rev[i - 1], k);
+  }
+  const top = p.dryBase > 1.000001 ? Math.trunc(88.7228391 / Math.log(p.dryBase)) : Infinity;  // llama.cpp's clamp
+  const out = new Map<number, number>();
+  for (const [t, k] of longest) out.set(t, p.dryMultiplier * p.dryBase ** Math.min(k - p.dryAllowedLength, top));
+  return out;
 }
 
 /** xorshift128+ seeded through splitmix64; uniform doubles in [0, 1) with 53 bits. */
@@ -104,14 +157,18 @@ function logSoftmax(x: Float32Array): Float64Array {
 export class Sampler {
   private readonly rng: Rng;
   private readonly counts = new Map<number, number>();
+  // DRY's window: the prompt and the generated tokens, as llama.cpp's server (the wasm device) sees them
+  private readonly history: number[];
 
-  constructor(private readonly p: SamplingParams) {
+  constructor(private readonly p: SamplingParams, prompt: readonly number[] = []) {
     this.rng = new Rng(p.seed ?? Math.floor(Math.random() * 2 ** 52));
+    this.history = p.dryMultiplier ? prompt.slice() : [];
   }
 
   /** Record a generated token (the penalties look at these). */
   accept(token: number): void {
     this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
+    if (this.p.dryMultiplier) this.history.push(token);
   }
 
   /** Choose the next token; `allowed` (a grammar's bitmask: bit i of word i>>5) rules out the others. */
@@ -123,6 +180,9 @@ export class Sampler {
       let v = logits[id];
       if (p.repetitionPenalty !== 1) v = v > 0 ? v / p.repetitionPenalty : v * p.repetitionPenalty;
       logits[id] = v - p.frequencyPenalty * n - p.presencePenalty;
+    }
+    if (p.dryMultiplier && p.dryPenaltyLastN) {
+      for (const [id, penalty] of dryPenalties(this.history, p)) logits[id] -= penalty;
     }
     const isAllowed = (i: number) => !allowed || ((allowed[i >> 5] >>> (i & 31)) & 1) === 1;
     let firstAllowed = 0;

@@ -49,8 +49,12 @@ export function checkWasmFits(manifest: Manifest, model: KvShape, contextWindow:
     `${gib(WASM_MEMORY_BYTES)}; a smaller contextWindow, a smaller model, or the webgpu device`);
 }
 
-// llama.cpp's sampler chain in Lantern's order (sampler.ts): penalties, top_k, temperature, top_p.
-const SAMPLERS = ["penalties", "top_k", "temperature", "top_p"];
+// llama.cpp's sampler chain in Lantern's order (sampler.ts): penalties, DRY, top_k, temperature, top_p.
+const SAMPLERS = ["penalties", "dry", "top_k", "temperature", "top_p"];
+// llama.cpp wants at least one DRY sequence breaker (a string that ends a repeat); Lantern's DRY has none
+// (JSON's quotes and colons, llama.cpp's defaults, would end every repeat), so it names one no answer
+// writes: a raw U+0001, which JSON escapes and a grammar never allows.
+const DRY_NO_BREAKERS = ["\u0001"];
 
 interface LlamaLogprob { id: number; token: string; bytes: number[]; logprob: number; top_logprobs?: LlamaLogprob[] }
 interface LlamaChunk {
@@ -151,6 +155,10 @@ export class WasmDevice implements Device {
       temperature: p.temperature, top_k: p.topK, top_p: p.topP, min_p: 0, typical_p: 1, samplers: SAMPLERS,
       repeat_penalty: p.repetitionPenalty, repeat_last_n: this.contextWindow,  // the penalty window: everything
       presence_penalty: p.presencePenalty, frequency_penalty: p.frequencyPenalty,
+      dry_multiplier: p.dryMultiplier, dry_base: p.dryBase, dry_allowed_length: p.dryAllowedLength,
+      // -1 (all) as the window it is: llama.cpp in wasm fails a request that sends -1
+      dry_penalty_last_n: p.dryPenaltyLastN < 0 ? this.contextWindow : p.dryPenaltyLastN,
+      dry_sequence_breakers: DRY_NO_BREAKERS,
       logit_bias: [...p.logitBias],
     };
     // Token ids come only with logprobs, which cost llama.cpp a sort of the vocabulary per token: they

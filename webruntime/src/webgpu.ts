@@ -126,7 +126,7 @@ export class WebGpuDevice implements Device {
       throw err;
     }
     this.kvTokens = prompt.slice();
-    const sampler = new Sampler(params);
+    const sampler = new Sampler(params, prompt);
     const detok = new StreamingDetokenizer(this.load.codec);
     let last = -1;  // the token handed out last, not yet run through the model
     return {
