@@ -33,7 +33,6 @@ from lantern.server.structured import StructuredOutputError, response_format_spe
 
 LLGUIDANCE = "llguidance==1.9.1"
 LAYOUT = {"ensure_ascii": False, "separators": (", ", ": ")}
-SCHEMA_DEFAULTS: dict | None = None  # a request's schema_defaults (--schema-defaults); None: the server's defaults
 
 
 def load(folder: Path) -> list[dict]:
@@ -55,7 +54,8 @@ def load(folder: Path) -> list[dict]:
     return rows
 
 
-def request_for(schema, max_tokens: int = 384) -> dict:
+def request_for(schema, max_tokens: int = 384, schema_defaults: dict | None = None) -> dict:
+    """The benchmark's request; ``schema_defaults`` (--schema-defaults) None: the server's."""
     text = json.dumps(schema)
     shown = text if len(text) <= 3000 else text[:3000] + " ..."
     return {"messages": [{"role": "system", "content": "You answer with one JSON value that satisfies the user's "
@@ -63,15 +63,15 @@ def request_for(schema, max_tokens: int = 384) -> dict:
                          {"role": "user", "content": f"JSON Schema:\n{shown}\nWrite one example."}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}},
             "temperature": 0, "max_tokens": max_tokens,
-            **({"schema_defaults": SCHEMA_DEFAULTS} if SCHEMA_DEFAULTS is not None else {})}
+            **({"schema_defaults": schema_defaults} if schema_defaults is not None else {})}
 
 
-def lantern_declared(rows: list[dict], engine) -> None:
+def lantern_declared(rows: list[dict], engine, schema_defaults: dict | None = None) -> None:
     """Sets row["lantern"] (None: accepted, else the refusal), row["compile_s"] and row["spec"]."""
     for row in rows:
         start = time.perf_counter()
         try:
-            req = ChatCompletionRequest(**request_for(row["schema"]))
+            req = ChatCompletionRequest(**request_for(row["schema"], schema_defaults=schema_defaults))
             fmt = req.response_format.model_dump(exclude_none=True)  # as the server reads it
             row["spec"] = response_format_spec(fmt, req.schema_defaults.model_dump())
             row["compiled"] = engine.compile_grammar(row["spec"])
@@ -225,10 +225,10 @@ def validator(schema):
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-def answer(engine, row: dict, max_tokens: int) -> None:
+def answer(engine, row: dict, max_tokens: int, schema_defaults: dict | None = None) -> None:
     from lantern.server.engine import Stop
 
-    req = ChatCompletionRequest(**request_for(row["schema"], max_tokens))
+    req = ChatCompletionRequest(**request_for(row["schema"], max_tokens, schema_defaults))
     prompt = engine.encode(engine.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
     steps = []
     start = time.perf_counter()
@@ -249,7 +249,7 @@ def answer(engine, row: dict, max_tokens: int) -> None:
     row["answer_error"] = str(errors[0])[:300] if errors else None
 
 
-def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int) -> None:
+def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int, schema_defaults: dict | None = None) -> None:
     picked, seen = [], Counter()
     for row in rows:
         if row["lantern"] is None and seen[row["split"]] < per_split:
@@ -257,7 +257,7 @@ def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int) -> No
             picked.append(row)
     done = 0
     with ThreadPoolExecutor(4) as pool:  # the llamacpp engine decodes these in shared steps
-        for _ in pool.map(lambda r: answer(engine, r, max_tokens), picked):
+        for _ in pool.map(lambda r: answer(engine, r, max_tokens, schema_defaults), picked):
             done += 1
             print(f"\ranswers {done}/{len(picked)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -324,22 +324,19 @@ def main(folder: Path, artifact: Path | None, per_split: int, max_tokens: int, s
          only: list[str] | None, dump: Path | None, schema_defaults: dict | None = None) -> int:
     from lantern.server.engine import ModelEngine
 
-    global SCHEMA_DEFAULTS
-    SCHEMA_DEFAULTS = schema_defaults
-
     rows = load(folder)
     if only:
         rows = [r for r in rows if r["split"] in only]
     engine = ModelEngine(artifact, "llamacpp" if per_split else "auto")
     start = time.perf_counter()
-    lantern_declared(rows, engine)
+    lantern_declared(rows, engine, schema_defaults)
     print(f"lantern: {len(rows)} schemas checked and compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if not skip_llguidance:
         llguidance_declared(rows)
     check_instances(rows)
     mask_times(rows, engine)
     if per_split:
-        run_answers(rows, engine, per_split, max_tokens)
+        run_answers(rows, engine, per_split, max_tokens, schema_defaults)
     report(rows, bool(per_split))
     if dump:
         keep = ("split", "id", "lantern", "llguidance", "compile_s", "mask_us", "instances", "answer", "answer_error",

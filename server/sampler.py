@@ -172,10 +172,8 @@ def dry_penalties(history: list[int], p: SamplingParams) -> dict[int, float]:
         # and the token after them (rev[i-1]) would extend the repeat to k+1
         if k >= p.dry_allowed_length and k > longest.get(rev[i - 1], 0):
             longest[rev[i - 1]] = k
-    top = int(88.7228391 / math.log(p.dry_base)) if p.dry_base > 1.000001 else None  # llama.cpp's clamp
-    return {t: p.dry_multiplier * p.dry_base ** (k - p.dry_allowed_length if top is None
-                                                 else min(k - p.dry_allowed_length, top))
-            for t, k in longest.items()}
+    top = int(88.7228391 / math.log(p.dry_base)) if p.dry_base > 1.000001 else math.inf  # llama.cpp's clamp
+    return {t: p.dry_multiplier * p.dry_base ** min(k - p.dry_allowed_length, top) for t, k in longest.items()}
 
 
 NUCLEUS_START = 64  # candidates ranked first for top-p; eight times more while the nucleus is wider
