@@ -7,8 +7,15 @@ process, and the benchmark prints, per model: parameters, the time and peak RSS 
 build's --json), the whole process's peak RSS (wait4), the peak against the budget of 1 byte per
 parameter plus 3 GB, and the artifact's and its GGUF's bytes.
 
+--runtimes then runs the artifact where users run it, one greedy answer each (--prompt-words,
+--max-tokens): `wasm` and `webgpu` are the browser's devices in headless Chromium (ci/bench_cpu.py's
+run: cold load, cached load, TTFT, decode; webgpu is SwiftShader's cpu-emulated library and needs the
+webgpu target), `serve` is `lantern serve` (its default engine on the artifact: TTFT and decode of one
+request over HTTP, from the response's usage).
+
     .venv/bin/python ci/bench_scale.py [--models qwen2.5-1.5b,llama-3.2-1b] [--no-calibration]
         [--targets cpu,gguf] [--work .lantern-cache/bench-scale] [--cli "python other_lantern.py"]
+        [--runtimes wasm,serve[,webgpu]]
 
 --cli runs another `lantern` (e.g. an older checkout's) on the same models, for a before/after table.
 """
@@ -23,9 +30,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+RUNTIMES = ("wasm", "webgpu", "serve")
 GB = 1e9
 BUDGET_BASE, BUDGET_PER_PARAM = 3 * GB, 1.0  # the memory goal: 1 byte a parameter plus 3 GB
 
@@ -125,6 +134,38 @@ def run_build(cli: list[str], folder: Path, out: Path, cache: Path, extra: list[
     return result
 
 
+def run_runtimes(out: Path, runtimes: list[str], words: int, max_tokens: int) -> dict:
+    """Each runtime's load and speed on the built artifact (one greedy answer each)."""
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "ci")]
+    from bench_cpu import lantern_run
+    from bench_webgpu import prompt_messages
+    from browser import serve_process
+
+    from lantern.runtime.artifact import Artifact
+
+    art = Artifact.open(out)
+    messages = prompt_messages(words)
+    found = {}
+    for name in runtimes:
+        print(f"  running {name}...", file=sys.stderr, flush=True)
+        if name in ("wasm", "webgpu"):
+            r = lantern_run(art, [messages], max_tokens, name, 2 if name == "wasm" else 1)
+            found[name] = {k: r[k] for k in ("load_s", "cached_load_s", "ttft_s", "decode_tokens_per_s", "library")}
+            continue
+        proc, base = serve_process([str(out)])
+        try:
+            body = json.dumps({"model": out.name, "messages": messages, "max_tokens": max_tokens,
+                               "temperature": 0}).encode()
+            req = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=3600) as resp:
+                usage = json.load(resp)["usage"]
+        finally:
+            proc.terminate()
+            proc.wait()
+        found[name] = {"ttft_s": usage["ttft_ms"] / 1000, "decode_tokens_per_s": usage["decode_tokens_per_s"]}
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b", help=f"comma-separated, from: {', '.join(SHAPES)}")
@@ -134,7 +175,17 @@ def main() -> int:
     ap.add_argument("--work", default=str(ROOT / ".lantern-cache" / "bench-scale"), help="models and artifacts go here")
     ap.add_argument("--cli", default=f"{sys.executable} -m lantern.cli", help="the lantern command to measure")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--runtimes", default="", help=f"comma-separated, from: {', '.join(RUNTIMES)} (default: none)")
+    ap.add_argument("--prompt-words", type=int, default=20, help="--runtimes: the prompt's length in words")
+    ap.add_argument("--max-tokens", type=int, default=16, help="--runtimes: tokens to generate")
     args = ap.parse_args()
+    runtimes = [r for r in args.runtimes.split(",") if r]
+    if set(runtimes) - set(RUNTIMES):
+        ap.error(f"unknown runtime '{sorted(set(runtimes) - set(RUNTIMES))[0]}' (choose from: {', '.join(RUNTIMES)})")
+    if "webgpu" in runtimes and "webgpu" not in args.targets.split(","):
+        ap.error("--runtimes webgpu needs the webgpu target: add it to --targets")
+    if ("wasm" in runtimes or "serve" in runtimes) and "gguf" not in args.targets.split(","):
+        ap.error("--runtimes wasm and serve run the GGUF: keep gguf in --targets")
 
     work = Path(args.work).resolve()
     cache = Path(os.environ.get("LANTERN_CACHE", ROOT / ".lantern-cache")).resolve()
@@ -163,6 +214,12 @@ def main() -> int:
               f"{row['peak_rss'] / GB:.2f} GB = {row['peak_rss'] / params:.2f} B/param, "
               f"{row['peak_rss'] / budget:.2f}x the budget of {budget / GB:.1f} GB; weights "
               f"{row['weights_bytes'] / GB:.2f} GB, GGUF {gguf}\n    stages: {stages}", flush=True)
+        if runtimes:
+            row["runtimes"] = run_runtimes(work / "artifacts" / name, runtimes, args.prompt_words, args.max_tokens)
+            for rt, r in row["runtimes"].items():
+                load = (f"load {r['load_s']:.1f} s, cached {r['cached_load_s']:.1f} s, " if "load_s" in r else "")
+                print(f"    {rt}: {load}TTFT {r['ttft_s']:.2f} s, decode {r['decode_tokens_per_s']:.2f} tok/s"
+                      + (f" ({r['library']})" if "library" in r else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

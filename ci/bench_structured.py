@@ -11,9 +11,10 @@ compile time.
 
 With --jsonschemabench DIR it runs real-world schemas instead (ci/jsonschemabench.py): Lantern's and
 llguidance's declared coverage per split, the benchmark's test instances through each accepted grammar,
-and with --answers N, N answers a split from the model, validated:
+and with --answers N, N answers a split from the model, validated (with --browser, also from the
+browser engine's wasm device):
 
-    .venv/bin/python ci/bench_structured.py dist/smollm2 --jsonschemabench ../shared/jsonschemabench --answers 5
+    .venv/bin/python ci/bench_structured.py dist/smollm2 --jsonschemabench ../shared/jsonschemabench --answers 5 [--browser]
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ def main() -> int:
     parser.add_argument("artifact", type=Path, help="artifact folder built by `lantern build` (with a cpu library)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--reps", type=int, default=3, help="runs per configuration (the median is printed)")
-    parser.add_argument("--browser", action="store_true", help="also run the browser engine (slow on SwiftShader)")
+    parser.add_argument("--browser", action="store_true",
+                        help="also run the browser engine (slow on SwiftShader); with --jsonschemabench and --answers: "
+                             "answer the same schemas on its wasm device")
     parser.add_argument("--jsonschemabench", type=Path, metavar="DIR",
                         help="run JSONSchemaBench's schemas (<split>.jsonl, <split>.tests.jsonl) instead")
     parser.add_argument("--answers", type=int, default=0, metavar="N",
@@ -115,7 +118,7 @@ def main() -> int:
         import jsonschemabench
         return jsonschemabench.main(args.jsonschemabench, args.artifact, args.answers,
                                     args.max_tokens if args.max_tokens != 48 else 384, args.no_llguidance,
-                                    args.splits, args.dump, args.schema_defaults)
+                                    args.splits, args.dump, args.schema_defaults, args.browser)
     rows = [("cpu (lantern serve)", cpu(args.artifact, args.max_tokens, args.reps))]
     if args.browser:
         rows.append(("browser (WebGPU)", browser(args.artifact, args.max_tokens, args.reps)))

@@ -11,7 +11,10 @@ For every schema of DIR (`<split>.jsonl` and `<split>.tests.jsonl`, as in ../sha
   Lantern could give);
 - answers (with an artifact): `--answers N` schemas of each split answered greedily by the model, each
   answer validated by jsonschema (Draft 2020-12, formats checked): valid, invalid or cut at max_tokens;
-  the mask time per token.
+  the mask time per token;
+- with `--browser` as well, the same schemas answered by the browser engine (the `wasm` device, 2
+  threads, in headless Chromium: its own schema rewrite, grammar and sampler), validated alike, and how
+  many of its answers are the server's text.
 """
 
 from __future__ import annotations
@@ -238,28 +241,75 @@ def answer(engine, row: dict, max_tokens: int, schema_defaults: dict | None = No
     last = steps[-1]
     row["tokens"] = last.usage.completion_tokens if last.usage else 0
     row["answer_text"] = text  # a cut answer's text too: what the model looped on
-    if last.finish == "length":
-        row["answer"] = "cut"
-        return
+    row["answer"], row["answer_error"] = verdict(row["schema"], text, last.finish)
+
+
+def verdict(schema, text: str, finish: str) -> tuple[str, str | None]:
+    """An answer's class (valid, invalid or cut at max_tokens) and its first validation error."""
+    if finish == "length":
+        return "cut", None
     try:
-        errors = sorted(validator(row["schema"]).iter_errors(json.loads(text)), key=str)
+        errors = sorted(validator(schema).iter_errors(json.loads(text)), key=str)
     except json.JSONDecodeError:
         errors = ["not JSON"]
-    row["answer"] = "valid" if not errors else "invalid"
-    row["answer_error"] = str(errors[0])[:300] if errors else None
+    return ("valid", None) if not errors else ("invalid", str(errors[0])[:300])
 
 
-def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int, schema_defaults: dict | None = None) -> None:
+def picked_for_answers(rows: list[dict], per_split: int) -> list[dict]:
+    """The first ``per_split`` accepted schemas of each split."""
     picked, seen = [], Counter()
     for row in rows:
         if row["lantern"] is None and seen[row["split"]] < per_split:
             seen[row["split"]] += 1
             picked.append(row)
+    return picked
+
+
+def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int, schema_defaults: dict | None = None) -> None:
+    picked = picked_for_answers(rows, per_split)
     done = 0
     with ThreadPoolExecutor(4) as pool:  # the llamacpp engine decodes these in shared steps
         for _ in pool.map(lambda r: answer(engine, r, max_tokens, schema_defaults), picked):
             done += 1
             print(f"\ranswers {done}/{len(picked)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+# One request on the page's engine: its answer, or the error it was refused with.
+ASK = """async (req) => {
+  try {
+    const r = await engine.chat.completions.create(req);
+    return { text: r.choices[0].message.content, finish: r.choices[0].finish_reason, tokens: r.usage.completion_tokens };
+  } catch (e) {
+    return { error: `${e.name}: ${e.message}` };
+  }
+}"""
+
+
+def browser_answers(rows: list[dict], artifact: Path, per_split: int, max_tokens: int,
+                    schema_defaults: dict | None = None) -> None:
+    """The same schemas answered by the browser engine (`wasm` device, 2 threads, headless Chromium), one
+    at a time: row["browser_answer"] is valid, invalid, cut or refused (the browser refused a schema
+    the server accepted), with row["browser_text"] and row["browser_s"]."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from browser import chromium, lantern_server
+
+    picked = picked_for_answers(rows, per_split)
+    with lantern_server([artifact]) as (base, _), chromium(webgpu=False) as browser:
+        page = browser.new_page()
+        page.goto(base + "/engine.html")
+        page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        page.evaluate("([m, o]) => load(m, o)", [f"/models/{artifact.name}/", {"device": "wasm", "threads": 2}])
+        for done, row in enumerate(picked, 1):
+            start = time.perf_counter()
+            got = page.evaluate(ASK, request_for(row["schema"], max_tokens, schema_defaults))
+            row["browser_s"] = time.perf_counter() - start
+            if "error" in got:
+                row["browser_answer"], row["browser_error"] = "refused", got["error"][:300]
+            else:
+                row["browser_text"], row["browser_tokens"] = got["text"], got["tokens"]
+                row["browser_answer"], row["browser_error"] = verdict(row["schema"], got["text"], got["finish"])
+            print(f"\rbrowser answers {done}/{len(picked)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
 
 
@@ -305,6 +355,19 @@ def report(rows: list[dict], answers: bool) -> None:
         if answered:
             ms = [r["answer_s"] * 1000 / max(1, r["tokens"]) for r in answered]
             print(f"answers: {len(answered)}, median {statistics.median(ms):.0f} ms a token (4 at once)")
+    in_browser = [r for r in rows if "browser_answer" in r]
+    if in_browser:
+        print(f"{'browser (wasm)':16} {'answered':>8} {'valid':>5} {'invalid':>7} {'cut':>4} {'refused':>7} "
+              f"{'compliance':>10} {'same text':>9}")
+        for split, rs in [*sorted(by_split.items()), ("all", rows)]:
+            rs = [r for r in rs if "browser_answer" in r]
+            a = Counter(r["browser_answer"] for r in rs)
+            same = sum(r.get("browser_text") == r.get("answer_text") for r in rs)
+            print(f"{split:16} {len(rs):8} {a['valid']:5} {a['invalid']:7} {a['cut']:4} {a['refused']:7} "
+                  f"{pct(a['valid'], len(rs)):>10} {same:9}")
+        ms = [r["browser_s"] * 1000 / max(1, r.get("browser_tokens", 1)) for r in in_browser]
+        print(f"browser answers: {len(in_browser)}, median {statistics.median(ms):.0f} ms a token (one at a time, "
+              "prompt included)")
     reasons = Counter(_reason(r["lantern"]) for r in rows if r["lantern"] is not None)
     print("refusals by cause: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common(25)))
 
@@ -321,7 +384,7 @@ def _reason(message: str) -> str:
 
 
 def main(folder: Path, artifact: Path | None, per_split: int, max_tokens: int, skip_llguidance: bool,
-         only: list[str] | None, dump: Path | None, schema_defaults: dict | None = None) -> int:
+         only: list[str] | None, dump: Path | None, schema_defaults: dict | None = None, browser: bool = False) -> int:
     from lantern.server.engine import ModelEngine
 
     rows = load(folder)
@@ -337,9 +400,11 @@ def main(folder: Path, artifact: Path | None, per_split: int, max_tokens: int, s
     mask_times(rows, engine)
     if per_split:
         run_answers(rows, engine, per_split, max_tokens, schema_defaults)
+    if per_split and browser:
+        browser_answers(rows, artifact, per_split, max_tokens, schema_defaults)
     report(rows, bool(per_split))
     if dump:
         keep = ("split", "id", "lantern", "llguidance", "compile_s", "mask_us", "instances", "answer", "answer_error",
-                "answer_text", "tokens", "answer_s")
+                "answer_text", "tokens", "answer_s", "browser_answer", "browser_error", "browser_text", "browser_s")
         dump.write_text("\n".join(json.dumps({k: r[k] for k in keep if k in r}) for r in rows) + "\n")
     return 0

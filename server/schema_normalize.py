@@ -28,7 +28,11 @@ What it does, node by node (bottom-up):
   value additionalProperties or a matching patternProperties allows (xgrammar allows no unlisted
   property); listed properties with additionalProperties true or a schema: unlisted properties are not
   generated (xgrammar would let a listed name through again with any value), with a warning;
-  uniqueItems over items the grammar cannot list: at most one item, with a warning;
+  uniqueItems over items the grammar cannot list: at most one item, with a warning; propertyNames
+  beside properties, additionalProperties or patternProperties (xgrammar then enforces the names and
+  no value) checked on the listed names and dropped where only listed names are generated, listed
+  out where it allows a list of names, turned into patternProperties where it is one pattern, else
+  refused;
 - false subschemas are removed where xgrammar refuses them (prune), and $refs into dropped keywords
   are pointed at copies in $defs (relocate).
 
@@ -42,7 +46,7 @@ import re
 from pathlib import Path
 
 from ..errors import LanternError
-from . import unique_grammar
+from . import string_grammar, unique_grammar
 
 SUPPORT = json.loads((Path(__file__).with_name("schema_support.json")).read_text())
 KEYWORDS = set(SUPPORT["keywords"])
@@ -52,6 +56,7 @@ ENFORCED_FORMATS = set(SUPPORT["formats"]) | set(SUPPORT["format_patterns"])
 VALIDATOR_FORMATS = set(SUPPORT["validator_formats"])
 MAX_BRANCHES = SUPPORT["normalize_limits"]["branches"]
 MAX_NODES = SUPPORT["normalize_limits"]["nodes"]
+MAX_NAMES = SUPPORT["normalize_limits"]["names"]
 FORMAT_NUMBERS = SUPPORT["format_numbers"]
 MAX_DEPTH = 64
 ANY_NAME = ("", ".*", "^.*", "^")  # patterns every property name matches
@@ -238,7 +243,7 @@ class _Normalizer:
         try:
             if out.get("uniqueItems") is True:
                 out = self.unique_items(out, where)
-            return self.listed_properties(out, where)
+            return self.listed_properties(self.property_names(out, where), where)
         except Contradiction as err:
             self.contradiction = self.contradiction or err
             return False
@@ -642,14 +647,115 @@ class _Normalizer:
         for name in dict.fromkeys([*(schema.get("properties") or {}), *required]):
             sub = self.property_schema(schema, name)
             if name in (schema.get("properties") or {}):
-                for pattern, extra in patterns.items():
-                    if _search(pattern, name):
-                        sub = self.try_merge(sub, extra, f"{where}/properties/{name}")
+                sub = self.with_patterns(schema, name, sub, where)
             props[name] = sub
         self.warn("generated only the listed and required properties (xgrammar enforces neither required beside "
                   "patternProperties nor distinct names for minProperties)", where)
         return {**{k: v for k, v in schema.items() if k != "patternProperties"}, "properties": props,
                 "additionalProperties": False}
+
+    def property_names(self, schema: dict, where: str) -> dict:
+        """propertyNames beside the keywords that give values to names: xgrammar then generates names
+        that propertyNames allows with any value, ignoring properties, additionalProperties and
+        patternProperties. So the listed and required names are checked against it, and it is dropped
+        where only they are generated (listed_properties closes an object with listed properties); it is
+        listed out where it allows a list of names, and turned into patternProperties where it is one
+        pattern; anything else is refused."""
+        names = schema.get("propertyNames", True)
+        if names == {}:
+            return {k: v for k, v in schema.items() if k != "propertyNames"}
+        if not isinstance(names, dict):
+            return schema  # false: prune allows no property
+        names = self.deref(names, f"{where}/propertyNames")
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = [n for n in schema.get("required") or [] if isinstance(n, str)]
+        for name in dict.fromkeys([*required, *props]):
+            if not self.name_allowed(names, name, f"{where}/propertyNames"):
+                if name in required:
+                    raise Contradiction(f"schema keyword 'propertyNames' at {where}: the required name '{name}' is not "
+                                        "an allowed name")
+                props = {k: v for k, v in props.items() if k != name}
+        rest = {k: v for k, v in schema.items() if k != "propertyNames"}
+        if "properties" in schema:
+            rest["properties"] = props
+        values = schema.get("additionalProperties", True)
+        patterns = schema.get("patternProperties")
+        if (values is False or props or required) and not patterns:
+            return rest  # only listed names are generated
+        if not patterns and values in (True, {}) and not props:
+            return schema  # names alone: xgrammar enforces them exactly
+        listed = self.name_list(names, f"{where}/propertyNames")
+        if listed is not None:
+            out = {k: v for k, v in rest.items() if k != "patternProperties"}
+            out["properties"] = {**{n: self.with_patterns(schema, n, sub, where) for n, sub in props.items()},
+                                 **{n: self.property_schema(schema, n) for n in listed if n not in props}}
+            out["additionalProperties"] = False
+            return out
+        pattern = names.get("pattern")
+        if not patterns and set(names) <= {"type", "pattern"} and names.get("type", "string") == "string" \
+                and isinstance(pattern, str):
+            try:
+                string_grammar.check_plain_pattern(pattern)
+            except string_grammar.PatternError as err:
+                raise SchemaError(f"schema keyword 'propertyNames' at {where}: pattern '{pattern}' beside "
+                                  f"additionalProperties: {err}") from None
+            return {**rest, "patternProperties": {pattern: {} if values is True else values},
+                    "additionalProperties": False}
+        raise SchemaError(f"schema keyword 'propertyNames' at {where}: names it allows beside a schema for their "
+                          "values (additionalProperties or patternProperties) are enforced only as a list of names "
+                          "or one pattern")
+
+    def with_patterns(self, schema: dict, name: str, sub, where: str):
+        """A listed property's schema with the patternProperties its name matches merged in."""
+        for pattern, extra in (schema.get("patternProperties") or {}).items():
+            if _search(pattern, name):
+                sub = self.try_merge(sub, extra, f"{where}/properties/{name}")
+        return sub
+
+    def name_allowed(self, names, name: str, where: str) -> bool:
+        """Whether the propertyNames schema ``names`` allows ``name``; SchemaError where it cannot tell."""
+        names = self.deref(names, where)
+        if isinstance(names, bool):
+            return names
+        known = {"type", "enum", "const", "pattern", "minLength", "maxLength", "anyOf", "oneOf", "not"}
+        if set(names) - known:
+            raise SchemaError(f"schema keyword 'propertyNames' at {where}: cannot check a name against keyword "
+                              f"'{sorted(set(names) - known)[0]}'")
+        types = _types(names)
+        return ((types is None or "string" in types)
+                and ("enum" not in names or name in names["enum"])
+                and ("const" not in names or names["const"] == name)
+                and ("pattern" not in names or _search(names["pattern"], name))
+                and len(name) >= names.get("minLength", 0)
+                and ("maxLength" not in names or len(name) <= names["maxLength"])
+                and ("anyOf" not in names or any(self.name_allowed(b, name, where) for b in names["anyOf"]))
+                and ("oneOf" not in names or sum(self.name_allowed(b, name, where) for b in names["oneOf"]) == 1)
+                and ("not" not in names or not self.name_allowed(names["not"], name, where)))
+
+    def name_list(self, names, where: str) -> list[str] | None:
+        """Every name the propertyNames schema ``names`` allows, where they are finitely many (at most
+        normalize_limits.names); None where it allows a pattern's names."""
+        def candidates(node):
+            node = self.deref(node, where)
+            if not isinstance(node, dict):
+                return None
+            if "const" in node:
+                return [node["const"]]
+            if "enum" in node:
+                return list(node["enum"])
+            branches = node.get("anyOf") or node.get("oneOf")
+            if branches:
+                found = [candidates(b) for b in branches]
+                return None if any(f is None for f in found) else [n for f in found for n in f]
+            return None
+        found = candidates(names)
+        if found is None:
+            return None
+        listed = [n for n in dict.fromkeys(n for n in found if isinstance(n, str)) if self.name_allowed(names, n, where)]
+        if len(listed) > MAX_NAMES:
+            raise SchemaError(f"schema keyword 'propertyNames' at {where}: allows {len(listed)} names beside a schema "
+                              f"for their values, over the limit of {MAX_NAMES}")
+        return listed
 
     def listed_properties(self, schema: dict, where: str) -> dict:
         """Required names listed in properties; unlisted properties not generated beside listed ones."""

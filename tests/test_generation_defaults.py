@@ -40,7 +40,7 @@ CASES = [
     ({"top_k": 2.5}, {}),
     ({"repetition_penalty": 0.001}, {}),
     # DRY: off for free text; under a JSON response_format, schema_defaults.dryMultiplier unless the request sets one
-    ({"response_format": {"type": "json_object"}}, {}),  # schema_defaults' own default: none
+    ({"response_format": {"type": "json_object"}}, {}),  # schema_defaults' own default: 0.8
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
       "schema_defaults": {"dryMultiplier": 0.3}, "dry_base": 2, "dry_allowed_length": 3, "dry_penalty_last_n": 64}, {}),
     ({"response_format": {"type": "json_object"}, "dry_multiplier": 0}, {}),
@@ -48,7 +48,7 @@ CASES = [
     ({"response_format": {"type": "text"}}, {}),
     ({"dry_base": 0.5}, {}),
 ]
-DRY = {0: [0, 1.75, 2, -1], 11: [0, 1.75, 2, -1], 12: [0.3, 2, 3, 64], 13: [0, 1.75, 2, -1], 14: [1.5, 1.75, 2, -1],
+DRY = {0: [0, 1.75, 2, -1], 11: [0.8, 1.75, 2, -1], 12: [0.3, 2, 3, 64], 13: [0, 1.75, 2, -1], 14: [1.5, 1.75, 2, -1],
        15: [0, 1.75, 2, -1]}  # case -> [multiplier, base, allowed length, last n]
 
 

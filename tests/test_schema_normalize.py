@@ -105,6 +105,22 @@ CASES = [
      ['{"b": 1, "a": 2}']),
     ("minProperties over no properties", {"type": "object", "minProperties": 1, "maxProperties": 2},
      ['{"k": 1}', '{"k": [], "j": null}']),
+    # xgrammar reads propertyNames alone: beside it, it gives every allowed name any value
+    ("propertyNames pattern beside additionalProperties", {
+        "type": "object", "propertyNames": {"pattern": "^[a-k]+$"}, "additionalProperties": {"type": "integer"}},
+     ['{"k": 1}', '{"ab": 2, "j": -3}', "{}"]),
+    ("propertyNames list beside additionalProperties", {
+        "type": "object", "propertyNames": {"oneOf": [{"enum": ["k", "x"]}, {"const": "j"}]},
+        "additionalProperties": {"type": "string", "maxLength": 3}},
+     ['{"k": "ab"}', '{"x": "abc", "j": ""}']),
+    ("propertyNames list beside patternProperties", {
+        "type": "object", "properties": {"k": {"type": "integer"}}, "patternProperties": {"^[jk]$": {"type": "integer", "minimum": 0}},
+        "propertyNames": {"enum": ["k", "j", "secret"], "maxLength": 1}},
+     ['{"k": 1, "j": 2}', '{"j": 0}', "{}"]),
+    ("propertyNames beside listed properties", {
+        "type": "object", "properties": {"a": {"type": "integer"}, "secret": {"type": "string"}},
+        "propertyNames": {"maxLength": 3}, "required": ["a"]},
+     ['{"a": 1}']),
     ("vendor keywords and annotation formats", {
         "type": "object", "x-kubernetes-preserve-unknown-fields": True, "_format": "int32",
         "properties": {"c": {"type": "string", "format": "color", "maxLength": 7, "example": "#fff"}},
@@ -225,6 +241,11 @@ def test_what_was_ignored_is_reported_once_per_keyword():
     ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"], "additionalProperties": False},
      "'b' is required but not in properties, and additionalProperties is false"),
     ({"type": "strin"}, "schema keyword 'type' at #: \"strin\" is not a JSON Schema type"),
+    ({"type": "object", "additionalProperties": {"type": "integer"},  # oneOf: 'a' is in both, so not allowed
+      "propertyNames": {"oneOf": [{"enum": ["a"]}, {"pattern": "^[a-z]+$"}]}},
+     "schema keyword 'propertyNames' at #: names it allows beside a schema for their values"),
+    ({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"], "propertyNames": {"maxLength": 1}},
+     "the required name 'id' is not an allowed name"),
 ])
 def test_a_schema_that_is_not_json_schema_or_has_no_value_is_refused_by_name(schema, message):
     with pytest.raises(StructuredOutputError, match=None) as err:

@@ -79,7 +79,7 @@ def test_tabs_share_one_engine_fairly_and_a_closed_tab_cancels_only_its_own(serv
            f"({first['ms'] / max(second['ms'], 1):.0f}x faster), 0 requests to the server")
 
     # in turn: page a sends three requests (a long one first), then b one while a's first runs;
-    # b's is answered right after a's first, before a's other two
+    # b's is answered before a's last (one queue for all pages would answer it last)
     req = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 24, "temperature": 0,
            "logit_bias": {str(eos_id(tiny_q4)): -100}}
     a.evaluate(SEND, [{**req, "max_tokens": 160}, req, req])
@@ -89,7 +89,10 @@ def test_tabs_share_one_engine_fairly_and_a_closed_tab_cancels_only_its_own(serv
     [ended_b] = b.evaluate("ended")
     assert [r["tokens"] for r in ended_a][1:] == [24, 24] and ended_b["tokens"] == 24
     order = sorted([("a", r["at"]) for r in ended_a] + [("b", ended_b["at"])], key=lambda x: x[1])
-    assert [who for who, _ in order] == ["a", "b", "a", "a"], order
+    # Right after a's first, as a rule; after a's second where b's request reached the worker once a's
+    # first had ended, or where a page saw its reply late (each page stamps the time it got its reply:
+    # CI once saw a's second and b's 0.5 ms apart, one request's time after a's first)
+    assert [who for who, _ in order][::3] == ["a", "a"], order
 
     # page a streams a long answer; b's request waits for its turn; a closes mid-stream
     a.evaluate("""(r) => { window.got = 0; (async () => {

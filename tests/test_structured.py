@@ -181,7 +181,8 @@ def test_unbounded_strings_and_arrays_get_the_request_s_default_bounds():
         req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], response_format={
             "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, **({"schema_defaults": defaults}
                                                                                         if defaults is not None else {}))
-        assert req.schema_defaults.model_dump() == {"maxLength": 256, "maxItems": 64, **(defaults or {})}
+        assert req.schema_defaults.model_dump() == {"maxLength": 256, "maxItems": 64, "dryMultiplier": 0.8,
+                                                    **(defaults or {})}
         spec = request_spec(req.response_format.model_dump(exclude_none=True), [], None, True,
                             req.schema_defaults.model_dump())
         return lambda s="x", p="a", a=(1,), m="m" * 300: _is_grammar_accept_string(  # noqa: E731

@@ -3,12 +3,13 @@
 // server/schema_support.json; tests/test_schema_normalize.py holds the two equal, schema for schema and error
 // for error, on every JSONSchemaBench schema it has and on its own cases.
 import { InvalidRequestError } from "./errors";
+import * as strings from "./strings";
 import * as unique from "./unique";
 
 declare const __SCHEMA_SUPPORT__: {
   keywords: string[]; annotations: string[]; refused: string[]; formats: string[]; format_patterns: Record<string, string>;
   validator_formats: string[]; format_numbers: Record<string, Record<string, unknown>>;
-  normalize_limits: { nodes: number; branches: number };
+  normalize_limits: { nodes: number; branches: number; names: number };
 };
 const SUPPORT = __SCHEMA_SUPPORT__;
 const KEYWORDS = new Set(SUPPORT.keywords);
@@ -19,6 +20,7 @@ const VALIDATOR_FORMATS = new Set(SUPPORT.validator_formats);
 const FORMAT_NUMBERS = SUPPORT.format_numbers;
 const MAX_NODES = SUPPORT.normalize_limits.nodes;
 const MAX_BRANCHES = SUPPORT.normalize_limits.branches;
+const MAX_NAMES = SUPPORT.normalize_limits.names;
 const MAX_DEPTH = 64;
 const ANY_NAME = ["", ".*", "^.*", "^"];  // patterns every property name matches
 
@@ -210,7 +212,7 @@ class Normalizer {
     }
     try {
       if (out.uniqueItems === true) out = this.uniqueItems(out, where);
-      return this.listedProperties(out, where);
+      return this.listedProperties(this.propertyNames(out, where), where);
     } catch (err) {
       if (!(err instanceof Contradiction)) throw err;
       this.contradiction ??= err;
@@ -627,17 +629,111 @@ class Normalizer {
     const own = isObject(schema.properties) ? schema.properties : {};
     const props: Obj = {};
     for (const name of new Set([...Object.keys(own), ...required])) {
-      let sub = this.propertySchema(schema, name);
-      if (has(own, name)) {
-        for (const [pattern, extra] of Object.entries(patterns)) {
-          if (search(pattern, name)) sub = this.tryMerge(sub, extra as Schema, `${where}/properties/${name}`);
-        }
-      }
-      props[name] = sub;
+      const sub = this.propertySchema(schema, name);
+      props[name] = has(own, name) ? this.withPatterns(schema, name, sub, where) : sub;
     }
     this.warn("generated only the listed and required properties (xgrammar enforces neither required beside " +
       "patternProperties nor distinct names for minProperties)", where);
     return { ...without(schema, "patternProperties"), properties: props, additionalProperties: false };
+  }
+
+  /** propertyNames beside the keywords that give values to names (the twin's property_names). */
+  private propertyNames(schema: Obj, where: string): Obj {
+    if (!has(schema, "propertyNames")) return schema;
+    if (isObject(schema.propertyNames) && !Object.keys(schema.propertyNames).length) return without(schema, "propertyNames");
+    if (!isObject(schema.propertyNames)) return schema;  // false: prune allows no property
+    const at = `${where}/propertyNames`;
+    const names = this.deref(schema.propertyNames as Schema, at);
+    let props: Obj = isObject(schema.properties) ? schema.properties : {};
+    const required = ((schema.required as unknown[]) ?? []).filter((n): n is string => typeof n === "string");
+    for (const name of unique_([...required, ...Object.keys(props)])) {
+      if (this.nameAllowed(names, name, at)) continue;
+      if (required.includes(name)) {
+        throw new Contradiction(`schema keyword 'propertyNames' at ${where}: the required name '${name}' is not an allowed name`);
+      }
+      props = without(props, name);
+    }
+    const rest = without(schema, "propertyNames");
+    if (has(schema, "properties")) rest.properties = props;
+    const values = has(schema, "additionalProperties") ? schema.additionalProperties : true;
+    const patterns = isObject(schema.patternProperties) && Object.keys(schema.patternProperties).length > 0;
+    const listedAny = Object.keys(props).length > 0;
+    if ((values === false || listedAny || required.length) && !patterns) return rest;  // only listed names are generated
+    if (!patterns && isEmpty(values) && !listedAny) return schema;  // names alone: xgrammar enforces them exactly
+    const listed = this.nameList(names, at);
+    if (listed !== null) {
+      const out = without(rest, "patternProperties");
+      const own = Object.fromEntries(Object.entries(props).map(([n, sub]) => [n, this.withPatterns(schema, n, sub as Schema, where)]));
+      const more = Object.fromEntries(listed.filter((n) => !has(props, n)).map((n) => [n, this.propertySchema(schema, n)]));
+      return { ...out, properties: { ...own, ...more }, additionalProperties: false };
+    }
+    const pattern = isObject(names) ? names.pattern : undefined;
+    if (!patterns && isObject(names) && Object.keys(names).every((k) => k === "type" || k === "pattern")
+      && (names.type ?? "string") === "string" && typeof pattern === "string") {
+      try {
+        strings.checkPlainPattern(pattern);
+      } catch (err) {
+        if (!(err instanceof strings.PatternError)) throw err;
+        throw new SchemaError(`schema keyword 'propertyNames' at ${where}: pattern '${pattern}' beside additionalProperties: ${err.message}`);
+      }
+      return { ...rest, patternProperties: { [pattern]: values === true ? {} : values }, additionalProperties: false };
+    }
+    throw new SchemaError(`schema keyword 'propertyNames' at ${where}: names it allows beside a schema for their values ` +
+      "(additionalProperties or patternProperties) are enforced only as a list of names or one pattern");
+  }
+
+  /** A listed property's schema with the patternProperties its name matches merged in. */
+  private withPatterns(schema: Obj, name: string, sub: Schema, where: string): Schema {
+    for (const [pattern, extra] of Object.entries(isObject(schema.patternProperties) ? schema.patternProperties : {})) {
+      if (search(pattern, name)) sub = this.tryMerge(sub, extra as Schema, `${where}/properties/${name}`);
+    }
+    return sub;
+  }
+
+  /** Whether the propertyNames schema `names` allows `name`; SchemaError where it cannot tell. */
+  private nameAllowed(names: Schema, name: string, where: string): boolean {
+    names = this.deref(names, where);
+    if (typeof names === "boolean") return names;
+    const known = ["type", "enum", "const", "pattern", "minLength", "maxLength", "anyOf", "oneOf", "not"];
+    const unknown = Object.keys(names).filter((k) => !known.includes(k)).sort();
+    if (unknown.length) {
+      throw new SchemaError(`schema keyword 'propertyNames' at ${where}: cannot check a name against keyword '${unknown[0]}'`);
+    }
+    const types = typesOf(names);
+    const length = [...name].length;
+    return (types === null || types.includes("string"))
+      && (!has(names, "enum") || (names.enum as unknown[]).includes(name))
+      && (!has(names, "const") || names.const === name)
+      && (!has(names, "pattern") || search(names.pattern as string, name))
+      && length >= ((names.minLength as number) ?? 0)
+      && (!has(names, "maxLength") || length <= (names.maxLength as number))
+      && (!has(names, "anyOf") || (names.anyOf as Schema[]).some((b) => this.nameAllowed(b, name, where)))
+      && (!has(names, "oneOf") || (names.oneOf as Schema[]).filter((b) => this.nameAllowed(b, name, where)).length === 1)
+      && (!has(names, "not") || !this.nameAllowed(names.not as Schema, name, where));
+  }
+
+  /** Every name the propertyNames schema `names` allows where they are finitely many; null for a pattern's names. */
+  private nameList(names: Schema, where: string): string[] | null {
+    const candidates = (node: Schema): unknown[] | null => {
+      node = this.deref(node, where);
+      if (!isObject(node)) return null;
+      if (has(node, "const")) return [node.const];
+      if (has(node, "enum")) return [...(node.enum as unknown[])];
+      const branches = ((node.anyOf as Schema[] | undefined)?.length ? node.anyOf : node.oneOf) as Schema[] | undefined;
+      if (branches?.length) {
+        const found = branches.map(candidates);
+        return found.some((f) => f === null) ? null : found.flatMap((f) => f!);
+      }
+      return null;
+    };
+    const found = candidates(names);
+    if (found === null) return null;
+    const listed = unique_(found.filter((n): n is string => typeof n === "string")).filter((n) => this.nameAllowed(names, n, where));
+    if (listed.length > MAX_NAMES) {
+      throw new SchemaError(`schema keyword 'propertyNames' at ${where}: allows ${listed.length} names beside a schema ` +
+        `for their values, over the limit of ${MAX_NAMES}`);
+    }
+    return listed;
   }
 
   private listedProperties(schema: Obj, where: string): Obj {
