@@ -77,8 +77,12 @@ class Sampler:
     def __init__(self, p: SamplingParams, prompt: list[int] = ()):
         self.p = p
         self.rng = Rng(p.seed if p.seed is not None else random.getrandbits(52))
+        # The penalties' and DRY's window: the prompt and the generated tokens, as llama.cpp's server (the
+        # wasm device) counts them; transformers' repetition_penalty counts the prompt too.
         self.counts: dict[int, int] = {}
-        # DRY's window: the prompt and the generated tokens, as llama.cpp's server (the wasm device) sees them
+        if p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty:
+            for token in prompt:
+                self.counts[token] = self.counts.get(token, 0) + 1
         self.history: list[int] = list(prompt) if p.dry_multiplier else []
 
     def accept(self, token: int) -> None:

@@ -373,7 +373,7 @@ def test_python_and_browser_samplers_agree(smollm2):
     """Same seed, same draws: the Python sampler against the runtime's, on identical logits, at a
     small vocabulary and at Gemma 3's 262,144 (where neither sorts it: top-p's nucleus is ranked
     64 candidates at a time, growing eightfold, and a plain draw walks the tokens in order). DRY
-    penalties, with their prompt, alike."""
+    and the other penalties, with their prompt, alike."""
     import numpy as np
     from browser import chromium
 
@@ -387,7 +387,9 @@ def test_python_and_browser_samplers_agree(smollm2):
              # DRY over the prompt and the answer: fixed logits would repeat the greedy token forever
              dict(temperature=0, dry_multiplier=0.8, prompt=[1, 2, 3, 1, 2]),
              dict(temperature=0, dry_multiplier=0.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=9, mask=True),
-             dict(temperature=0.9, seed=4, dry_multiplier=0.8, prompt=[7, 7, 7, 7])]
+             dict(temperature=0.9, seed=4, dry_multiplier=0.8, prompt=[7, 7, 7, 7]),
+             # penalties over the prompt too, as llama.cpp (the wasm device) counts them
+             dict(temperature=0, repetition_penalty=1.5, frequency_penalty=0.4, prompt=[1, 2, 3, 3, 5])]
     vocabularies = []
     for size, spread in ((512, 3.0), (262144, 2.0)):
         logits = (rng.standard_normal(size) * spread).astype(np.float32)
@@ -430,6 +432,16 @@ def test_python_and_browser_samplers_agree(smollm2):
                 for (let i = 0; i < 20; i++) { const t = s.sample(source, mask).token; s.accept(t); out.push(t); }
                 return out;
             })""", [logits.tolist(), allowed, cases])
+        # a prompt's tokens are penalized: the greedy token, once in the prompt, loses its place
+        logits = vocabularies[0][0]
+        top = int(np.argmax(logits))
+        in_browser = page.evaluate("""([logits, top]) => {
+            const p = lantern.samplingParams({ temperature: 0, presence_penalty: 2 }, logits.length);
+            const l = Float32Array.from(logits);
+            return [new lantern.Sampler(p).sample(l).token, new lantern.Sampler(p, [top]).sample(l).token];
+        }""", [logits.tolist(), top])
+        p = SamplingParams(temperature=0, presence_penalty=2.0)
+        assert in_browser == [top, Sampler(p, [top]).sample(logits).token] and in_browser[1] != top
         first = page.evaluate("() => { const r = new lantern.Rng(42); return [r.next(), r.next(), r.next()]; }")
     r = Rng(42)
     assert first == [r.next(), r.next(), r.next()]

@@ -156,16 +156,19 @@ function logSoftmax(x: Float32Array): Float64Array {
 
 export class Sampler {
   private readonly rng: Rng;
+  // The penalties' and DRY's window: the prompt and the generated tokens (the twin's comment)
   private readonly counts = new Map<number, number>();
-  // DRY's window: the prompt and the generated tokens, as llama.cpp's server (the wasm device) sees them
   private readonly history: number[];
 
   constructor(private readonly p: SamplingParams, prompt: readonly number[] = []) {
     this.rng = new Rng(p.seed ?? Math.floor(Math.random() * 2 ** 52));
+    if (p.repetitionPenalty !== 1 || p.frequencyPenalty || p.presencePenalty) {
+      for (const token of prompt) this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
+    }
     this.history = p.dryMultiplier ? prompt.slice() : [];
   }
 
-  /** Record a generated token (the penalties look at these). */
+  /** Record a generated token (the penalties look at these, after the prompt's). */
   accept(token: number): void {
     this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
     if (this.p.dryMultiplier) this.history.push(token);
