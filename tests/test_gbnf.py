@@ -118,3 +118,57 @@ def test_a_trigger_inside_other_text_is_refused_by_name():
     text = printed(xgr.Grammar.from_structural_tag(json.dumps(fmt)))
     [got] = run_typescript("gbnf.ts", {"cases": [{"text": text, "root": re.findall(r"^(\S+) ::=", text, re.M)[-1]}]})["out"]
     assert got["error"].startswith("InvalidRequestError: this structural tag is not supported on the wasm device")
+
+
+# llama.cpp's parser limits (gbnf.ts): a repetition bound above 2000 reads as unbounded there, a minimum
+# above it is refused, and its left-recursion check gives up about 256 rules deep
+REPEATS = [('root ::= "a"{0,2100}', ["", "a" * 63, "a" * 64, "a" * 2100], ["a" * 2101]),
+           ('root ::= "a"{2050,2060} "b"', ["a" * 2050 + "b", "a" * 2060 + "b"], ["a" * 2049 + "b", "a" * 2061 + "b"]),
+           ('root ::= ("ab" | "c"){1,5000}', ["c", "ab" * 2500 + "c" * 2500], ["", "c" * 5001])]
+LONG_STRING = {"type": "string", "maxLength": 2500}
+# an object of optional properties: xgrammar writes them as a chain, each link a leftmost reference
+OPTIONAL = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(200)},
+            "additionalProperties": False}
+
+
+def left_depth(gbnf: str) -> int:
+    """The longest chain of leftmost rule references (llama.cpp's left-recursion check recurses along it;
+    each group in a rule body is one more rule there)."""
+    bodies = dict(line.split(" ::= ", 1) for line in gbnf.splitlines())
+    memo: dict[str, int] = {}
+
+    def depth(name: str) -> int:
+        if name not in memo:
+            memo[name] = 1
+            memo[name] = 1 + body_depth(bodies[name])
+        return memo[name]
+
+    def body_depth(body: str) -> int:
+        # leftmost symbols: what starts the body, each alternative and each group
+        lead = re.findall(r"(?:^|\| |\( )((?:\( )*)([A-Za-z0-9-]+)(?=\s|$)", body)
+        return max([opens.count("(") + depth(name) for opens, name in lead if name in bodies], default=0)
+
+    return max(depth(n) for n in bodies)
+
+
+def test_grammars_at_llama_cpp_limits_stay_exact():
+    schemas = [LONG_STRING, OPTIONAL]
+    texts = [printed(xgr.Grammar.from_ebnf(g)) for g, _, _ in REPEATS] + \
+        [printed(xgr.Grammar.from_ebnf(schema_ebnf(json.dumps(check_schema(s))))) for s in schemas]
+    out = run_typescript("gbnf.ts", {"cases": [{"text": t, "root": "root"} for t in texts]})["out"]
+    samples = [(good, bad) for _, good, bad in REPEATS] + [
+        (['"' + "é" * 2500 + '"', '""'], ['"' + "a" * 2501 + '"']),
+        (['{"p0": 1, "p199": 2}', "{}", '{"p7": 0}'], ['{"p1": 1, "p0": 2}', '{"p200": 1}'])]
+    for text, got, (good, bad) in zip(texts, out, samples):
+        assert "error" not in got, got
+        gbnf = got["grammar"]
+        for low, high in re.findall(r"\{(\d+)(?:,(\d*))?\}", gbnf):
+            assert int(low) < 2000 and int(high or 0) < 2000, gbnf
+        back = xgr.Grammar.from_ebnf(gbnf)
+        for s in good:
+            assert _is_grammar_accept_string(back, s), (s[:40], len(s))
+        for s in bad:
+            assert not _is_grammar_accept_string(back, s), (s[:40], len(s))
+    # the optional properties' chain: one rule a property, not three as xgrammar prints it (3 x 200 would
+    # be past llama.cpp's ~256; tests/test_wasm_device.py has llama.cpp parse it)
+    assert 190 <= left_depth(out[-1]["grammar"]) < 220

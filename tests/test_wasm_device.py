@@ -15,6 +15,7 @@ import pytest
 
 from browser import launch, lantern_server, manifest_alias, wait_until_ready
 from structured_cases import ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER, request
+from test_gbnf import LONG_STRING, OPTIONAL
 from test_runtime import cpu_greedy, open_page
 from test_smollm2 import PROMPTS
 
@@ -171,6 +172,17 @@ def test_structured_output_and_tools(session, report):
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": ANNOTATED}}
     [reply] = chat(page, {"messages": MESSAGES, "max_tokens": 4, "response_format": fmt})
     assert reply["lantern_warnings"] == ANNOTATED_WARNINGS
+
+
+def test_grammars_at_llama_cpp_parser_limits_are_enforced(session):
+    """A grammar past llama.cpp's parser limits fails there as 'failed to parse grammar' (an object of 200
+    optional properties, printed as xgrammar writes it), or loses its bound (maxLength 2500 would read
+    as unbounded): gbnf.ts writes both within them (tests/test_gbnf.py checks the languages)."""
+    page = session["page"]
+    for schema, first in ((OPTIONAL, "{"), (LONG_STRING, '"')):
+        fmt = {"type": "json_schema", "json_schema": {"name": "limits", "schema": schema}}
+        [reply] = chat(page, {"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "response_format": fmt})
+        assert reply["choices"][0]["message"]["content"].startswith(first), reply
 
 
 def test_device_choice_and_bad_artifacts(session, smollm2_q4, tmp_path, playwright):

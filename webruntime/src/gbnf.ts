@@ -7,6 +7,18 @@
 // dropped) and TagDispatch(...) for structural tags. GBNF differs in rule names (letters, digits
 // and '-') and in its escapes, so both are rewritten here.
 //
+// Two limits of llama.cpp's grammar parser shape the output (both measured in wllama 3.13's build):
+// - its left-recursion check recurses once a rule or group per leftmost symbol and gives up past about
+//   256 levels. xgrammar writes an object's optional properties as a chain, `part-k ::= ( ( part-k+1 )
+//   | ( ", " "key" ... ) )`, three levels a property as printed; groups that change nothing are
+//   flattened here (`part-k ::= part-k+1 | ", " "key" ...`), one level a property, so an object with up
+//   to about 250 optional properties (JSONSchemaBench's largest: 229) parses.
+// - a repetition bound above 2000 (MAX_REPETITION_THRESHOLD) is read as unbounded, which would let a
+//   string outrun its maxLength, and a minimum above it is refused: such bounds are written exactly
+//   with chunks of 64 (`x{0,5000}` as `( c{0,77} x{0,63} | c{78} x{0,8} )`, `c ::= x{64}`). A
+//   repeated group becomes a rule of its own, so that the parser's count of the rules it repeats
+//   stays one.
+//
 // TagDispatch (free text until a trigger, then the tag's grammar) maps onto llama.cpp's lazy
 // grammar: free text until a trigger word, then the grammar from the trigger on. Two differences,
 // stated in the README: after a dispatched tag only more tags may follow (separated by whitespace),
@@ -240,22 +252,133 @@ export function toLlamaGrammar(xgrammarText: string, root: string): LlamaGrammar
       const alts = d.pairs.map(([t, rule]) => `${stringLiteral(t)} ${names.get(rule)}`).join(" | ");
       out.push(d.loop ? `(${alts}) ([ \\t\\n]* (${alts}))*` : `(${alts})`);
     } else {
-      for (let i = 0; i < body.length; i++) {
-        const tok = body[i];
-        if (tok.t === "op" && tok.v === "(" && body[i + 1]?.t === "op" && (body[i + 1] as { v: string }).v === "=") {
-          i = closeParen(body, i) - 1;  // a lookahead assertion: a matching hint, not part of the language
-          continue;
-        }
+      let alts: Alts;
+      try {
+        alts = flatten(parseAlts(r.body));
+      } catch (err) {
+        throw new InvalidRequestError(`the grammar could not be translated for llama.cpp: ${(err as Error).message}`);
+      }
+      const gbnfName = names.get(r.name)!;
+      let helpers = 0;
+      const newRule = (body: string): string => {
+        let n = `${gbnfName}-r${++helpers}`;
+        while (taken.has(n)) n += "-";
+        taken.add(n);
+        lines.push(`${n} ::= ${body}`);
+        return n;
+      };
+      const emitTok = (tok: Tok): string => {
         if (tok.t === "name") {
           const n = names.get(tok.v);
           if (!n) throw new InvalidRequestError(`the grammar refers to an undefined rule '${tok.v}'`);
-          out.push(n);
-        } else if (tok.t === "str") out.push(stringLiteral(tok.v));
-        else if (tok.t === "class") out.push(classLiteral(tok.neg, tok.v));
-        else out.push(tok.v);
-      }
+          return n;
+        }
+        if (tok.t === "str") return stringLiteral(tok.v);
+        if (tok.t === "class") return classLiteral(tok.neg, tok.v);
+        return tok.v;
+      };
+      const emitAlts = (a: Alts): string => a.map((seq) => (seq.length ? seq.map(emitItem).join(" ") : '""')).join(" | ");
+      const emitItem = (it: Item): string => {
+        if (it.op === null) return it.node.k === "tok" ? emitTok(it.node.tok) : `( ${emitAlts(it.node.alts)} )`;
+        const x = it.node.k === "tok" ? emitTok(it.node.tok) : newRule(emitAlts(it.node.alts));
+        const bounds = /^\{(\d*)(,(\d*))?\}$/.exec(it.op);
+        if (!bounds) return `${x}${it.op}`;  // * + ?
+        const min = Number(bounds[1] || 0);
+        const max = bounds[2] === undefined ? min : bounds[3] ? Number(bounds[3]) : null;
+        return repeat(x, min, max, newRule);
+      };
+      out.push(emitAlts(alts));
     }
     lines.push(`${names.get(r.name)} ::= ${out.join(" ")}`);
   }
   return { grammar: lines.join("\n"), triggers };
+}
+
+// ---- rule bodies as trees: flattened, repetitions within llama.cpp's limits -----------------------
+
+type Node = { k: "tok"; tok: Tok } | { k: "group"; alts: Alts };
+interface Item { node: Node; op: string | null }  // op: a postfix * + ? {m,n}, or none
+type Alts = Item[][];  // alternatives of sequences
+
+const isOp = (tok: Tok | undefined, v: string): boolean => tok?.t === "op" && tok.v === v;
+
+/** A rule body as alternatives of sequences; lookahead assertions `(= ...)` (hints only) are dropped. */
+function parseAlts(body: Tok[]): Alts {
+  let i = 0;
+  const alts = (): Alts => {
+    const out: Alts = [[]];
+    while (i < body.length && !isOp(body[i], ")")) {
+      const tok = body[i];
+      const seq = out[out.length - 1];
+      if (isOp(tok, "|")) {
+        out.push([]);
+        i++;
+      } else if (isOp(tok, "(") && isOp(body[i + 1], "=")) {
+        i = closeParen(body, i);
+      } else if (isOp(tok, "(")) {
+        i++;
+        const inner = alts();
+        if (!isOp(body[i], ")")) throw new Error("unbalanced parentheses");
+        i++;
+        seq.push({ node: { k: "group", alts: inner }, op: null });
+      } else if (tok.t === "op" && (tok.v === "*" || tok.v === "+" || tok.v === "?" || tok.v.startsWith("{"))) {
+        const last = seq.pop();
+        if (!last) throw new Error(`'${tok.v}' with nothing before it`);
+        seq.push(last.op === null ? { ...last, op: tok.v } : { node: { k: "group", alts: [[last]] }, op: tok.v });
+        i++;
+      } else {
+        seq.push({ node: { k: "tok", tok }, op: null });
+        i++;
+      }
+    }
+    return out;
+  };
+  const out = alts();
+  if (i !== body.length) throw new Error("unbalanced parentheses");
+  return out;
+}
+
+/** The same language with fewer groups: a group without an operator that is a whole alternative gives
+ * its alternatives to the parent, and one of a single sequence gives its items to the sequence around
+ * it. Each group is a rule to llama.cpp, a level of its left-recursion check. */
+function flatten(alts: Alts): Alts {
+  const out: Alts = [];
+  for (const seq of alts) {
+    const items = seq.map((it): Item => (it.node.k === "group" ? { node: { k: "group", alts: flatten(it.node.alts) }, op: it.op } : it));
+    const only = items[0];
+    if (items.length === 1 && only.op === null && only.node.k === "group") {
+      out.push(...only.node.alts);
+      continue;
+    }
+    out.push(items.flatMap((it) => (it.op === null && it.node.k === "group" && it.node.alts.length === 1 ? it.node.alts[0] : [it])));
+  }
+  return out;
+}
+
+// llama.cpp's MAX_REPETITION_THRESHOLD: a bound above it reads as unbounded, a minimum at or above it,
+// or a bound at it times the rules repeated, is refused
+const REPEAT_LIMIT = 2000;
+const CHUNK = 64;
+
+/** ``x`` (one symbol) repeated ``min`` to ``max`` (null: unbounded) times, exactly, in what llama.cpp reads. */
+function repeat(x: string, min: number, max: number | null, newRule: (body: string) => string): string {
+  if (min < REPEAT_LIMIT && (max === null || max < REPEAT_LIMIT)) {
+    if (max === min) return min === 1 ? x : `${x}{${min}}`;
+    return `${x}{${min},${max ?? ""}}`;
+  }
+  let chunk: string | null = null;
+  const c = () => (chunk ??= newRule(`${x}{${CHUNK}}`));
+  const exactly = (n: number): string[] => {
+    const whole = Math.floor(n / CHUNK), rest = n % CHUNK;
+    return [...(whole ? [repeat(c(), whole, whole, newRule)] : []), ...(rest ? [repeat(x, rest, rest, newRule)] : [])];
+  };
+  const head = exactly(min);
+  if (max === null) return [...head, `${x}*`].join(" ");
+  const span = max - min;
+  if (span < REPEAT_LIMIT) return [...head, ...(span ? [`${x}{0,${span}}`] : [])].join(" ");
+  // 0..span: fewer than q whole chunks and a partial one, or q chunks and at most the rest
+  const q = Math.floor(span / CHUNK), rest = span % CHUNK;
+  const below = `${repeat(c(), 0, q - 1, newRule)} ${x}{0,${CHUNK - 1}}`;
+  const at = [repeat(c(), q, q, newRule), ...(rest ? [`${x}{0,${rest}}`] : [])].join(" ");
+  return [...head, `( ${below} | ${at} )`].join(" ");
 }
