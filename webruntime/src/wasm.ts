@@ -11,7 +11,7 @@ import { Wllama } from "@wllama/wllama";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
 import { ArtifactError, EngineNotLoadedError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
-import { fetchFiles, type Manifest } from "./loader";
+import { fetchBlobs, type Manifest } from "./loader";
 import type { EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
 import type { FileStore } from "./storage";
 import { printGrammar, type GrammarSpec } from "./structured";
@@ -107,7 +107,7 @@ export class WasmDevice implements Device {
     const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT,
       manifest.gguf?.context_window ?? manifest.model.context_window);
     checkWasmFits(manifest, model, contextWindow);
-    const files = await fetchFiles(modelUrl, manifest, parts, {
+    const files = await fetchBlobs(modelUrl, manifest, parts, {
       store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
       onProgress: (p) => tell({ ...p, progress: 0.9 * p.progress }),
     });
@@ -117,7 +117,7 @@ export class WasmDevice implements Device {
     const wllama = new Wllama({ default: wasmUrl }, { suppressNativeLog: true, logger: QUIET });
     try {
       // n_gpu_layers 0: llama.cpp's CPU kernels (wllama would otherwise offload to WebGPU)
-      await wllama.loadModel(parts.map((f) => new Blob([files.get(f)!])),
+      await wllama.loadModel(parts.map((f) => files.get(f)!),
         { n_threads: threads, n_gpu_layers: 0, n_ctx: contextWindow, n_parallel: 1,
           kv_overrides: Object.fromEntries(Object.entries(manifest.gguf?.kv_overrides ?? {})
             .map(([key, value]) => [key, `int:${value}`])) });
