@@ -139,15 +139,21 @@ export async function fetchFiles(modelUrl: string, manifest: Manifest, names: st
 
 /**
  * fetchFiles as Blobs, for a consumer that reads Blobs (llama.cpp in wasm). A cached file is the
- * store's own Blob, read once to verify it and then handed on without a copy of its bytes: for a
+ * store's own Blob where it keeps one (the Cache API), read once to verify it and then handed on
+ * without a copy of its bytes; other stores' bytes are verified and copied into a Blob once: for a
  * 1.5B model's 834 MB GGUF a cached load took twice wllama's while Lantern copied every part into a
  * new Blob.
  */
 export async function fetchBlobs(modelUrl: string, manifest: Manifest, names: string[],
                                  opts: FetchOptions): Promise<Map<string, Blob>> {
+  const store = opts.store;
   return fetchVerified(modelUrl, manifest, names, opts, async (url) => {
-    const blob = await opts.store.getBlob(url);
-    return blob && { data: await blob.arrayBuffer(), keep: blob };
+    if (store.getBlob) {
+      const blob = await store.getBlob(url);
+      return blob && { data: await blob.arrayBuffer(), keep: blob };
+    }
+    const data = await store.get(url);
+    return data && { data, keep: new Blob([data]) };
   }, (data) => new Blob([data]));
 }
 

@@ -6,9 +6,9 @@ import { QuotaError } from "./errors";
 export interface FileStore {
   readonly keeps: boolean;  // whether put() stores anything (false for cache: "none")
   get(url: string): Promise<ArrayBuffer | undefined>;
-  // the same file as a Blob the store itself holds (the Cache API's is backed by its own entry, so
-  // handing it on copies nothing); stores without one make it from get()'s bytes
-  getBlob(url: string): Promise<Blob | undefined>;
+  // the same file as a Blob the store itself holds, where it holds one (the Cache API's is backed by
+  // its own entry, so handing it on copies nothing)
+  getBlob?(url: string): Promise<Blob | undefined>;
   put(url: string, data: ArrayBuffer): Promise<void>;
   delete(url: string): Promise<void>;
   keys(): Promise<string[]>;
@@ -79,11 +79,6 @@ class IndexedDbStore implements FileStore {
     return (await this.run("readonly", (s) => s.get(url))) as ArrayBuffer | undefined;
   }
 
-  async getBlob(url: string) {
-    const data = await this.get(url);
-    return data && new Blob([data]);
-  }
-
   async put(url: string, data: ArrayBuffer) {
     try {
       await this.run("readwrite", (s) => s.put(data, url));
@@ -104,7 +99,6 @@ class IndexedDbStore implements FileStore {
 class NoStore implements FileStore {
   readonly keeps = false;
   async get() { return undefined; }
-  async getBlob() { return undefined; }
   async put() {}
   async delete() {}
   async keys() { return []; }
