@@ -10,7 +10,8 @@ For every schema of DIR (`<split>.jsonl` and `<split>.tests.jsonl`, as in ../sha
   grammar refuses is over-constrained, an invalid one it accepts is under-constrained (an invalid answer
   Lantern could give);
 - answers (with an artifact): `--answers N` schemas of each split answered greedily by the model, each
-  answer validated by jsonschema (Draft 2020-12, formats checked): valid, invalid or cut at max_tokens;
+  answer validated by jsonschema (Draft 2020-12, formats checked): valid, invalid, closed (cut by
+  max_tokens and closed by Lantern: valid JSON, cut short; compliance counts only valid) or cut;
   the mask time per token;
 - with `--browser` as well, the same schemas answered by the browser engine (the `wasm` device, 2
   threads, in headless Chromium: its own schema rewrite, grammar and sampler), validated alike, and how
@@ -245,14 +246,17 @@ def answer(engine, row: dict, max_tokens: int, schema_defaults: dict | None = No
 
 
 def verdict(schema, text: str, finish: str) -> tuple[str, str | None]:
-    """An answer's class (valid, invalid or cut at max_tokens) and its first validation error."""
-    if finish == "length":
-        return "cut", None
+    """An answer's class and its first validation error: valid; invalid; closed (max_tokens cut it and
+    Lantern closed it, server/closing.py: valid JSON, cut short); cut (max_tokens left it unfinished)."""
     try:
         errors = sorted(validator(schema).iter_errors(json.loads(text)), key=str)
     except json.JSONDecodeError:
+        if finish == "length":
+            return "cut", None
         errors = ["not JSON"]
-    return ("valid", None) if not errors else ("invalid", str(errors[0])[:300])
+    if errors:
+        return "invalid", str(errors[0])[:300]
+    return ("closed" if finish == "length" else "valid"), None
 
 
 def picked_for_answers(rows: list[dict], per_split: int) -> list[dict]:
@@ -325,7 +329,7 @@ def report(rows: list[dict], answers: bool) -> None:
         by_split[r["split"]].append(r)
     head = (f"{'split':16} {'n':>4} {'lantern':>8} {'llguid.':>8}  {'inst ok':>8} {'over':>5} {'under':>6}")
     if answers:
-        head += f"  {'answered':>8} {'valid':>5} {'invalid':>7} {'cut':>4} {'compliance':>10}"
+        head += f"  {'answered':>8} {'valid':>5} {'invalid':>7} {'closed':>6} {'cut':>4} {'compliance':>10}"
     print(head)
     for split, rs in [*sorted(by_split.items()), ("all", rows)]:
         n = len(rs)
@@ -339,7 +343,7 @@ def report(rows: list[dict], answers: bool) -> None:
         if answers:
             a = Counter(r.get("answer") for r in rs if "answer" in r)
             k = sum(a.values())
-            line += f"  {k:8} {a['valid']:5} {a['invalid']:7} {a['cut']:4} {pct(a['valid'], k):>10}"
+            line += f"  {k:8} {a['valid']:5} {a['invalid']:7} {a['closed']:6} {a['cut']:4} {pct(a['valid'], k):>10}"
         print(line)
     print(f"{'split':16} {'compile ms mean':>16} {'mask us/token mean':>19}")
     for split, rs in [*sorted(by_split.items()), ("all", rows)]:
@@ -357,13 +361,13 @@ def report(rows: list[dict], answers: bool) -> None:
             print(f"answers: {len(answered)}, median {statistics.median(ms):.0f} ms a token (4 at once)")
     in_browser = [r for r in rows if "browser_answer" in r]
     if in_browser:
-        print(f"{'browser (wasm)':16} {'answered':>8} {'valid':>5} {'invalid':>7} {'cut':>4} {'refused':>7} "
+        print(f"{'browser (wasm)':16} {'answered':>8} {'valid':>5} {'invalid':>7} {'closed':>6} {'cut':>4} {'refused':>7} "
               f"{'compliance':>10} {'same text':>9}")
         for split, rs in [*sorted(by_split.items()), ("all", rows)]:
             rs = [r for r in rs if "browser_answer" in r]
             a = Counter(r["browser_answer"] for r in rs)
             same = sum(r.get("browser_text") == r.get("answer_text") for r in rs)
-            print(f"{split:16} {len(rs):8} {a['valid']:5} {a['invalid']:7} {a['cut']:4} {a['refused']:7} "
+            print(f"{split:16} {len(rs):8} {a['valid']:5} {a['invalid']:7} {a['closed']:6} {a['cut']:4} {a['refused']:7} "
                   f"{pct(a['valid'], len(rs)):>10} {same:9}")
         ms = [r["browser_s"] * 1000 / max(1, r.get("browser_tokens", 1)) for r in in_browser]
         print(f"browser answers: {len(in_browser)}, median {statistics.median(ms):.0f} ms a token (one at a time, "

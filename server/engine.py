@@ -29,6 +29,7 @@ from ..package import GENERATION_FIELDS
 from . import llamacpp
 from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
 from .reasoning import held_back
+from .closing import HOLD, Closer
 from .sampler import Sampled, Sampler, SamplingParams
 from .stopping import Stop, Stopped
 from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
@@ -79,6 +80,15 @@ def dry_multiplier(req: SamplingFields) -> float:
     if fmt is not None and fmt.type in ("json_schema", "json_object"):
         return req.schema_defaults.dryMultiplier
     return 0.0
+
+
+def closes_cut_answers(req: SamplingFields, hold_from: str | None, params: SamplingParams) -> bool:
+    """Whether an answer that max_tokens cuts is closed to stay valid (closing.py): a response_format
+    JSON answer without logprobs (a closing token has none). The twin of closesCutAnswers in
+    webruntime/src/closing.ts."""
+    fmt = getattr(req, "response_format", None)
+    return (hold_from is None and params.top_logprobs < 0 and fmt is not None
+            and fmt.type in ("json_schema", "json_object"))
 
 
 ENGINES = ("auto", "llamacpp", "tvm")
@@ -175,6 +185,7 @@ class ModelEngine:
         self.generation = self.art.manifest.get("generation") or {}  # sampling defaults of the artifact
         self.token_postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")
         self._grammars: GrammarCompiler | None = None
+        self._closer: Closer | None = None
         self._grammars_lock = threading.Lock()
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None, kwargs: dict | None = None) -> str:
@@ -196,6 +207,15 @@ class ModelEngine:
                 self._grammars = GrammarCompiler(json.loads((self.art.path / "tokenizer.json").read_text()),
                                                  self.token_postproc, self.vocab_size, sorted(self.stop_ids))
             return self._grammars
+
+    @property
+    def closer(self) -> Closer:
+        """The policy that closes a cut JSON answer (closing.py), made on the first one."""
+        with self._grammars_lock:
+            if self._closer is None:
+                self._closer = Closer.for_tokenizer(self.tokenizer, json.loads((self.art.path / "tokenizer.json").read_text()),
+                                                    self.vocab_size, sorted(self.stop_ids))
+            return self._closer
 
     def compile_grammar(self, spec: GrammarSpec | None):
         """The compiled grammar for a request (cached per spec), or StructuredOutputError naming the problem."""
@@ -233,6 +253,9 @@ class ModelEngine:
         stop_ids = self.stop_ids | set(req.stop_token_ids or [])
         sampler = Sampler(params, prompt)
         mask: TokenMask | None = self.grammars.matcher(grammar) if grammar is not None else None
+        # a JSON answer cut by max_tokens is closed (closing.py): its last HOLD tokens wait for the end
+        closer = self.closer if mask and closes_cut_answers(req, hold_from, params) else None
+        held = 0  # with a closer: the text's length before the tokens that may be rewound
         holds = stops + ([hold_from] if hold_from else [])
         with contextlib.ExitStack() as opened:
             try:
@@ -270,8 +293,16 @@ class ModelEngine:
                     break
                 if len(ids) >= max_tokens:
                     finish = "length"
+                    found = closer.close(mask, ids, max_tokens) if closer else None
+                    if found:
+                        kept, path = found
+                        ids = ids[:kept] + path
+                        text = self.tokenizer.decode(ids, skip_special_tokens=False)
                     break
                 safe = len(text) - held_back(text, holds)
+                if closer:
+                    held = len(text) if len(ids) <= max_tokens - HOLD else held
+                    safe = min(safe, held)
                 if hold_from and hold_from in text:
                     safe = min(safe, text.index(hold_from))
                 if safe > sent:

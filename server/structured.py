@@ -617,6 +617,10 @@ class TokenMask:
         bits = (words[:, None] >> self._shifts) & 1
         return bits.reshape(-1)[: self.vocab_size].astype(bool)
 
+    def rollback(self, tokens: int) -> None:
+        """Undo the last ``tokens`` accepted tokens."""
+        self._matcher.rollback(tokens)
+
     def accept(self, token: int) -> None:
         if not self._matcher.accept_token(token):
             raise LanternError(f"internal: the grammar rejected token {token} it allowed")

@@ -8,6 +8,7 @@ engines' answers for a seed agree (but for rare near-ties).
 from __future__ import annotations
 
 import functools
+import json
 
 POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": -5, "maximum": 5},
                                           "y": {"type": "integer", "minimum": -5, "maximum": 5}},
@@ -198,3 +199,12 @@ def random_strict_schema(rng, depth: int = 0) -> dict:
         props["list"] = {"$ref": "#/$defs/item"}
         schema["required"] = [*names, "list"]
     return schema
+
+
+def closed_json(text: str) -> bool:
+    """Whether an answer cut by max_tokens was closed (closing.py, closing.ts): it parses as JSON."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True

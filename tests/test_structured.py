@@ -19,7 +19,7 @@ from xgrammar.testing import _get_matcher_from_grammar, _is_grammar_accept_strin
 
 from browser import lantern_server, repo_root, wait_until_ready
 from structured_cases import (ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, STRICT_FORMATS,
-                              TOOLS, WEATHER, cpu_runs, random_strict_schema, request)
+                              TOOLS, WEATHER, closed_json, cpu_runs, random_strict_schema, request)
 
 from lantern.server.structured import (JSON_LAYOUT, StructuredOutputError, check_schema, parse_tool_calls,
                                        request_spec, schema_ebnf, tight_structural_tag)
@@ -266,8 +266,9 @@ def test_every_schema_validates_for_two_seeds_on_the_cpu(smollm2_q4, report, eng
 def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
     """50 random schemas over OpenAI's strict-mode keywords, two seeds each, on the server's tvm engine
     with the tiny random model (validity must not depend on the model): every answer that finishes
-    validates with jsonschema and every listed format checked; answers cut by max_tokens are counted
-    apart, and each of them is a prefix the grammar still allows (finish_reason "length")."""
+    validates with jsonschema and every listed format checked, and so does each answer that max_tokens cut
+    and Lantern closed (closing.py); an answer cut where it could not be closed is counted apart, and is a
+    prefix the grammar still allows (finish_reason "length")."""
     import random
 
     from lantern.server.engine import ModelEngine, Stop
@@ -277,7 +278,7 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
     assert set(STRICT_FORMATS) <= set(checker.checkers)
     rng = random.Random(16)
     engine = ModelEngine(tiny_q4.path, "tvm")
-    finished = cut = 0
+    finished = closed = cut = 0
     try:
         prompt = engine.encode(engine.render_chat(MESSAGES))
         for k in range(50):
@@ -291,19 +292,22 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
                 steps = []
                 engine.generate(prompt, req, Stop(), steps.append, grammar=grammar)
                 text, finish = "".join(s.delta for s in steps), steps[-1].finish
-                if finish == "length":  # still a prefix of an answer the grammar allows
+                if finish == "length" and not closed_json(text):  # still a prefix the grammar allows
                     matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source)))
                     assert matcher.accept_string(text), (schema, text)
                     cut += 1
                     continue
-                assert finish == "stop", (schema, text, finish)
+                assert finish in ("stop", "length"), (schema, text, finish)
                 jsonschema.Draft202012Validator(schema, format_checker=checker).validate(json.loads(text))
-                finished += 1
+                assert steps[-1].usage.completion_tokens <= 160
+                finished += finish == "stop"
+                closed += finish == "length"
     finally:
         engine.close()
     assert finished >= 40
     report(f"random strict schemas (tiny model, lantern serve's tvm engine): 50 schemas x 2 seeds: {finished} finished, "
-           f"100% valid (jsonschema with format checks); {cut} cut by max_tokens (finish_reason length)")
+           f"{closed} closed at max_tokens, 100% valid (jsonschema with format checks); {cut} cut by max_tokens "
+           "(finish_reason length)")
 
 
 @pytest.mark.slow
@@ -378,7 +382,35 @@ def test_a_constrained_answer_cut_by_max_tokens_ends_with_length(client):
                  response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMAS["nested_object"]}})
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
     with pytest.raises(json.JSONDecodeError):
-        json.loads(reply.choices[0].message.content)  # an unfinished object, as OpenAI returns it
+        json.loads(reply.choices[0].message.content)  # 4 tokens cannot hold the object: unfinished, as OpenAI's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("client", ["llamacpp"], indirect=True)  # engine-independent: the fast engine
+def test_a_json_answer_cut_by_max_tokens_is_closed_within_it(client):
+    """An answer that max_tokens cuts is rewound and closed (closing.py): valid JSON within the budget,
+    finish_reason still "length". The stream holds back the tokens it may rewind and gives the same
+    text. With logprobs (a closing token has none) it stays unfinished."""
+    names = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}},
+                                              "done": {"type": "boolean"}},
+             "required": ["names", "done"], "additionalProperties": False}
+    kw = {"temperature": 0, "max_tokens": 24,
+          "response_format": {"type": "json_schema", "json_schema": {"name": "names", "schema": names}}}
+    ask = "List fifty first names."
+    reply = chat(client, ask, **kw)
+    text = reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens <= 24, reply
+    answer = json.loads(text)
+    jsonschema.validate(answer, names)
+    assert answer["names"] and answer["names"][0]  # the model's own name kept, not only closing tokens
+    chunks = list(chat(client, ask, stream=True, stream_options={"include_usage": True}, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+    cut = chat(client, ask, logprobs=True, **kw)
+    assert cut.usage.completion_tokens == 24
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut.choices[0].message.content)
 
 
 @pytest.mark.slow

@@ -15,8 +15,9 @@ import { openStore, type FileStore } from "./storage";
 import { checkRequest, message, stopList, stopTokenIds, templateMessages, tokenLimit, type CheckedRequest } from "./rules";
 import { PushStream } from "./stream";
 import { heldBack, opensInPrompt, ReasoningSplitter, templateKwargs } from "./reasoning";
-import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
-import { TextCodec, type TokenizerConfig } from "./text";
+import { Closer, closesCutAnswers, HOLD } from "./closing";
+import { callsTools, LazyGrammars, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
+import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
 import { WasmDevice } from "./wasm";
 import { WebGpuDevice } from "./webgpu";
 
@@ -111,8 +112,10 @@ export class Engine {
   private running: Job | null = null;
   private readonly counts: Record<string, number> = {};
 
+  private closer: Closer | null = null;
+
   private constructor(device: Device, private readonly codec: TextCodec, readonly manifest: Manifest,
-                      private readonly stopTokenIds: Set<number>) {
+                      private readonly stopTokenIds: Set<number>, private readonly grammars: LazyGrammars) {
     this.device = device;
   }
 
@@ -133,13 +136,15 @@ export class Engine {
     const chatConfig = json("mlc-chat-config.json");
     const stops = stopTokenIds(chatConfig);
     if (!stops.size) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
+    const grammars = new LazyGrammars(small.get("tokenizer.json")!, chatConfig.tokenizer_info?.token_postproc_method ?? "raw",
+      manifest.model.vocab_size, [...stops].sort((a, b) => a - b));
 
     const device = await openDevice(options.device ?? "auto", {
       webgpu: async (gpu) => WebGpuDevice.open({ modelUrl, manifest, gpu, store, options, codec: await codecReady,
-        chatConfig, stopTokenIds: stops, tokenizerJson: small.get("tokenizer.json")!, report }),
+        grammars, stopTokenIds: stops, report }),
       wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report, chatConfig.model_config ?? {}),
     }, Boolean(manifest.gguf?.files.length));
-    return new Engine(device, await codecReady, manifest, stops);
+    return new Engine(device, await codecReady, manifest, stops, grammars);
   }
 
   private loaded(): Device {
@@ -270,6 +275,11 @@ export class Engine {
     const stops = stopList(req);
     // A tool call is not streamed as text: hold back from its opening tag (and a partial one).
     const holds = callsTools(req) ? [...stops, TOOL_OPEN] : stops;
+    // a JSON answer cut by max_tokens is closed (closing.ts): its last HOLD tokens wait for the end
+    const closable = job.grammar !== null && closesCutAnswers(req, callsTools(req));
+    const steps: string[] = [];  // with closable: each token's text
+    let exact = true;  // every step came with its token id (the wasm device's come without, unless asked)
+    let held = 0;  // with closable: the text's length before the tokens that may be rewound
     const started = performance.now();
     let promptTokens = 0;
     let completion = 0;
@@ -330,15 +340,26 @@ export class Engine {
         completion++;
         if (step.logprob) pendingLogprobs.push(step.logprob);
         text += step.text;
+        if (closable) steps.push(step.text);
+        exact &&= step.token >= 0;
         const hit = stops.map((st) => text.indexOf(st, Math.max(0, sent - st.length))).filter((i) => i >= 0);
         if (hit.length) {
           text = text.slice(0, Math.min(...hit));
           finish = "stop";
           break;
         }
-        if (completion >= maxTokens) { finish = "length"; break; }
+        if (completion >= maxTokens) {
+          finish = "length";
+          const closed = closable ? await this.closeAnswer(req, steps, exact, maxTokens) : null;
+          if (closed) ({ text, tokens: completion } = closed);
+          break;
+        }
         let safe = text.length - heldBack(text, holds);
         if (holds !== stops && text.includes(TOOL_OPEN)) safe = Math.min(safe, text.indexOf(TOOL_OPEN));
+        if (closable) {
+          if (completion <= maxTokens - HOLD) held = text.length;
+          safe = Math.min(safe, held);
+        }
         if (safe > sent) {
           emit(text.slice(sent, safe), null, pendingLogprobs.length ? pendingLogprobs : null);
           sent = safe;
@@ -354,6 +375,30 @@ export class Engine {
       throw err instanceof LanternError || err instanceof Error ? err : new Error(String(err));
     } finally {
       this.running = null;
+    }
+  }
+
+  /** A cut JSON answer closed within maxTokens (closing.ts), or null where it cannot be. `steps`: each
+   * generated token's text; `exact`: whether their boundaries are the model's own. */
+  private async closeAnswer(req: ChatCompletionRequest, steps: string[], exact: boolean, maxTokens: number):
+    Promise<{ text: string; tokens: number } | null> {
+    const spec = requestSpec(req);  // as the request was prepared; made again rather than kept on every job
+    if (!spec) return null;
+    if (!exact) {
+      // Without ids a chunk's text comes with its last token: the answer is tokenized again, so that
+      // it may be rewound token by token. What comes back is then at most maxTokens of these tokens.
+      const detok = new StreamingDetokenizer(this.codec);
+      steps = this.codec.encode(steps.join("")).map((id) => detok.push(id));
+    }
+    const compiler = await this.grammars.compiler();
+    this.closer ??= Closer.forTokenizer(this.codec, this.grammars.tokenizer, this.grammars.vocabSize, this.grammars.stopIds);
+    const mask = await compiler.matcher(await compiler.compile(spec));
+    try {
+      const closed = await this.closer.close(mask.matcher, steps, maxTokens);
+      return closed && { text: steps.slice(0, closed.kept).join("") + this.codec.decode(closed.path),
+                         tokens: closed.kept + closed.path.length };
+    } finally {
+      mask.dispose();
     }
   }
 

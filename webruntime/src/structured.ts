@@ -581,6 +581,27 @@ export interface TokenizerJson {
   added_tokens?: { id: number; content: string }[];
 }
 
+/** The engine's grammar compiler, made on first use (a structured request, or a cut answer to close)
+ * and shared with the webgpu device; and the tokenizer.json it reads, parsed once. */
+export class LazyGrammars {
+  private made: Promise<GrammarCompiler> | null = null;
+  private parsed: TokenizerJson | null = null;
+  /** The compiler once made (for stats). */
+  ready: GrammarCompiler | null = null;
+
+  constructor(private readonly tokenizerJson: ArrayBuffer, private readonly tokenPostproc: string,
+              readonly vocabSize: number, readonly stopIds: number[]) {}
+
+  get tokenizer(): TokenizerJson {
+    return this.parsed ??= JSON.parse(new TextDecoder().decode(this.tokenizerJson)) as TokenizerJson;
+  }
+
+  compiler(): Promise<GrammarCompiler> {
+    return this.made ??= GrammarCompiler.create(this.tokenizer, this.tokenPostproc, this.vocabSize, this.stopIds)
+      .then((g) => (this.ready = g));
+  }
+}
+
 /** One per engine: the vocabulary for xgrammar and a cache of compiled grammars (and of refusals) by spec. */
 export class GrammarCompiler {
   private readonly cache = new Map<string, XGrammar.CompiledGrammar>();
@@ -629,7 +650,7 @@ export class GrammarCompiler {
 
 /** The grammar state of one generation: which tokens may come next. */
 export class TokenMask {
-  constructor(private readonly matcher: XGrammar.GrammarMatcher) {}
+  constructor(readonly matcher: XGrammar.GrammarMatcher) {}
 
   /** A bitmask over the vocabulary (bit i of word i>>5 set: token i allowed). */
   allowed(): Promise<Int32Array> {

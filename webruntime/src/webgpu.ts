@@ -10,7 +10,7 @@ import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
 import type { DebugOp, DebugResult, EngineOptions, EngineStats, LoadProgress, TokenLogprob } from "./protocol";
 import { Sampler, type Sampled } from "./sampler";
 import type { FileStore } from "./storage";
-import { GrammarCompiler, type GrammarSpec, type TokenizerJson, type TokenMask } from "./structured";
+import type { GrammarCompiler, GrammarSpec, LazyGrammars, TokenMask } from "./structured";
 import { StreamingDetokenizer, type TextCodec } from "./text";
 
 // The one sequence the device keeps: the last finished conversation, for reuse by the next turn.
@@ -29,8 +29,7 @@ export interface WebGpuLoad {
   store: FileStore;
   options: EngineOptions;
   codec: TextCodec;
-  tokenizerJson: ArrayBuffer;
-  chatConfig: { tokenizer_info?: { token_postproc_method?: string } };
+  grammars: LazyGrammars;
   stopTokenIds: Set<number>;
   report: (p: LoadProgress) => void;
 }
@@ -40,8 +39,6 @@ export class WebGpuDevice implements Device {
   readonly label: string;
   private model: TvmModel | null;
   private kvTokens: number[] = [];
-  private grammars: Promise<GrammarCompiler> | null = null;
-  private grammarsReady: GrammarCompiler | null = null;  // the same, once made (for stats)
 
   private constructor(model: TvmModel, readonly library: string, private readonly adapter: EngineStats["adapter"],
                       private readonly load: WebGpuLoad) {
@@ -89,13 +86,8 @@ export class WebGpuDevice implements Device {
     return this.model;
   }
 
-  /** The grammar compiler for this model's vocabulary, made on the first structured request. */
   private grammarCompiler(): Promise<GrammarCompiler> {
-    const { manifest, tokenizerJson, chatConfig, stopTokenIds } = this.load;
-    this.grammars ??= GrammarCompiler.create(JSON.parse(new TextDecoder().decode(tokenizerJson)) as TokenizerJson,
-      chatConfig.tokenizer_info?.token_postproc_method ?? "raw", manifest.model.vocab_size, [...stopTokenIds])
-      .then((g) => (this.grammarsReady = g));
-    return this.grammars;
+    return this.load.grammars.compiler();
   }
 
   async prepare(spec: GrammarSpec): Promise<CompiledGrammar> {
@@ -204,7 +196,7 @@ export class WebGpuDevice implements Device {
     return {
       kvSequences: model.sequenceCount, kvAvailablePages: model.availablePages(), kvTotalPages: model.totalPages,
       cachedTokens: this.kvTokens.length, peakGpuBytes: model.peakGpuBytes, adapter: this.adapter,
-      grammarCache: { entries: this.grammarsReady?.entries ?? 0, hits: this.grammarsReady?.hits ?? 0 },
+      grammarCache: { entries: this.load.grammars.ready?.entries ?? 0, hits: this.load.grammars.ready?.hits ?? 0 },
     };
   }
 
