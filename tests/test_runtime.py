@@ -349,6 +349,27 @@ def test_corrupted_cache_entry_is_fetched_again_and_a_cut_download_resumes(artif
         assert again == [f"/models/flaky/{last}"]
         [reply] = chat(page, {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0})
         assert reply["usage"]["completion_tokens"] >= 1
+
+        # each entry records the sha256 its bytes matched, so a cached load does not hash them again; an
+        # entry that records another hash (or none: an older Lantern's) is read, verified and recorded anew
+        recorded = """async (url) => (await (await caches.open('lantern-artifacts-v1'))
+          .match(new URL(url, location.href).href)).headers.get('x-lantern-sha256')"""
+        manifest = json.loads((folder / "lantern.json").read_text())
+        assert page.evaluate(recorded, f"/models/flaky/{last}") == manifest["files"][last]["sha256"]
+        page.evaluate("engine.unload()")
+        page.evaluate("""async (url) => {
+          const cache = await caches.open('lantern-artifacts-v1');
+          const key = new URL(url, location.href).href;
+          const bytes = await (await cache.match(key)).arrayBuffer();
+          await cache.put(key, new Response(bytes, { headers: { 'x-lantern-sha256': '0'.repeat(64) } }));
+        }""", f"/models/flaky/{first}")
+        mark = len(seen)
+        page.evaluate("(m) => load(m)", "/models/flaky/")
+        # its bytes were right: nothing fetched again
+        assert [p for p, _ in seen[mark:] if p.startswith("/models/flaky/") and not p.endswith("lantern.json")] == []
+        assert page.evaluate(recorded, f"/models/flaky/{first}") == manifest["files"][first]["sha256"]
+        [again] = chat(page, {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0})
+        assert again["choices"][0]["message"]["content"] == reply["choices"][0]["message"]["content"]
         context.close()
 
 

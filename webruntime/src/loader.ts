@@ -4,7 +4,7 @@
 import { ArtifactError, IntegrityError, NetworkError } from "./errors";
 import type { LoadProgress } from "./protocol";
 import type { GenerationDefaults } from "./sampler";
-import { checkRoom, type FileStore } from "./storage";
+import { checkRoom, type FileStore, type StoredBlob } from "./storage";
 
 export interface ManifestFile { sha256: string; size: number }
 
@@ -131,34 +131,53 @@ async function download(url: string, name: string, size: number, retries: number
  */
 export async function fetchFiles(modelUrl: string, manifest: Manifest, names: string[],
                                  opts: FetchOptions): Promise<Map<string, ArrayBuffer>> {
-  return fetchVerified(modelUrl, manifest, names, opts, async (url) => {
-    const data = await opts.store.get(url);
+  const store = opts.store;
+  return fetchVerified(modelUrl, manifest, names, opts, async (url, want) => {
+    if (store.getBlob) {
+      const hit = await store.getBlob(url);
+      if (!hit) return undefined;
+      const data = await hit.blob.arrayBuffer();
+      return { data: verifiedAs(hit, want) ? null : data, keep: data };
+    }
+    const data = await store.get(url);
     return data && { data, keep: data };
   }, (data) => data);
 }
 
 /**
  * fetchFiles as Blobs, for a consumer that reads Blobs (llama.cpp in wasm). A cached file is the
- * store's own Blob where it keeps one (the Cache API), read once to verify it and then handed on
- * without a copy of its bytes; other stores' bytes are verified and copied into a Blob once: for a
- * 1.5B model's 834 MB GGUF a cached load took twice wllama's while Lantern copied every part into a
- * new Blob.
+ * store's own Blob where it keeps one (the Cache API), handed on without a copy of its bytes; other
+ * stores' bytes are verified and copied into a Blob once: for a 1.5B model's 834 MB GGUF a cached
+ * load took twice wllama's while Lantern copied every part into a new Blob.
  */
 export async function fetchBlobs(modelUrl: string, manifest: Manifest, names: string[],
                                  opts: FetchOptions): Promise<Map<string, Blob>> {
   const store = opts.store;
-  return fetchVerified(modelUrl, manifest, names, opts, async (url) => {
+  return fetchVerified(modelUrl, manifest, names, opts, async (url, want) => {
     if (store.getBlob) {
-      const blob = await store.getBlob(url);
-      return blob && { data: await blob.arrayBuffer(), keep: blob };
+      const hit = await store.getBlob(url);
+      if (!hit) return undefined;
+      return { data: verifiedAs(hit, want) ? null : await hit.blob.arrayBuffer(), keep: hit.blob };
     }
     const data = await store.get(url);
     return data && { data, keep: new Blob([data]) };
   }, (data) => new Blob([data]));
 }
 
+/**
+ * Whether a cached file was verified against the hash the manifest names now (its entry records the
+ * sha256 its bytes matched when they were stored) and has its size: then it is not read and hashed
+ * again on every load (834 MB of GGUF hashed took a 1.5B model's cached load to 1.3-1.6x wllama's).
+ * An entry without the record, or with another hash (the model changed under the same URL), is
+ * read and verified as before.
+ */
+function verifiedAs(hit: StoredBlob, want: ManifestFile): boolean {
+  return hit.sha256 === want.sha256 && hit.blob.size === want.size;
+}
+
+/** ``cached`` gives a stored file's bytes to verify (null: verified when it was stored) and what to return. */
 async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: string[], opts: FetchOptions,
-                                cached: (url: string) => Promise<{ data: ArrayBuffer; keep: T } | undefined>,
+                                cached: (url: string, want: ManifestFile) => Promise<{ data: ArrayBuffer | null; keep: T } | undefined>,
                                 downloaded: (data: ArrayBuffer) => T): Promise<Map<string, T>> {
   const fetchImpl = opts.fetchImpl ?? fetch.bind(globalThis);
   for (const name of names) {
@@ -176,11 +195,15 @@ async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: str
     for (let name = queue.shift(); name !== undefined; name = queue.shift()) {
       const want = manifest.files[name];
       const url = new URL(name, modelUrl).href;
-      const hit = await cached(url);
-      if (hit && (await checkFile(name, hit.data, want)) === null) {
+      const hit = await cached(url, want);
+      if (hit && (hit.data === null || (await checkFile(name, hit.data, want)) === null)) {
+        // verified now, not when stored (an older entry): record it, so that later loads skip the hash;
+        // what is returned is then made from the bytes (a Blob of the replaced entry may not read)
+        const record = hit.data !== null && opts.store.recordsHashes;
+        if (record) await opts.store.put(url, hit.data!, want.sha256);
         done += want.size;
         report("verify", name, true);
-        out.set(name, hit.keep);
+        out.set(name, record ? downloaded(hit.data!) : hit.keep);
         continue;
       }
       if (hit) await opts.store.delete(url);  // corrupted in the cache: fetch it again
@@ -190,7 +213,7 @@ async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: str
       }, fetchImpl);
       const problem = await checkFile(name, data, want);
       if (problem) throw new IntegrityError(name, problem);
-      await opts.store.put(url, data);
+      await opts.store.put(url, data, want.sha256);
       report("verify", name, false);
       out.set(name, downloaded(data));
     }

@@ -3,18 +3,28 @@
 import type { CacheBackend } from "./protocol";
 import { QuotaError } from "./errors";
 
+/** A stored file as the store's own Blob, and the sha256 its bytes matched when they were stored
+ * (null: none recorded). */
+export interface StoredBlob {
+  blob: Blob;
+  sha256: string | null;
+}
+
 export interface FileStore {
   readonly keeps: boolean;  // whether put() stores anything (false for cache: "none")
+  readonly recordsHashes: boolean;  // whether put() records the sha256 it is given (getBlob returns it)
   get(url: string): Promise<ArrayBuffer | undefined>;
   // the same file as a Blob the store itself holds, where it holds one (the Cache API's is backed by
-  // its own entry, so handing it on copies nothing)
-  getBlob?(url: string): Promise<Blob | undefined>;
-  put(url: string, data: ArrayBuffer): Promise<void>;
+  // its own entry, so handing it on copies nothing), with the sha256 recorded by put
+  getBlob?(url: string): Promise<StoredBlob | undefined>;
+  // sha256: the hash the bytes were verified against, recorded where the store can (the Cache API)
+  put(url: string, data: ArrayBuffer, sha256?: string): Promise<void>;
   delete(url: string): Promise<void>;
   keys(): Promise<string[]>;
 }
 
 const CACHE_NAME = "lantern-artifacts-v1";
+const VERIFIED = "x-lantern-sha256";  // the header of a Cache API entry that records put's sha256
 const DB_NAME = "lantern-artifacts";
 const DB_STORE = "files";
 
@@ -27,6 +37,7 @@ function quotaGuard(err: unknown, url: string): never {
 
 class CacheApiStore implements FileStore {
   readonly keeps = true;
+  readonly recordsHashes = true;
   private cache = caches.open(CACHE_NAME);
 
   async get(url: string) {
@@ -36,12 +47,12 @@ class CacheApiStore implements FileStore {
 
   async getBlob(url: string) {
     const hit = await (await this.cache).match(url);
-    return hit ? await hit.blob() : undefined;
+    return hit ? { blob: await hit.blob(), sha256: hit.headers.get(VERIFIED) } : undefined;
   }
 
-  async put(url: string, data: ArrayBuffer) {
+  async put(url: string, data: ArrayBuffer, sha256?: string) {
     try {
-      await (await this.cache).put(url, new Response(data));
+      await (await this.cache).put(url, new Response(data, sha256 ? { headers: { [VERIFIED]: sha256 } } : undefined));
     } catch (err) {
       quotaGuard(err, url);
     }
@@ -58,6 +69,7 @@ class CacheApiStore implements FileStore {
 
 class IndexedDbStore implements FileStore {
   readonly keeps = true;
+  readonly recordsHashes = false;
   private db = new Promise<IDBDatabase>((resolve, reject) => {
     const req = indexedDB.open(DB_NAME, 1);
     req.onupgradeneeded = () => req.result.createObjectStore(DB_STORE);
@@ -98,6 +110,7 @@ class IndexedDbStore implements FileStore {
 
 class NoStore implements FileStore {
   readonly keeps = false;
+  readonly recordsHashes = false;
   async get() { return undefined; }
   async put() {}
   async delete() {}
