@@ -92,7 +92,8 @@ class Closer:
         """``texts``: each token decoded alone; ``left``: tokens the policy never writes (stop and added
         tokens)."""
         self.texts = texts
-        self.orders = tuple(np.array(closing_order(texts, left, where), dtype=np.int64) for where in (VALUE, AFTER, INSIDE))
+        self.orders = tuple(np.array(closing_order(texts, left, where), dtype=np.int64)
+                            for where in (VALUE, AFTER, INSIDE))
         inside = self.orders[INSIDE]
         self.enders = inside[: sum(_rank(texts[i], INSIDE)[0] == 0 for i in inside)]  # tokens that end a string
         self.stop_ids = np.array(sorted(stop_ids), dtype=np.int64)
@@ -124,7 +125,8 @@ class Closer:
                     return None
                 token = int(hits[0])
                 if state != AFTER and state != VALUE and not allowed[self.enders].any():
-                    token = self._toward_end(mask, hits[:LOOKAHEAD]) or token
+                    found = self._toward_end(mask, hits[:LOOKAHEAD])
+                    token = token if found is None else found
                 mask.accept(token)
                 path.append(token)
                 state = lex(state, self.texts[token])

@@ -213,8 +213,8 @@ class ModelEngine:
         """The policy that closes a cut JSON answer (closing.py), made on the first one."""
         with self._grammars_lock:
             if self._closer is None:
-                self._closer = Closer.for_tokenizer(self.tokenizer, json.loads((self.art.path / "tokenizer.json").read_text()),
-                                                    self.vocab_size, sorted(self.stop_ids))
+                tokenizer_json = json.loads((self.art.path / "tokenizer.json").read_text())
+                self._closer = Closer.for_tokenizer(self.tokenizer, tokenizer_json, self.vocab_size, sorted(self.stop_ids))
             return self._closer
 
     def compile_grammar(self, spec: GrammarSpec | None):

@@ -2,6 +2,7 @@
 // by a fixed policy that reads only the grammar. The twin of lantern/server/closing.py, which explains
 // the policy; tests/test_closing.py holds the two equal.
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
+import { LanternError } from "./errors";
 import type { ChatCompletionRequest } from "./protocol";
 import type { TokenizerJson } from "./structured";
 import type { TextCodec } from "./text";
@@ -137,7 +138,7 @@ export class Closer {
     const n = steps.length;
     const first = n - Math.min(hold, n);
     const accept = (text: string) => {
-      if (text && !matcher._acceptString(text)) throw new Error("internal: the grammar rejected the answer it allowed");
+      if (text && !matcher._acceptString(text)) throw new LanternError("internal: the grammar rejected the answer it allowed");
     };
     accept(steps.slice(0, first).join(""));
     let state = lex(VALUE, steps.slice(0, first).join(""));
