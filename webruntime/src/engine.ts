@@ -397,6 +397,11 @@ export class Engine {
       const closed = await this.closer.close(mask.matcher, steps, maxTokens);
       return closed && { text: steps.slice(0, closed.kept).join("") + this.codec.decode(closed.path),
                          tokens: closed.kept + closed.path.length };
+    } catch (err) {
+      // on the wasm device llama.cpp wrote the text under gbnf.ts's translation of this grammar: were
+      // the two ever to differ, the answer comes back cut, as it would without closing
+      console.warn(`lantern: the cut answer was not closed: ${err instanceof Error ? err.message : err}`);
+      return null;
     } finally {
       mask.dispose();
     }
