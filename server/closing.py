@@ -24,6 +24,7 @@ import numpy as np
 
 HOLD = 64  # tokens at the end of a closable answer that may be rewound, and so are not streamed early
 LOOKAHEAD = 8  # inside a string that may not end yet: candidates tried for one after which it may
+WORK = 2000  # masks one close() may compute: an answer that cannot be closed gives up in bounded time
 VALUES = ("0", '""', "[]", "{}", "null", "true", "false")
 NUMBER = "0123456789.eE+-"
 # Where a JSON text is: where a value (or key) may start (after `:`, `[`, `,`, `{` or nothing), elsewhere
@@ -107,13 +108,18 @@ class Closer:
         added = [t["id"] for t in tokenizer_json.get("added_tokens", [])]
         return cls(texts + [""] * (vocab_size - size), [*stop_ids, *added], stop_ids)
 
-    def path(self, mask, limit: int, state: int = VALUE) -> list[int] | None:
+    def path(self, mask, limit: int, state: int = VALUE, work: list[int] | None = None) -> list[int] | None:
         """The policy's tokens from ``mask``'s state (and the text's ``state``, see ``lex``) to where the
-        grammar may end, or None when that takes more than ``limit`` tokens or the grammar allows no
-        token. ``mask`` is left as it was."""
+        grammar may end, or None when that takes more than ``limit`` tokens, the grammar allows no
+        token, or the masks left in ``work`` (one count, shared by a close(); WORK) are spent. ``mask``
+        is left as it was."""
+        work = [WORK] if work is None else work
         path: list[int] = []
         try:
             while True:
+                if work[0] <= 0:
+                    return None
+                work[0] -= 1
                 allowed = mask.allowed()
                 if allowed[self.stop_ids[self.stop_ids < len(allowed)]].any():
                     return path
@@ -125,7 +131,7 @@ class Closer:
                     return None
                 token = int(hits[0])
                 if state != AFTER and state != VALUE and not allowed[self.enders].any():
-                    found = self._toward_end(mask, hits[:LOOKAHEAD])
+                    found = self._toward_end(mask, hits[:LOOKAHEAD], work)
                     token = token if found is None else found
                 mask.accept(token)
                 path.append(token)
@@ -134,11 +140,12 @@ class Closer:
             if path:
                 mask.rollback(len(path))
 
-    def _toward_end(self, mask, candidates) -> int | None:
+    def _toward_end(self, mask, candidates, work: list[int]) -> int | None:
         """Of a string's candidate tokens, the first after which the string may end (a pattern's or a
         length's rule met), if any."""
         for token in candidates:
             mask.accept(int(token))
+            work[0] -= 1
             ends = mask.allowed()[self.enders].any()
             mask.rollback(1)
             if ends:
@@ -148,14 +155,16 @@ class Closer:
     def close(self, mask, ids: list[int], max_tokens: int, hold: int = HOLD) -> tuple[int, list[int]] | None:
         """Where to rewind a cut answer and how to finish it: ``(kept, path)`` with the first ``kept``
         of ``ids`` and then ``path``, at most ``max_tokens`` in all, keeping as many of the model's
-        tokens as possible, at most ``hold`` of them dropped. None when no such point exists.
+        tokens as possible, at most ``hold`` of them dropped. None when no such point exists, or none was
+        found within WORK masks.
         ``mask`` has accepted all of ``ids``; it is left rewound to ``kept`` and advanced by ``path``."""
         n = len(ids)
+        work = [WORK]
         states = [VALUE]
         for token in ids:
             states.append(lex(states[-1], self.texts[token]))
         for back in range(min(hold, n) + 1):
-            path = self.path(mask, max_tokens - (n - back), states[n - back])
+            path = self.path(mask, max_tokens - (n - back), states[n - back], work)
             if path is not None:
                 for token in path:
                     mask.accept(token)

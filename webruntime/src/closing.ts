@@ -11,6 +11,8 @@ import type { TextCodec } from "./text";
 export const HOLD = 64;
 /** Inside a string that may not end yet: candidates tried for one after which it may. */
 const LOOKAHEAD = 8;
+/** Masks one close() may compute: an answer that cannot be closed gives up in bounded time. */
+const WORK = 2000;
 const VALUES = new Set(["0", '""', "[]", "{}", "null", "true", "false"]);
 const NUMBER = "0123456789.eE+-";
 /** Where a JSON text is: where a value (or key) may start, elsewhere outside a string, inside a
@@ -89,12 +91,14 @@ export class Closer {
   }
 
   /** The policy's tokens from `matcher`'s state (and the text's `state`, see lex) to where the
-   * grammar may end, or null when that takes more than `limit` tokens or the grammar allows no
-   * token. `matcher` is left as it was. */
-  async path(matcher: XGrammar.GrammarMatcher, limit: number, state: number): Promise<number[] | null> {
+   * grammar may end, or null when that takes more than `limit` tokens, the grammar allows no token,
+   * or the masks left in `work` (shared by a close()) are spent. `matcher` is left as it was. */
+  async path(matcher: XGrammar.GrammarMatcher, limit: number, state: number, work = { left: WORK }):
+    Promise<number[] | null> {
     const path: number[] = [];
     try {
       for (;;) {
+        if (work.left-- <= 0) return null;
         const allowed = await matcher.getNextTokenBitmask();
         if (this.stopIds.some((id) => allowedBit(allowed, id))) return path;
         if (path.length >= limit) return null;
@@ -105,7 +109,7 @@ export class Closer {
         if (!hits.length) return null;
         let token = hits[0];
         if (state !== AFTER && state !== VALUE && !this.enders.some((id) => allowedBit(allowed, id))) {
-          token = (await this.towardEnd(matcher, hits)) ?? token;
+          token = (await this.towardEnd(matcher, hits, work)) ?? token;
         }
         matcher.acceptToken(token);
         path.push(token);
@@ -117,9 +121,11 @@ export class Closer {
   }
 
   /** Of a string's candidate tokens, the first after which the string may end, if any. */
-  private async towardEnd(matcher: XGrammar.GrammarMatcher, candidates: number[]): Promise<number | null> {
+  private async towardEnd(matcher: XGrammar.GrammarMatcher, candidates: number[], work: { left: number }):
+    Promise<number | null> {
     for (const token of candidates) {
       matcher.acceptToken(token);
+      work.left--;
       const allowed = await matcher.getNextTokenBitmask();
       matcher.rollBack(1);
       if (this.enders.some((id) => allowedBit(allowed, id))) return token;
@@ -131,11 +137,13 @@ export class Closer {
    * Where to rewind a cut answer and how to finish it. `steps` holds each generated token's text (""
    * for a token whose text came with a later one); the answer keeps its first `kept` steps' text and
    * then `path`, at most `maxTokens` tokens in all, as many of the model's as possible, at most
-   * `hold` of them dropped. null when no such point exists. `matcher` starts fresh and is used up.
+   * `hold` of them dropped. null when no such point exists, or none was found within WORK masks.
+   * `matcher` starts fresh and is used up.
    */
   async close(matcher: XGrammar.GrammarMatcher, steps: string[], maxTokens: number, hold = HOLD):
     Promise<{ kept: number; path: number[] } | null> {
     const n = steps.length;
+    const work = { left: WORK };
     const first = n - Math.min(hold, n);
     const accept = (text: string) => {
       if (text && !matcher._acceptString(text)) throw new LanternError("internal: the grammar rejected the answer it allowed");
@@ -148,7 +156,7 @@ export class Closer {
       states.push(state = lex(state, steps[i]));
     }
     for (let kept = n; kept >= first; kept--) {
-      const path = await this.path(matcher, maxTokens - kept, states[kept - first]);
+      const path = await this.path(matcher, maxTokens - kept, states[kept - first], work);
       if (path) return { kept, path };
       if (kept > first && steps[kept - 1]) matcher.rollBack(1);
     }
