@@ -36,13 +36,19 @@ class Job {
   readonly id = `chatcmpl-${crypto.randomUUID()}`;
   readonly created = Math.floor(Date.now() / 1000);
 
-  constructor(readonly request: ChatCompletionRequest, readonly grammar: unknown, readonly prompt: PromptPlan,
+  constructor(readonly request: ChatCompletionRequest, readonly grammar: PreparedGrammar | null, readonly prompt: PromptPlan,
               readonly onEvent: (e: StepEvent) => void) {}
 
   move(to: RequestState): void {
     if (!NEXT[this.state].includes(to)) throw new Error(`internal: request went ${this.state} -> ${to}`);
     this.state = to;
   }
+}
+
+/** A request's grammar: its spec, and what the device made of it (device.prepare). */
+interface PreparedGrammar {
+  spec: GrammarSpec;
+  prepared: unknown;
 }
 
 /** What the chat template makes of a request, and how its answer splits into reasoning and content. */
@@ -164,7 +170,7 @@ export class Engine {
     // Bad schemas, grammars and template variables fail here, before the request is queued.
     const spec = requestSpec(req);
     const plan = this.plan(req, spec);
-    const grammar = spec ? await device.prepare(spec) : null;
+    const grammar = spec ? { spec, prepared: await device.prepare(spec) } : null;
     // what the schema's rewrite ignored (unknown keywords, ...): said on the console and on the answer, as the server says it
     const warnings = spec?.warnings?.length ? { lantern_warnings: spec.warnings } : {};
     if (spec?.warnings?.length) console.warn(`lantern: ${spec.warnings.join("; ")}`);
@@ -198,7 +204,7 @@ export class Engine {
     };
   }
 
-  private stream(req: CheckedRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions,
+  private stream(req: CheckedRequest, grammar: PreparedGrammar | null, plan: PromptPlan, opts: CreateOptions,
                  warnings: { lantern_warnings?: string[] }): AsyncIterable<ChatCompletionChunk> {
     const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
@@ -246,7 +252,7 @@ export class Engine {
   }
 
   /** Queue a request and run it when its turn comes; resolves when it reached a terminal state. */
-  private run(req: ChatCompletionRequest, grammar: unknown, plan: PromptPlan, opts: CreateOptions,
+  private run(req: ChatCompletionRequest, grammar: PreparedGrammar | null, plan: PromptPlan, opts: CreateOptions,
               onEvent: (e: StepEvent) => void, onJob: (job: Job) => void = () => {}): Promise<Job> {
     const job = new Job(req, grammar, plan, onEvent);
     onJob(job);
@@ -324,7 +330,7 @@ export class Engine {
         throw new InvalidRequestError(message("prompt_too_long", { tokens: prompt.length, window: device.contextWindow }));
       }
       const maxTokens = Math.min(tokenLimit(req) ?? room, room);
-      gen = await device.start({ prompt, promptText, params, grammar: job.grammar, maxTokens,
+      gen = await device.start({ prompt, promptText, params, grammar: job.grammar?.prepared ?? null, maxTokens,
         stopTokenIds: new Set([...this.stopTokenIds, ...(req.stop_token_ids ?? [])]) });
 
       let text = "";  // decoded so far (full characters only)
@@ -350,7 +356,7 @@ export class Engine {
         }
         if (completion >= maxTokens) {
           finish = "length";
-          const closed = closable ? await this.closeAnswer(req, steps, exact, maxTokens) : null;
+          const closed = closable ? await this.closeAnswer(job.grammar!.spec, steps, exact, maxTokens) : null;
           if (closed) ({ text, tokens: completion } = closed);
           break;
         }
@@ -380,10 +386,8 @@ export class Engine {
 
   /** A cut JSON answer closed within maxTokens (closing.ts), or null where it cannot be. `steps`: each
    * generated token's text; `exact`: whether their boundaries are the model's own. */
-  private async closeAnswer(req: ChatCompletionRequest, steps: string[], exact: boolean, maxTokens: number):
+  private async closeAnswer(spec: GrammarSpec, steps: string[], exact: boolean, maxTokens: number):
     Promise<{ text: string; tokens: number } | null> {
-    const spec = requestSpec(req);  // as the request was prepared; made again rather than kept on every job
-    if (!spec) return null;
     if (!exact) {
       // Without ids a chunk's text comes with its last token: the answer is tokenized again, so that
       // it may be rewound token by token. What comes back is then at most maxTokens of these tokens.

@@ -4,7 +4,7 @@
 import { ArtifactError, IntegrityError, NetworkError } from "./errors";
 import type { LoadProgress } from "./protocol";
 import type { GenerationDefaults } from "./sampler";
-import { checkRoom, type FileStore, type StoredBlob } from "./storage";
+import { checkRoom, type FileStore } from "./storage";
 
 export interface ManifestFile { sha256: string; size: number }
 
@@ -131,17 +131,8 @@ async function download(url: string, name: string, size: number, retries: number
  */
 export async function fetchFiles(modelUrl: string, manifest: Manifest, names: string[],
                                  opts: FetchOptions): Promise<Map<string, ArrayBuffer>> {
-  const store = opts.store;
-  return fetchVerified(modelUrl, manifest, names, opts, async (url, want) => {
-    if (store.getBlob) {
-      const hit = await store.getBlob(url);
-      if (!hit) return undefined;
-      const data = await hit.blob.arrayBuffer();
-      return { data: verifiedAs(hit, want) ? null : data, keep: data };
-    }
-    const data = await store.get(url);
-    return data && { data, keep: data };
-  }, (data) => data);
+  return fetchVerified(modelUrl, manifest, names, opts, async (hit) => hit.data ?? await hit.blob!.arrayBuffer(),
+    (data) => data);
 }
 
 /**
@@ -152,32 +143,36 @@ export async function fetchFiles(modelUrl: string, manifest: Manifest, names: st
  */
 export async function fetchBlobs(modelUrl: string, manifest: Manifest, names: string[],
                                  opts: FetchOptions): Promise<Map<string, Blob>> {
-  const store = opts.store;
-  return fetchVerified(modelUrl, manifest, names, opts, async (url, want) => {
-    if (store.getBlob) {
-      const hit = await store.getBlob(url);
-      if (!hit) return undefined;
-      return { data: verifiedAs(hit, want) ? null : await hit.blob.arrayBuffer(), keep: hit.blob };
-    }
-    const data = await store.get(url);
-    return data && { data, keep: new Blob([data]) };
-  }, (data) => new Blob([data]));
+  return fetchVerified(modelUrl, manifest, names, opts, async (hit) => hit.blob ?? new Blob([hit.data!]),
+    (data) => new Blob([data]));
 }
 
 /**
- * Whether a cached file was verified against the hash the manifest names now (its entry records the
- * sha256 its bytes matched when they were stored) and has its size: then it is not read and hashed
- * again on every load (834 MB of GGUF hashed took a 1.5B model's cached load to 1.3-1.6x wllama's).
- * An entry without the record, or with another hash (the model changed under the same URL), is
- * read and verified as before.
+ * A cached file: the store's own Blob where it keeps one (getBlob), and its bytes to verify; no bytes
+ * (null) when the entry records that they matched the hash the manifest names now, with its size:
+ * then they are not read and hashed again on every load (834 MB of GGUF hashed took a 1.5B model's
+ * cached load to 1.3-1.6x wllama's). An entry without the record, or with another hash (the model
+ * changed under the same URL), is read and verified as before.
  */
-function verifiedAs(hit: StoredBlob, want: ManifestFile): boolean {
-  return hit.sha256 === want.sha256 && hit.blob.size === want.size;
+interface CachedFile {
+  blob: Blob | null;
+  data: ArrayBuffer | null;
 }
 
-/** ``cached`` gives a stored file's bytes to verify (null: verified when it was stored) and what to return. */
+async function lookUp(store: FileStore, url: string, want: ManifestFile): Promise<CachedFile | undefined> {
+  if (!store.getBlob) {
+    const data = await store.get(url);
+    return data && { blob: null, data };
+  }
+  const hit = await store.getBlob(url);
+  if (!hit) return undefined;
+  const recorded = hit.sha256 === want.sha256 && hit.blob.size === want.size;
+  return { blob: hit.blob, data: recorded ? null : await hit.blob.arrayBuffer() };
+}
+
+/** ``cached`` makes what is returned of a verified cached file; ``downloaded`` of a downloaded one. */
 async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: string[], opts: FetchOptions,
-                                cached: (url: string, want: ManifestFile) => Promise<{ data: ArrayBuffer | null; keep: T } | undefined>,
+                                cached: (hit: CachedFile) => Promise<T>,
                                 downloaded: (data: ArrayBuffer) => T): Promise<Map<string, T>> {
   const fetchImpl = opts.fetchImpl ?? fetch.bind(globalThis);
   for (const name of names) {
@@ -195,15 +190,16 @@ async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: str
     for (let name = queue.shift(); name !== undefined; name = queue.shift()) {
       const want = manifest.files[name];
       const url = new URL(name, modelUrl).href;
-      const hit = await cached(url, want);
+      const hit = await lookUp(opts.store, url, want);
       if (hit && (hit.data === null || (await checkFile(name, hit.data, want)) === null)) {
-        // verified now, not when stored (an older entry): record it, so that later loads skip the hash;
-        // what is returned is then made from the bytes (a Blob of the replaced entry may not read)
-        const record = hit.data !== null && opts.store.recordsHashes;
+        // verified now, not when stored (an older entry of a store that records hashes): record it, so
+        // that later loads skip the hash; what is returned is then made from the bytes (a Blob of the
+        // replaced entry may not read)
+        const record = hit.data !== null && hit.blob !== null;
         if (record) await opts.store.put(url, hit.data!, want.sha256);
         done += want.size;
         report("verify", name, true);
-        out.set(name, record ? downloaded(hit.data!) : hit.keep);
+        out.set(name, record ? downloaded(hit.data!) : await cached(hit));
         continue;
       }
       if (hit) await opts.store.delete(url);  // corrupted in the cache: fetch it again

@@ -12,12 +12,12 @@ export interface StoredBlob {
 
 export interface FileStore {
   readonly keeps: boolean;  // whether put() stores anything (false for cache: "none")
-  readonly recordsHashes: boolean;  // whether put() records the sha256 it is given (getBlob returns it)
   get(url: string): Promise<ArrayBuffer | undefined>;
   // the same file as a Blob the store itself holds, where it holds one (the Cache API's is backed by
-  // its own entry, so handing it on copies nothing), with the sha256 recorded by put
+  // its own entry, so handing it on copies nothing), with the sha256 recorded by put: a store that
+  // offers getBlob records the hashes put is given
   getBlob?(url: string): Promise<StoredBlob | undefined>;
-  // sha256: the hash the bytes were verified against, recorded where the store can (the Cache API)
+  // sha256: the hash the bytes were verified against, recorded where the store can (getBlob's)
   put(url: string, data: ArrayBuffer, sha256?: string): Promise<void>;
   delete(url: string): Promise<void>;
   keys(): Promise<string[]>;
@@ -37,7 +37,6 @@ function quotaGuard(err: unknown, url: string): never {
 
 class CacheApiStore implements FileStore {
   readonly keeps = true;
-  readonly recordsHashes = true;
   private cache = caches.open(CACHE_NAME);
 
   async get(url: string) {
@@ -69,7 +68,6 @@ class CacheApiStore implements FileStore {
 
 class IndexedDbStore implements FileStore {
   readonly keeps = true;
-  readonly recordsHashes = false;
   private db = new Promise<IDBDatabase>((resolve, reject) => {
     const req = indexedDB.open(DB_NAME, 1);
     req.onupgradeneeded = () => req.result.createObjectStore(DB_STORE);
@@ -110,7 +108,6 @@ class IndexedDbStore implements FileStore {
 
 class NoStore implements FileStore {
   readonly keeps = false;
-  readonly recordsHashes = false;
   async get() { return undefined; }
   async put() {}
   async delete() {}
