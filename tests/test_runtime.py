@@ -11,6 +11,7 @@ import asyncio
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 from browser import launch, lantern_server, manifest_alias, token_matrices, wait_until_ready
@@ -31,6 +32,42 @@ def cpu_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> str:
     ids = art.tokenizer().encode(prompt, add_special_tokens=False).ids
     out = art.cpu_model().greedy(ids, max_tokens, stop_ids=[eos_id(art)])
     return art.tokenizer().decode(out)
+
+
+# WebGPU's logits are the CPU library's within ~2e-4 of the largest (test_webgpu), so where the
+# library's two best tokens are closer than this (relative to the largest logit), either may win.
+NEAR_TIE = 1e-3
+
+
+def assert_cpu_greedy(art: Artifact, messages: list[dict], max_tokens: int, text: str) -> None:
+    """``text`` is the CPU library's greedy answer, or parts from it once, at a near-tie: where the
+    library's runner-up is within NEAR_TIE of its pick and ``text`` goes on with the runner-up (and
+    is not followed further: after it the two run on different prefixes). SmolLM2's answer to the
+    Spanish prompt has a 1e-5 tie at its second token, which one CPU's SwiftShader breaks the other way."""
+    cfg, tok = art.tokenizer_config(), art.tokenizer()
+    model = art.cpu_model()
+    model.reset()
+    logits = model.prefill(tok.encode(render(cfg["chat_template"], messages), add_special_tokens=False).ids)
+    eos = eos_id(art)
+
+    def goes_on_with(token: int) -> bool:
+        return text == tok.decode(out) if token == eos else text.startswith(tok.decode(out + [token]))
+
+    out: list[int] = []
+    while len(out) < max_tokens:
+        first, second = (int(t) for t in np.argsort(-logits)[:2])
+        if not goes_on_with(first):
+            gap = (logits[first] - logits[second]) / np.abs(logits).max()
+            assert gap < NEAR_TIE and goes_on_with(second), (
+                f"parts from the CPU library's greedy answer after {len(out)} tokens, where its pick "
+                f"{tok.decode([first])!r} leads {tok.decode([second])!r} by {gap:.1e} of the largest logit: "
+                f"{text!r} against {tok.decode(out + [first])!r}")
+            return
+        if first == eos:
+            return
+        out.append(first)
+        logits = model.prefill([first])
+    assert text == tok.decode(out)
 
 
 def user(text: str) -> list[dict]:
@@ -112,7 +149,7 @@ def test_greedy_tokens_equal_the_cpu_library_on_five_prompts(session, report):
     page, art = session["page"], session["art"]
     replies = chat(page, *[{"messages": user(p), "max_tokens": 32, "temperature": 0} for p in PROMPTS])
     for prompt, reply in zip(PROMPTS, replies):
-        assert reply["choices"][0]["message"]["content"] == cpu_greedy(art, user(prompt), 32), prompt
+        assert_cpu_greedy(art, user(prompt), 32, reply["choices"][0]["message"]["content"])
     assert "Paris" in replies[0]["choices"][0]["message"]["content"]
     usage = replies[0]["usage"]
     for key in ("prompt_tokens", "completion_tokens", "total_tokens", "ttft_ms", "prefill_tokens_per_s",
@@ -130,7 +167,8 @@ def test_streaming_yields_the_non_streaming_text(session):
     page, art = session["page"], session["art"]
     req = {"messages": user(PROMPTS[-1]), "max_tokens": 32, "temperature": 0}
     [plain, streamed] = chat(page, req, {**req, "stream": True, "stream_options": {"include_usage": True}})
-    assert streamed["text"] == plain["choices"][0]["message"]["content"] == cpu_greedy(art, user(PROMPTS[-1]), 32)
+    assert streamed["text"] == plain["choices"][0]["message"]["content"]
+    assert_cpu_greedy(art, user(PROMPTS[-1]), 32, streamed["text"])
     chunks = streamed["chunks"]
     assert len(chunks) > 5  # streamed token by token, not in one piece
     for c in chunks:
