@@ -150,8 +150,8 @@ def run_runtimes(out: Path, runtimes: list[str], words: int, max_tokens: int) ->
         print(f"  running {name}...", file=sys.stderr, flush=True)
         if name in ("wasm", "webgpu"):
             r = lantern_run(art, [messages], max_tokens, name, 2 if name == "wasm" else 1)
-            found[name] = {k: r[k] for k in ("load_s", "cached_load_s", "ttft_s", "decode_tokens_per_s", "completion_tokens",
-                                             "library")}
+            found[name] = {k: r[k] for k in ("cold_load_s", "cached_load_s", "ttft_s", "decode_tokens_per_s",
+                                             "completion_tokens", "library")}
             continue
         proc, base = serve_process([str(out)])
         try:
@@ -219,7 +219,8 @@ def main() -> int:
         if runtimes:
             row["runtimes"] = run_runtimes(work / "artifacts" / name, runtimes, args.prompt_words, args.max_tokens)
             for rt, r in row["runtimes"].items():
-                load = (f"load {r['load_s']:.1f} s, cached {r['cached_load_s']:.1f} s, " if "load_s" in r else "")
+                load = (f"load {r['cold_load_s']:.1f} s, cached {r['cached_load_s']:.1f} s, "
+                        if "cold_load_s" in r else "")
                 print(f"    {rt}: {load}TTFT {r['ttft_s']:.2f} s, decode {r['decode_tokens_per_s']:.2f} tok/s "
                       f"({r['completion_tokens']} tokens)"
                       + (f" ({r['library']})" if "library" in r else ""), flush=True)

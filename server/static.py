@@ -72,8 +72,15 @@ HEADERS = {
 }
 
 
+class _File(FileResponse):
+    """Read and sent 1 MiB at a time: FileResponse's 64 KiB (a worker-thread read and a send each)
+    served a 1.5B model's GGUF at ~260 MB/s, a quarter of Python's http.server on the same machine."""
+
+    chunk_size = 1 << 20
+
+
 def _file(path: Path) -> FileResponse:
-    return FileResponse(path, headers=HEADERS)
+    return _File(path, headers=HEADERS)
 
 
 def mount_static(app: FastAPI, models: dict[str, Path], site: Path | None) -> None:
