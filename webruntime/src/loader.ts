@@ -136,6 +136,19 @@ export async function fetchFiles(modelUrl: string, manifest: Manifest, names: st
 }
 
 /**
+ * fetchFiles for a consumer that takes each file as it comes (the webgpu device uploads a weight
+ * shard to the GPU as soon as it is verified): ``use`` gets each file's verified bytes once, in the
+ * order they are ready, and nothing is kept. A 1.5B model's 920 MB of shards are then never all in
+ * memory at once.
+ */
+export async function fetchEach(modelUrl: string, manifest: Manifest, names: string[], opts: FetchOptions,
+                                use: (name: string, data: ArrayBuffer) => void): Promise<void> {
+  await fetchVerified(modelUrl, manifest, names, opts,
+    async (hit, name) => use(name, hit.data ?? await hit.blob!.arrayBuffer()),
+    async (data, _url, name) => use(name, data));
+}
+
+/**
  * fetchFiles as Blobs, for a consumer that reads Blobs (llama.cpp in wasm). A cached file is the
  * store's own Blob where it keeps one (the Cache API), handed on without a copy of its bytes; other
  * stores' bytes are verified and copied into a Blob once: for a 1.5B model's 834 MB GGUF a cached
@@ -184,8 +197,9 @@ async function lookUp(store: FileStore, url: string, want: ManifestFile): Promis
 /** ``cached`` makes what is returned of a verified cached file; ``stored`` of bytes just verified and
  * stored at ``url`` (downloaded, or an older cache entry verified now). */
 async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: string[], opts: FetchOptions,
-                                cached: (hit: CachedFile) => Promise<T>,
-                                stored: (data: ArrayBuffer, url: string) => Promise<T>): Promise<Map<string, T>> {
+                                cached: (hit: CachedFile, name: string) => Promise<T>,
+                                stored: (data: ArrayBuffer, url: string, name: string) => Promise<T>
+                                ): Promise<Map<string, T>> {
   const fetchImpl = opts.fetchImpl ?? fetch.bind(globalThis);
   for (const name of names) {
     if (!manifest.files[name]) throw new ArtifactError(`lantern.json lists no file ${name}`);
@@ -211,7 +225,7 @@ async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: str
         if (record) await opts.store.put(url, hit.data!, want.sha256);
         done += want.size;
         report("verify", name, true);
-        out.set(name, record ? await stored(hit.data!, url) : await cached(hit));
+        out.set(name, record ? await stored(hit.data!, url, name) : await cached(hit, name));
         continue;
       }
       if (hit) await opts.store.delete(url);  // corrupted in the cache: fetch it again
@@ -223,7 +237,7 @@ async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: str
       if (problem) throw new IntegrityError(name, problem);
       await opts.store.put(url, data, want.sha256);
       report("verify", name, false);
-      out.set(name, await stored(data, url));
+      out.set(name, await stored(data, url, name));
     }
   };
   await Promise.all(Array.from({ length: Math.max(1, opts.parallel) }, worker));

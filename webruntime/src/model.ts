@@ -65,10 +65,14 @@ export class TvmModel {
     this.totalPages = this.availablePages();
   }
 
-  /** Instantiate the library, upload the weights and compile every pipeline. */
-  static async load(wasm: ArrayBuffer, gpu: Gpu, index: TensorCacheIndex, shards: Map<string, ArrayBuffer>,
+  /**
+   * Instantiate the library, upload the weights and compile every pipeline. ``fetchShards`` gets the
+   * weight shards that ``index`` names and hands each to its ``upload`` as it comes (in any order),
+   * so a shard's bytes can go once it is on the GPU.
+   */
+  static async load(wasm: ArrayBuffer, gpu: Gpu, index: TensorCacheIndex,
+                    fetchShards: (upload: (name: string, bytes: ArrayBuffer) => void) => Promise<void>,
                     opts: { upcast: boolean; contextWindow?: number;
-                            onUpload: (done: number, total: number) => void;
                             onCompile: (done: number, total: number) => void }): Promise<TvmModel> {
     const tvm = await tvmjs.instantiate(wasm, tvmjs.createPolyfillWASI(), () => {});
     tvm.initWebGPU(gpu.device);
@@ -83,10 +87,11 @@ export class TvmModel {
       throw new ArtifactError(`the model library has no readable _metadata: ${err}`);
     }
     const byName = new Map<string, tvmjs.Tensor>();
-    const total = index.records.reduce((s, sh) => s + sh.records.length, 0);
-    for (const shard of index.records) {
-      const bytes = shards.get(shard.dataPath);
-      if (!bytes) throw new ArtifactError(`shard ${shard.dataPath} was not loaded`);
+    const pending = new Map(index.records.map((shard) => [shard.dataPath, shard]));
+    await fetchShards((name, bytes) => {
+      const shard = pending.get(name);
+      if (!shard) throw new ArtifactError(`${name} is not a weight shard of tensor-cache.json, or came twice`);
+      pending.delete(name);
       for (const rec of shard.records) {
         const raw = new Uint8Array(bytes, rec.byteOffset, rec.nbytes);
         const half = rec.dtype === "float16" && opts.upcast;
@@ -94,9 +99,9 @@ export class TvmModel {
         if (half) t.copyFrom(Float32Array.from(new Uint16Array(raw.slice().buffer), halfToFloat));
         else t.copyFromRawBytes(raw);
         byName.set(rec.name, t);
-        opts.onUpload(byName.size, total);
       }
-    }
+    });
+    if (pending.size) throw new ArtifactError(`shard ${[...pending.keys()][0]} was not loaded`);
     const missing = metadata.params.filter((p) => !byName.has(p.name)).map((p) => p.name);
     if (missing.length) throw new ArtifactError(`tensor-cache.json lacks parameters ${missing.slice(0, 3).join(", ")}`);
     const params = tvm.detachFromCurrentScope(tvm.makeTVMArray(metadata.params.map((p) => byName.get(p.name))));

@@ -5,7 +5,7 @@ import { checkFits, type Gpu } from "./device";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
 import { EngineNotLoadedError } from "./errors";
 import { chooseLibrary, deviceLabel } from "./library";
-import { fetchFiles, type Manifest } from "./loader";
+import { fetchEach, fetchFiles, type Manifest } from "./loader";
 import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
 import type { DebugOp, DebugResult, EngineOptions, EngineStats, LoadProgress, TokenLogprob } from "./protocol";
 import { Sampler, type Sampled } from "./sampler";
@@ -59,17 +59,23 @@ export class WebGpuDevice implements Device {
     const upcast = lib.param_upcast === "float16->float32";
     checkFits(manifest, largestTensorBytes(index, upcast), gpu.device);
 
-    // Downloads are 90% of the bar; upload and pipeline compile share the rest.
+    // Downloads (the library, then the shards) are 90% of the bar; upload and pipeline compile share the
+    // rest. Each shard goes to the GPU as soon as it is verified, while the others download (fetchEach).
     const shardNames = index.records.map((r) => r.dataPath);
-    const files = await fetchFiles(modelUrl, manifest, [lib.file, ...shardNames], {
+    const libBytes = manifest.files[lib.file]?.size ?? 0;
+    const all = [lib.file, ...shardNames].reduce((s, n) => s + (manifest.files[n]?.size ?? 0), 0);
+    const fetchOpts = (before: number) => ({
       store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
-      onProgress: (p) => report({ ...p, progress: 0.9 * p.progress }),
+      onProgress: (p: LoadProgress) => report({ ...p, loadedBytes: before + p.loadedBytes, totalBytes: all,
+        progress: all ? 0.9 * (before + p.loadedBytes) / all : 0.9 }),
     });
+    const [wasm] = (await fetchFiles(modelUrl, manifest, [lib.file], fetchOpts(0))).values();
     const total = manifest.weights.bytes;
-    const model = await TvmModel.load(files.get(lib.file)!, gpu, index, files, {
+    const model = await TvmModel.load(wasm, gpu, index, async (upload) => {
+      await fetchEach(modelUrl, manifest, shardNames, fetchOpts(libBytes), upload);
+      report({ phase: "gpu-upload", loadedBytes: total, totalBytes: total, progress: 0.95 });  // all uploaded
+    }, {
       upcast, contextWindow: options.contextWindow,
-      onUpload: (done, n) => report({ phase: "gpu-upload", loadedBytes: Math.round(total * done / n), totalBytes: total,
-        progress: 0.9 + 0.05 * done / n }),
       onCompile: (done, n) => report({ phase: "pipeline-compile", loadedBytes: done, totalBytes: n,
         progress: 0.95 + 0.05 * done / n }),
     });
