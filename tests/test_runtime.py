@@ -26,11 +26,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 SHORT_SYSTEM = {"role": "system", "content": "Answer briefly."}
 
 
+def chat_ids(art: Artifact, messages: list[dict]) -> list[int]:
+    """``messages`` rendered by the artifact's chat template, as token ids."""
+    prompt = render(art.tokenizer_config()["chat_template"], messages)
+    return art.tokenizer().encode(prompt, add_special_tokens=False).ids
+
+
 def cpu_greedy(art: Artifact, messages: list[dict], max_tokens: int) -> str:
-    cfg = art.tokenizer_config()
-    prompt = render(cfg["chat_template"], messages)
-    ids = art.tokenizer().encode(prompt, add_special_tokens=False).ids
-    out = art.cpu_model().greedy(ids, max_tokens, stop_ids=[eos_id(art)])
+    out = art.cpu_model().greedy(chat_ids(art, messages), max_tokens, stop_ids=[eos_id(art)])
     return art.tokenizer().decode(out)
 
 
@@ -44,10 +47,9 @@ def assert_cpu_greedy(art: Artifact, messages: list[dict], max_tokens: int, text
     library's runner-up is within NEAR_TIE of its pick and ``text`` goes on with the runner-up (and
     is not followed further: after it the two run on different prefixes). SmolLM2's answer to the
     Spanish prompt has a 1e-5 tie at its second token, which one CPU's SwiftShader breaks the other way."""
-    cfg, tok = art.tokenizer_config(), art.tokenizer()
-    model = art.cpu_model()
+    tok, model = art.tokenizer(), art.cpu_model()
     model.reset()
-    logits = model.prefill(tok.encode(render(cfg["chat_template"], messages), add_special_tokens=False).ids)
+    logits = model.prefill(chat_ids(art, messages))
     eos = eos_id(art)
 
     def goes_on_with(token: int) -> bool:

@@ -131,15 +131,16 @@ async function download(url: string, name: string, size: number, retries: number
  */
 export async function fetchFiles(modelUrl: string, manifest: Manifest, names: string[],
                                  opts: FetchOptions): Promise<Map<string, ArrayBuffer>> {
-  return fetchVerified(modelUrl, manifest, names, opts, async (hit) => hit.data ?? await hit.blob!.arrayBuffer(),
-    async (data) => data);
+  const out = new Map<string, ArrayBuffer>();
+  await fetchEach(modelUrl, manifest, names, opts, (name, data) => out.set(name, data));
+  return out;
 }
 
 /**
  * fetchFiles for a consumer that takes each file as it comes (the webgpu device uploads a weight
  * shard to the GPU as soon as it is verified): ``use`` gets each file's verified bytes once, in the
- * order they are ready, and nothing is kept. A 1.5B model's 920 MB of shards are then never all in
- * memory at once.
+ * order they are ready, and nothing is kept here. A 1.5B model's 920 MB of shards are then never all
+ * in memory at once.
  */
 export async function fetchEach(modelUrl: string, manifest: Manifest, names: string[], opts: FetchOptions,
                                 use: (name: string, data: ArrayBuffer) => void): Promise<void> {
