@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -224,8 +225,23 @@ def mask_times(rows: list[dict], engine, tokens_each: int = 48) -> None:
 
 # ---- answers ------------------------------------------------------------------------------------
 
+def _pattern(validator, pattern, instance, schema):
+    """jsonschema's `pattern`, with the `regex` module (which reads \\p{..} as ajv does) where Python's re
+    cannot read the pattern."""
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        found = re.search(pattern, instance)
+    except re.error:
+        import regex  # a dependency of transformers
+        found = regex.search(pattern, instance)
+    if not found:
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 def validator(schema):
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = jsonschema.validators.extend(cls, {"pattern": _pattern})
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 

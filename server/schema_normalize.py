@@ -907,7 +907,7 @@ def _with_refs(node, moved: dict[str, str]):
 
 def _search(pattern: str, name: str) -> bool:
     try:
-        return re.search(pattern, name) is not None
+        return re.search(string_grammar.with_classes(pattern), name) is not None
     except re.error:
         return False
 

@@ -14,7 +14,11 @@ So a string subschema with any of these is written in the grammar as a placehold
    `^`/`$`. Lookaround, backreferences, word boundaries and named groups are refused by name.
    Where the two differ, only what both accept is allowed: `\\d`, `\\w`, `\\s` mean their ASCII
    sets (Python's also match other Unicode digits, letters and spaces), and a negated class or
-   shorthand leaves out every character either engine might count in it.
+   shorthand leaves out every character either engine might count in it. `\\p{..}` and `\\P{..}` (which
+   Python's re lacks) are read as ajv reads them, with the u flag: a general category by any of
+   ECMA-262's names, or Any, ASCII, Assigned; a category holds the code points that Python's
+   unicodedata and JavaScript both give it (unicode_categories.json, written by ci/unicode_table.py),
+   and a code point they disagree on or that is unassigned counts as "maybe" in every category.
 2. The whole value must match (xgrammar's reading too): `abc` means `^abc$`, which is stricter than
    JSON Schema's search and so never lets an invalid value through.
 3. Thompson's construction gives an automaton over code points (the Basic Multilingual Plane, no
@@ -32,7 +36,9 @@ character (tests/test_structured_exact.py runs both).
 from __future__ import annotations
 
 import functools
+import json
 import re
+from pathlib import Path
 
 from .number_grammar import minimal_dfa, payload_placeholder, placeholder_payload
 
@@ -53,6 +59,8 @@ SHORT_ESCAPES = {0x08: "b", 0x09: "t", 0x0A: "n", 0x0C: "f", 0x0D: "r"}
 CONTROL_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "0": 0x00}
 SYNTAX = "^$\\.*+?()[]{}|/"
 RAW = ((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E))  # printable ASCII a JSON string holds unescaped
+# \p{..}: the general categories both engines agree on, written by ci/unicode_table.py (read by strings.ts too)
+UNICODE = json.loads(Path(__file__).with_name("unicode_categories.json").read_text())
 
 
 class PatternError(ValueError):
@@ -214,6 +222,9 @@ class _Parser:
             if ch.islower():
                 return certain, possible
             return intersect(minus(ALL, possible), ASCII), minus(ALL, certain)
+        if ch in ("p", "P"):
+            certain, possible = self.unicode_property(ch)
+            return (minus(ALL, possible), minus(ALL, certain)) if ch == "P" else (certain, possible)
         if ch in CONTROL_ESCAPES:
             if ch == "0" and _is_digit(self.peek()):
                 self.fail("an octal escape")
@@ -233,6 +244,25 @@ class _Parser:
             self.i -= 1
             self.fail(f"the escape \\{ch} (not read alike by JavaScript and Python)" if ch else "a trailing backslash")
         return ((code, code),), ((code, code),)
+
+    def unicode_property(self, ch: str) -> tuple[tuple, tuple]:
+        """(certain, possible) of ``\\p{name}``: a general category (ECMA-262's names, as ajv reads a pattern
+        with the u flag; Python's re has no \\p), Any, ASCII or Assigned. A code point the table leaves
+        in no category (unassigned, or read differently by Python and JavaScript) is possible in each."""
+        end = self.p.find("}", self.i)
+        if self.peek() != "{" or end < 0:
+            self.fail(f"a \\{ch} without a {{name}}")
+        name = self.p[self.i + 1:end]
+        key, _, value = name.rpartition("=")
+        if key not in ("", "gc", "General_Category"):
+            self.fail(f"the Unicode property \\{ch}{{{name}}} (Lantern reads general categories, Any, ASCII and Assigned)")
+        if not (value in UNICODE["names"] or (not key and value in BINARY_PROPERTIES)):
+            self.fail(f"an unknown Unicode property \\{ch}{{{name}}}")
+        self.i = end + 1
+        if value in BINARY_PROPERTIES:
+            return BINARY_PROPERTIES[value]
+        certain = norm(r for c in UNICODE["names"][value] for r in CATEGORIES.get(c, ()))
+        return certain, norm(certain + UNKNOWN)
 
     def class_atom(self) -> tuple[tuple, tuple, bool]:
         """(certain, possible, single character?) of one class member."""
@@ -275,8 +305,48 @@ class _Parser:
         return intersect(norm(certain), ALL)
 
 
+def _table_ranges(text: str) -> tuple:
+    return tuple((int(a, 16), int(b or a, 16)) for a, _, b in (r.partition("-") for r in text.split()))
+
+
+CATEGORIES = {c: _table_ranges(text) for c, text in UNICODE["categories"].items()}
+ASSIGNED = norm(r for ranges in CATEGORIES.values() for r in ranges)  # those both engines agree on
+UNKNOWN = minus(ALL, ASSIGNED)
+BINARY_PROPERTIES = {"Any": (ALL, ALL), "ASCII": (ASCII, ASCII), "Assigned": (ASSIGNED, ALL)}
+
+
 def parse_pattern(pattern: str):
     return _Parser(pattern).parse()
+
+
+def with_classes(pattern: str) -> str:
+    """``pattern`` with each ``\\p{..}`` and ``\\P{..}`` written out as the class of the code points every
+    engine counts in it, so that Python's re (which has no \\p) and JavaScript read it from the same
+    table; a property Lantern does not read is left as it is."""
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and pattern[i + 1:i + 2] in ("p", "P"):
+            parser = _Parser(pattern)
+            parser.i = i + 1
+            try:
+                chars = parser.escape(in_class)[0]
+            except PatternError:
+                out.append(pattern[i:i + 2])
+                i += 2
+                continue
+            ranges = "".join(f"\\u{lo:04x}" if lo == hi else f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in chars)
+            out.append(ranges if in_class else f"[{ranges}]" if ranges else "(?!)")
+            i = parser.i
+            continue
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        in_class = (in_class and ch != "]") or (not in_class and ch == "[")
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 def check_plain_pattern(pattern: str) -> None:
@@ -498,8 +568,8 @@ def one_class(pattern: str | None, min_length: int, max_length: int | None):
         node = parts[0]
     if node[0] == "set":
         node = ("rep", node, 1, 1)
-    if node[0] != "rep" or node[1][0] != "set" or minus(node[1][1], RAW):
-        return None
+    if node[0] != "rep" or node[1][0] != "set" or not node[1][1] or minus(node[1][1], RAW):
+        return None  # (an empty class: the automaton finds whether any string matches)
     lo = max(node[2], min_length)
     hi = node[3] if max_length is None else max_length if node[3] is None else min(node[3], max_length)
     if hi is not None and lo > hi:

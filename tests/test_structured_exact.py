@@ -241,12 +241,64 @@ def test_patterns_and_lengths_let_through_only_valid_strings(report):
 @pytest.mark.parametrize("pattern, what", [
     ("a^b", "no string matches it"), ("(?=a)a", "lookaround"), ("\\bx", "\\b"), ("\\1", "\\1"), ("[]", "empty class"),
     ("a{3,1}", "minimum is above"), ("a**", "quantifier on a quantifier"), ("(a", "unclosed '('"), ("a)", "unmatched"),
-    ("[\\d-z]", "class shorthand"), ("😀", "above U+FFFF"), ("\\p{L}", "\\p"), ("a{", "starts no"), ("[[a]]", "inside a class"),
+    ("[\\d-z]", "class shorthand"), ("😀", "above U+FFFF"), ("\\p{Script=Latin}", "\\p{Script=Latin}"),
+    ("\\p{Foo}", "unknown Unicode property"), ("\\pL", "without a {name}"), ("\\p{Cn}", "no string matches"), ("a{", "starts no"), ("[[a]]", "inside a class"),
 ])
 def test_patterns_not_enforced_exactly_are_refused_by_name(pattern, what):
     with pytest.raises(StructuredOutputError, match=re.escape("'pattern'")) as err:
         check_schema({"type": "string", "pattern": pattern})
     assert what in str(err.value), err.value
+
+
+UNICODE_PATTERNS = ["^\\p{Lu}\\p{Ll}*$", "^[\\p{L}\\p{N} ]+$", "^[^\\p{P}\\p{S}]+$", "^\\P{L}{1,2}$", "^\\p{gc=Nd}+$",
+                    "^[\\p{Zs}A-Za-z0-9+\\.,\\-_:;()]*$",  # a real schema's (JSONSchemaBench Github_ultra, bio.tools)
+                    "^\\p{Letter}\\p{General_Category=Mn}?$", "^\\p{Assigned}$", "^[\\P{Cn}x]$", "^(?:\\p{LC}|\\p{Zl})$"]
+
+
+def test_unicode_property_classes_let_through_only_what_both_engines_count(report):
+    """\\p{..} and \\P{..} (general categories from server/unicode_categories.json): on strings of characters
+    from all over the Basic Multilingual Plane, every string the grammar accepts is valid for ajv (which reads
+    a pattern with the u flag) and matches in Python's `regex` (Python's `re` has no \\p); where the table
+    knows each character's category, it accepts exactly what ajv validates."""
+    import regex
+
+    rng = random.Random(18)
+    spread = [chr(c) for c in range(0x20, 0x10000, 5) if not 0xD800 <= c <= 0xDFFF]
+    texts = sorted(set(spread) | {"".join(rng.choice(spread) for _ in range(rng.randint(2, 4))) for _ in range(400)}
+                   | {"Émile", "Ab", "12", "a b", "\u0295", "x\u0300"})
+    cases = [(pattern, accepts_of(string_grammar.string_rules(string_grammar.placeholder(pattern, 0, None), "s"), "s"))
+             for pattern in UNICODE_PATTERNS]
+    by_ajv = run_typescript("ajv_check.ts", {"cases": [{"schema": {"type": "string", "pattern": p},
+                                                        "texts": [json.dumps(t) for t in texts]} for p, _ in cases]})["out"]
+    known = {chr(c) for lo, hi in string_grammar.ASSIGNED for c in range(lo, hi + 1)}
+    accepted = exact = 0
+    for (pattern, g), ajv_ok in zip(cases, by_ajv):
+        for text, ok in zip(texts, ajv_ok):
+            got = g(json_text(text))
+            if got:
+                assert ok and regex.fullmatch(pattern, text), (pattern, text)
+                accepted += 1
+            if all(c in known for c in text):
+                assert got == ok, (pattern, text, got)
+                exact += 1
+    report(f"\\p classes: {len(cases)} patterns, {len(texts)} strings each: {accepted} accepted, each valid for ajv and "
+           f"Python's regex; {exact} of known characters accepted exactly when ajv validates them")
+
+
+def test_the_unicode_table_agrees_with_python_and_javascript():
+    """server/unicode_categories.json (ci/unicode_table.py rewrites it) against the Python and Node this
+    runs with: each code point it lists under a category has that category in unicodedata and in
+    JavaScript's RegExp (through ajv's pattern)."""
+    import unicodedata
+
+    cases = []
+    for cat, ranges in string_grammar.CATEGORIES.items():
+        codes = [c for lo, hi in ranges for c in range(lo, hi + 1)]
+        assert all(unicodedata.category(chr(c)) == cat for c in codes), cat
+        cases.append({"schema": {"type": "string", "pattern": f"^\\p{{gc={cat}}}$"}, "texts": [json.dumps(chr(c)) for c in codes]})
+    for case, out in zip(cases, run_typescript("ajv_check.ts", {"cases": cases})["out"]):
+        assert all(out), (case["schema"], [json.loads(t) for t, ok in zip(case["texts"], out) if not ok][:5])
+    assert sum(len(c["texts"]) for c in cases) > 60000
 
 
 def test_long_strings_beyond_the_merged_size_stay_exact():
@@ -309,6 +361,8 @@ def python_rules(case: dict) -> dict:
         if case["kind"] == "string":
             key = string_grammar.placeholder(case["pattern"], case["min"], case["max"])
             return {"placeholder": key, "rules": string_grammar.string_rules(key, "s")}
+        if case["kind"] == "classes":
+            return {"text": string_grammar.with_classes(case["pattern"])}
         if case["kind"] == "unique":
             key = unique_grammar.placeholder(unique_grammar.item_values(case["items"]), case["min"], case["max"])
             return {"placeholder": key, "rules": unique_grammar.unique_rules(key, "u")}
@@ -329,6 +383,8 @@ def test_typescript_writes_the_same_rules():
         cases.append({"kind": "string", "pattern": rng.choice([random_pattern(rng), None]), "min": lo,
                       "max": rng.choice([None, lo + rng.randint(0, 5)])})
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": None} for p in ["a^b", "(?=a)", "\\", "😀", "\ud800", "[z-a]"]]
+    cases += [{"kind": "string", "pattern": p, "min": 0, "max": 8} for p in UNICODE_PATTERNS + ["\\p{sc=Han}", "\\p{Lx}"]]
+    cases += [{"kind": "classes", "pattern": p} for p in UNICODE_PATTERNS + ["[\\]\\p{Zs}]\\P{N}", "\\\\p{L}", "\\p{sc=Han}"]]
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": 300} for p in SUPPORT["format_patterns"].values()]
     # automata past string_grammar.MAX_MERGED states are not merged: the same unmerged rules on both sides
     cases += [{"kind": "string", "pattern": None, "min": 0, "max": 1200}, {"kind": "string", "pattern": "[a-c]*x", "min": 3,

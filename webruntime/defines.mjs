@@ -6,6 +6,8 @@ const read = (path) => readFileSync(new URL(`../${path}`, import.meta.url), "utf
 export const defines = {
   // the schema keywords both engines accept (webruntime/src/structured.ts)
   __SCHEMA_SUPPORT__: read("server/schema_support.json"),
+  // the Unicode general categories of \p{..} in patterns (webruntime/src/strings.ts)
+  __UNICODE_CATEGORIES__: read("server/unicode_categories.json"),
   // the OpenAI request rules both runtimes apply (webruntime/src/rules.ts)
   __REQUEST_RULES__: read("compiler/request_rules.json"),
   // the runtime's version: the SharedWorker's name (webruntime/src/client.ts)

@@ -105,7 +105,7 @@ function jsonPointer(root: unknown, ref: string): unknown {
 
 function search(pattern: string, name: string): boolean {
   try {
-    return new RegExp(pattern, "u").test(name);
+    return new RegExp(strings.withClasses(pattern), "u").test(name);
   } catch {
     return false;
   }

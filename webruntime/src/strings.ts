@@ -21,6 +21,10 @@ const SHORT_ESCAPES: Record<number, string> = { 0x08: "b", 0x09: "t", 0x0a: "n",
 const CONTROL_ESCAPES: Record<string, number> = { t: 0x09, n: 0x0a, v: 0x0b, f: 0x0c, r: 0x0d, "0": 0x00 };
 const SYNTAX = "^$\\.*+?()[]{}|/";
 const RAW: Chars = [[0x20, 0x21], [0x23, 0x5b], [0x5d, 0x7e]];  // printable ASCII a JSON string holds unescaped
+// \p{..}: the general categories both engines agree on, written by ci/unicode_table.py (esbuild inlines
+// server/unicode_categories.json, which the Python twin reads)
+declare const __UNICODE_CATEGORIES__: { categories: Record<string, string>; names: Record<string, string[]> };
+const UNICODE = __UNICODE_CATEGORIES__;
 
 /** A pattern Lantern cannot enforce exactly, or one that no string (within the lengths) matches. */
 export class PatternError extends Error {
@@ -56,6 +60,16 @@ function minus(a: Chars, b: Chars): Chars {
 
 const intersect = (a: Chars, b: Chars): Chars => minus(a, minus(a, b));
 const same = (a: Chars, b: Chars): boolean => JSON.stringify(a) === JSON.stringify(b);
+
+const tableRanges = (text: string): Chars => (text ? text.split(" ") : []).map((r): [number, number] => {
+  const [a, b] = r.split("-");
+  return [parseInt(a, 16), parseInt(b ?? a, 16)];
+});
+const CATEGORIES: Record<string, Chars> = Object.fromEntries(
+  Object.entries(UNICODE.categories).map(([c, text]) => [c, tableRanges(text)]));
+const ASSIGNED = norm(Object.values(CATEGORIES).flat());  // those both engines agree on
+const UNKNOWN = minus(ALL, ASSIGNED);
+const BINARY_PROPERTIES: Record<string, [Chars, Chars]> = { Any: [ALL, ALL], ASCII: [ASCII, ASCII], Assigned: [ASSIGNED, ALL] };
 
 // ---- the pattern --------------------------------------------------------------------------------
 
@@ -187,6 +201,10 @@ class Parser {
       if (ch === lower) return [certain, possible];
       return [intersect(minus(ALL, possible), ASCII), minus(ALL, certain)];
     }
+    if (ch === "p" || ch === "P") {
+      const [certain, possible] = this.unicodeProperty(ch);
+      return ch === "P" ? [minus(ALL, possible), minus(ALL, certain)] : [certain, possible];
+    }
     let code: number;
     if (Object.hasOwn(CONTROL_ESCAPES, ch)) {
       if (ch === "0" && isDigit(this.peek())) this.fail("an octal escape");
@@ -205,6 +223,36 @@ class Parser {
       this.fail(ch ? `the escape \\${ch} (not read alike by JavaScript and Python)` : "a trailing backslash");
     }
     return [[[code, code]], [[code, code]]];
+  }
+
+  /** What the escape at `i` (just after its backslash) certainly matches; the parser then stands after it. */
+  escapeAt(i: number, inClass: boolean): Chars {
+    this.i = i;
+    return this.escape(inClass)[0];
+  }
+
+  get position(): number {
+    return this.i;
+  }
+
+  /** [certain, possible] of `\p{name}` (see the twin's unicode_property). */
+  private unicodeProperty(ch: string): [Chars, Chars] {
+    const end = this.p.indexOf("}", this.i);
+    if (this.peek() !== "{" || end < 0) this.fail(`a \\${ch} without a {name}`);
+    const name = this.p.slice(this.i + 1, end).join("");
+    const cut = name.lastIndexOf("=");
+    const key = cut < 0 ? "" : name.slice(0, cut);
+    const value = name.slice(cut + 1);
+    if (!["", "gc", "General_Category"].includes(key)) {
+      this.fail(`the Unicode property \\${ch}{${name}} (Lantern reads general categories, Any, ASCII and Assigned)`);
+    }
+    if (!(Object.hasOwn(UNICODE.names, value) || (!key && Object.hasOwn(BINARY_PROPERTIES, value)))) {
+      this.fail(`an unknown Unicode property \\${ch}{${name}}`);
+    }
+    this.i = end + 1;
+    if (Object.hasOwn(BINARY_PROPERTIES, value)) return BINARY_PROPERTIES[value];
+    const certain = norm(UNICODE.names[value].flatMap((c) => CATEGORIES[c] ?? []));
+    return [certain, norm([...certain, ...UNKNOWN])];
   }
 
   /** [certain, possible, single character?] of one class member. */
@@ -250,6 +298,42 @@ class Parser {
 }
 
 const parsePattern = (pattern: string): Node => new Parser(pattern).parse();
+
+/** `pattern` with each `\p{..}` and `\P{..}` written out as a class (see the twin's with_classes). */
+export function withClasses(pattern: string): string {
+  const p = Array.from(pattern);
+  const out: string[] = [];
+  let inClass = false;
+  for (let i = 0; i < p.length;) {
+    const ch = p[i];
+    if (ch === "\\" && (p[i + 1] === "p" || p[i + 1] === "P")) {
+      const parser = new Parser(pattern);
+      let chars: Chars;
+      try {
+        chars = parser.escapeAt(i + 1, inClass);
+      } catch (err) {
+        if (!(err instanceof PatternError)) throw err;
+        out.push(ch, p[i + 1]);
+        i += 2;
+        continue;
+      }
+      const hex = (c: number) => `\\u${c.toString(16).padStart(4, "0")}`;
+      const ranges = chars.map(([lo, hi]) => (lo === hi ? hex(lo) : `${hex(lo)}-${hex(hi)}`)).join("");
+      out.push(inClass ? ranges : ranges ? `[${ranges}]` : "(?!)");
+      i = parser.position;
+      continue;
+    }
+    if (ch === "\\") {
+      out.push(...p.slice(i, i + 2));
+      i += 2;
+      continue;
+    }
+    inClass = (inClass && ch !== "]") || (!inClass && ch === "[");
+    out.push(ch);
+    i++;
+  }
+  return out.join("");
+}
 
 /** PatternError unless `pattern` matches some string and only characters of RAW (see the twin). */
 export function checkPlainPattern(pattern: string): void {
@@ -495,7 +579,9 @@ export function oneClass(pattern: string | null, minLength: number, maxLength: n
     node = parts[0];
   }
   if (node.t === "set") node = { t: "rep", node, lo: 1, hi: 1 };
-  if (node.t !== "rep" || node.node.t !== "set" || minus(node.node.chars, RAW).length) return null;
+  if (node.t !== "rep" || node.node.t !== "set" || !node.node.chars.length || minus(node.node.chars, RAW).length) {
+    return null;  // (an empty class: the automaton finds whether any string matches)
+  }
   const lo = Math.max(node.lo, minLength);
   const hi = maxLength === null ? node.hi : node.hi === null ? maxLength : Math.min(node.hi, maxLength);
   if (hi !== null && lo > hi) throw new PatternError("no string matches it");
