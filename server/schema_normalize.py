@@ -210,7 +210,8 @@ class _Normalizer:
             return False
 
     def finish(self, schema, where: str):
-        """The rewrites after a node's parts are merged: conditionals, not, anyOf/oneOf, properties."""
+        """The rewrites after a node's parts are merged: conditionals, not, anyOf/oneOf, values of a type,
+        properties."""
         if schema is False or schema is True:
             return schema
         schema = self.conditionals(dict(schema), where)  # a copy: the rewrites below pop keywords
@@ -219,7 +220,7 @@ class _Normalizer:
         if schema is not False:
             schema = self.distribute(schema, where)
         if isinstance(schema, dict):
-            schema = self.number_format(self.any_name_pattern(schema, where), where)
+            schema = self.number_format(self.any_name_pattern(self.typed_values(schema, where), where), where)
         if isinstance(schema, dict) and schema.get("minItems") and not {"items", "prefixItems"} & set(schema):
             schema = {**schema, "items": {}}  # xgrammar reads no `items` as no items at all
         return schema
@@ -247,6 +248,19 @@ class _Normalizer:
         except Contradiction as err:
             self.contradiction = self.contradiction or err
             return False
+
+    def typed_values(self, schema: dict, where: str) -> dict:
+        """xgrammar generates every value of an enum or const whatever `type` says beside it (`"x"` for
+        an enum of "x" and 1 of type integer): the values of other types are dropped."""
+        types = _types(schema)
+        if types is None or not ("enum" in schema or "const" in schema) or not isinstance(schema.get("enum", []), list):
+            return schema
+        values = self.values(schema)
+        kept = [v for v in values if any(_type_of(v) == t or (t == "number" and _type_of(v) == "integer") for t in types)]
+        if not kept:
+            key = "enum" if "enum" in schema else "const"
+            raise Contradiction(f"schema keyword '{key}' at {where}: no value is of the type {json.dumps(schema['type'])}")
+        return schema if len(kept) == len(values) else {**schema, "enum": kept}  # (a const is kept or refused)
 
     def number_format(self, schema: dict, where: str):
         """ajv-formats' number formats (int32, int64, float, double) as the bounds they check; on a
@@ -632,8 +646,10 @@ class _Normalizer:
         return schema
 
     def only_listed(self, schema: dict, where: str) -> dict:
-        """xgrammar enforces no `required` beside patternProperties, and counts a repeated unlisted name
-        once each time for minProperties (`{"a": 1, "a": 2}` for two; a parser keeps one). Where either
+        """xgrammar enforces no `required` beside patternProperties, counts a repeated unlisted name once
+        each time for minProperties (`{"a": 1, "a": 2}` for two; a parser keeps one), and gives a listed
+        name that a pattern matches either its listed schema or its pattern's, where a validator applies
+        both (`{"a": 1}` for `a` listed as a string and `^[a-z]$` of integers). Where any of these
         matters, the object is generated with its listed properties only: the required names listed,
         each listed name given its patterns' schemas, patternProperties dropped, additionalProperties false."""
         required = [n for n in dict.fromkeys(schema.get("required") or []) if isinstance(n, str)]
@@ -641,7 +657,8 @@ class _Normalizer:
         unlisted = schema.get("additionalProperties", True) is not False or bool(patterns)
         low = schema.get("minProperties")
         counted = _number(low) and low > len(required) + 1  # one unlisted name can always stand in for more
-        if not ((patterns and required) or (unlisted and counted)):
+        matched = any(_search(p, n) for p in patterns for n in schema.get("properties") or {})
+        if not ((patterns and (required or matched)) or (unlisted and counted)):
             return schema
         props = {}
         for name in dict.fromkeys([*(schema.get("properties") or {}), *required]):
@@ -649,8 +666,8 @@ class _Normalizer:
             if name in (schema.get("properties") or {}):
                 sub = self.with_patterns(schema, name, sub, where)
             props[name] = sub
-        self.warn("generated only the listed and required properties (xgrammar enforces neither required beside "
-                  "patternProperties nor distinct names for minProperties)", where)
+        self.warn("generated only the listed and required properties (xgrammar enforces neither required nor "
+                  "listed names' schemas beside patternProperties, nor distinct names for minProperties)", where)
         return {**{k: v for k, v in schema.items() if k != "patternProperties"}, "properties": props,
                 "additionalProperties": False}
 
@@ -757,9 +774,29 @@ class _Normalizer:
                               f"for their values, over the limit of {MAX_NAMES}")
         return listed
 
+    def overlapping_patterns(self, schema: dict, where: str) -> dict:
+        """xgrammar gives a name that one pattern generates (matching it in full) that pattern's schema
+        alone, where a validator also applies every other pattern found in the name (`{"ab": "x"}` for
+        `^a` of integers and `^ab` of strings). So each pattern's schema is merged with those of the
+        patterns its names may contain (string_grammar.patterns_overlap), and a pattern whose merge
+        admits no value is not generated."""
+        patterns = schema.get("patternProperties")
+        if not isinstance(patterns, dict) or len(patterns) < 2:
+            return schema
+        out = {}
+        for p, sub in patterns.items():
+            for q, other in patterns.items():
+                if q != p and sub is not False and not _same(sub, other) and string_grammar.patterns_overlap(p, q):
+                    sub = self.try_merge(sub, other, f"{where}/patternProperties/{p}")
+            if sub is False:
+                self.warn("did not generate names of a pattern that other patterns' schemas contradict", where)
+            else:
+                out[p] = sub
+        return {**schema, "patternProperties": out} if out else {k: v for k, v in schema.items() if k != "patternProperties"}
+
     def listed_properties(self, schema: dict, where: str) -> dict:
         """Required names listed in properties; unlisted properties not generated beside listed ones."""
-        schema = self.only_listed(schema, where)
+        schema = self.overlapping_patterns(self.only_listed(schema, where), where)
         props = schema.get("properties")
         required = schema.get("required") or []
         extra = schema.get("additionalProperties", True)

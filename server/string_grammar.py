@@ -442,11 +442,14 @@ def _minterms(sets) -> list[tuple]:
     return [norm(v) for v in groups.values()]
 
 
-def string_dfa(pattern: str | None, min_length: int, max_length: int | None):
-    """(transitions over character sets, accepting, sets) of the minimal DFA; PatternError when empty."""
+def string_dfa(pattern: str | None, min_length: int, max_length: int | None, search: bool = False):
+    """(transitions over character sets, accepting, sets) of the minimal DFA; PatternError when empty.
+    With ``search``, of the strings the pattern matches somewhere in (JSON Schema's reading), not in full."""
     nfa = _Nfa()
     start = nfa.state()
-    end = nfa.build(parse_pattern(pattern) if pattern is not None else ("rep", ("set", ALL), 0, None), start)
+    anything = ("rep", ("set", ALL), 0, None)
+    node = parse_pattern(pattern) if pattern is not None else anything
+    end = nfa.build(("cat", [anything, node, anything]) if search else node, start)
     sets = _minterms([chars for edges in nfa.edges for kind, chars, _ in edges if kind == "set"])
     member = {}  # (nfa state, minterm) -> targets
     for s, edges in enumerate(nfa.edges):
@@ -481,6 +484,27 @@ def string_dfa(pattern: str | None, min_length: int, max_length: int | None):
         raise PatternError("no string matches it" if pattern is not None else "no string has such a length")
     trans, accepting = dfa
     return trans, accepting, sets
+
+
+def patterns_overlap(full: str, search: str) -> bool:
+    """Whether some name matches ``full`` in full (as xgrammar generates a patternProperties name) and
+    ``search`` somewhere (as a validator applies patternProperties); True when an automaton would be
+    too large to tell."""
+    try:
+        (ta, fa, sa), (tb, fb, sb) = string_dfa(full, 0, None), string_dfa(search, 0, None, search=True)
+    except PatternError:
+        return True
+    seen, todo = {(0, 0)}, [(0, 0)]
+    while todo:
+        a, b = todo.pop()
+        if fa[a] and fb[b]:
+            return True
+        for ma, na in ta[a].items():
+            for mb, nb in tb[b].items():
+                if (na, nb) not in seen and intersect(sa[ma], sb[mb]):
+                    seen.add((na, nb))
+                    todo.append((na, nb))
+    return False
 
 
 # ---- writing character sets as JSON text --------------------------------------------------------

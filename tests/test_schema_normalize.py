@@ -103,6 +103,18 @@ CASES = [
         "type": "object", "properties": {"b": {"type": "integer"}}, "patternProperties": {"^[a-e]$": {"type": "integer"}},
         "required": ["a"], "minProperties": 2},
      ['{"b": 1, "a": 2}']),
+    ("a listed name a pattern matches", {
+        "type": "object", "properties": {"a": {"type": "string"}, "type": {"enum": ["x", 1, 2]}},
+        "patternProperties": {"^[a-z]+$": {"type": "integer"}}},
+     ['{"type": 1}', '{"type": 2}', "{}"]),
+    ("patterns whose names overlap", {
+        "type": "object", "patternProperties": {"^a": {"type": "integer"}, "^ab": {"type": "integer", "minimum": 0},
+                                                "^abc$": {"type": "string"}, "^j$": {"enum": ["x", 1]}},
+        "additionalProperties": False},
+     ['{"a": -1}', '{"ab": 2}', '{"j": "x"}', "{}"]),
+    ("enum beside type", {"type": "object", "properties": {"k": {"type": "integer", "enum": ["1", 1, 2, 2.5, None]},
+                                                           "j": {"type": ["string", "null"], "enum": ["x", 1, None]}}},
+     ['{"k": 1, "j": null}', '{"k": 2, "j": "x"}']),
     ("minProperties over no properties", {"type": "object", "minProperties": 1, "maxProperties": 2},
      ['{"k": 1}', '{"k": [], "j": null}']),
     # xgrammar reads propertyNames alone: beside it, it gives every allowed name any value
@@ -209,13 +221,42 @@ def test_names_xgrammar_would_not_require_or_count_are_listed():
     spec, grammar = _grammar({"type": "object", "patternProperties": {"^[a-e]$": {"type": "integer"}}, "required": ["a"]})
     assert [_is_grammar_accept_string(grammar, t) for t in ("{}", '{"b": 1}', '{"a": "x"}', '{"a": 1}')] == [False] * 3 + [True]
     assert list(spec.warnings) == ["generated only the listed and required properties (xgrammar enforces neither required "
-                             "beside patternProperties nor distinct names for minProperties) at #"]
+                             "nor listed names' schemas beside patternProperties, nor distinct names for minProperties) at #"]
     _, grammar = _grammar({"type": "object", "properties": {"c": {"type": "integer"}}, "required": ["d"],
                            "patternProperties": {"^[a-e]$": True}, "additionalProperties": False, "minProperties": 2})
     assert not _is_grammar_accept_string(grammar, '{"d": 1, "d": 2}')
     assert _is_grammar_accept_string(grammar, '{"c": 1, "d": 2}')
     with pytest.raises(StructuredOutputError, match="'minProperties'"):  # two distinct unlisted names: not expressible
         _grammar({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2})
+
+
+def test_names_two_schemas_apply_to_are_generated_with_both():
+    """A validator applies every schema a name gets: its listed one, each pattern found in it. xgrammar
+    gives a name one of them (the listed one or a pattern it matches in full), so it let these through,
+    each invalid: a listed name with a pattern's weaker schema, a name of one pattern with another's
+    schema missing, an enum's value of another type than the `type` beside it."""
+    cases = [
+        ({"type": "object", "properties": {"a": {"type": "string"}, "type": {"enum": ["x"]}},
+          "patternProperties": {"^[a-z]$": {"type": "integer"}, "^t": {}}},
+         ['{"a": 1}', '{"type": 5}', '{"a": "x"}'], ["{}", '{"type": "x"}']),  # 'a' (string and integer): nothing
+        ({"type": "object", "patternProperties": {"^a": {"type": "integer"}, "^ab": {"type": "string"}},
+          "additionalProperties": False},
+         ['{"ab": "x"}', '{"ab": 1}'], ['{"a": 1}', "{}"]),  # "ab" needs both: no value is
+        ({"type": "object", "properties": {"k": {"type": "integer", "enum": ["x", 1]}}, "required": ["k"]},
+         ['{"k": "x"}'], ['{"k": 1}']),
+    ]
+    for schema, invalid, valid in cases:
+        check = _validator(schema)
+        spec, grammar = _grammar(schema)
+        for text in invalid:
+            assert not check.is_valid(json.loads(text)), text
+            assert not _is_grammar_accept_string(grammar, text), (schema, text)
+        for text in valid:
+            assert check.is_valid(json.loads(text)) and _is_grammar_accept_string(grammar, text), (schema, text)
+    assert response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": cases[1][0]}}).warnings == (
+        "did not generate names of a pattern that other patterns' schemas contradict at #",)
+    with pytest.raises(StructuredOutputError, match="'const' at #: no value is of the type \"integer\""):
+        _grammar({"type": "integer", "const": "1"})
 
 
 def test_what_was_ignored_is_reported_once_per_keyword():

@@ -190,7 +190,7 @@ class Normalizer {
     let s: Schema = this.conditionals({ ...schema }, where);
     if (s !== false && has(s as Obj, "not")) s = this.negation(s as Obj, where);
     if (s !== false) s = this.distribute(s as Obj, where);
-    if (isObject(s)) s = this.numberFormat(this.anyNamePattern(s, where), where);
+    if (isObject(s)) s = this.numberFormat(this.anyNamePattern(this.typedValues(s, where), where), where);
     if (isObject(s) && s.minItems && !has(s, "items") && !has(s, "prefixItems")) s = { ...s, items: {} };
     return s;
   }
@@ -612,11 +612,27 @@ class Normalizer {
     return schema;
   }
 
+  /** The values of an enum of other types than `type` beside it dropped (the twin's typed_values). */
+  private typedValues(schema: Obj, where: string): Obj {
+    const types = typesOf(schema);
+    if (types === null || !(has(schema, "enum") || has(schema, "const")) || (has(schema, "enum") && !Array.isArray(schema.enum))) {
+      return schema;
+    }
+    const values = this.values(schema);
+    const kept = values.filter((v) => types.some((t) => typeOf(v) === t || (t === "number" && typeOf(v) === "integer")));
+    if (!kept.length) {
+      throw new Contradiction(`schema keyword '${has(schema, "enum") ? "enum" : "const"}' at ${where}: no value is of the ` +
+        `type ${JSON.stringify(schema.type)}`);
+    }
+    return kept.length === values.length ? schema : { ...schema, enum: kept };  // (a const is kept or refused)
+  }
+
   /**
-   * xgrammar enforces no `required` beside patternProperties, and counts a repeated unlisted name once
-   * each time for minProperties (`{"a": 1, "a": 2}` for two; a parser keeps one). Where either matters,
-   * the object is generated with its listed properties only: the required names listed, each listed name
-   * given its patterns' schemas, patternProperties dropped, additionalProperties false.
+   * xgrammar enforces no `required` beside patternProperties, counts a repeated unlisted name once each
+   * time for minProperties, and gives a listed name that a pattern matches either schema, where a
+   * validator applies both (the twin's only_listed). Where any of these matters, the object is generated
+   * with its listed properties only: the required names listed, each listed name given its patterns'
+   * schemas, patternProperties dropped, additionalProperties false.
    */
   private onlyListed(schema: Obj, where: string): Obj {
     const required = [...new Set(((schema.required as unknown[]) ?? []).filter((n): n is string => typeof n === "string"))];
@@ -625,15 +641,16 @@ class Normalizer {
     const unlisted = (has(schema, "additionalProperties") ? schema.additionalProperties : true) !== false || hasPatterns;
     const low = schema.minProperties;
     const counted = typeof low === "number" && low > required.length + 1;  // one unlisted name can always stand in for more
-    if (!((hasPatterns && required.length) || (unlisted && counted))) return schema;
     const own = isObject(schema.properties) ? schema.properties : {};
+    const matched = Object.keys(patterns).some((p) => Object.keys(own).some((n) => search(p, n)));
+    if (!((hasPatterns && (required.length || matched)) || (unlisted && counted))) return schema;
     const props: Obj = {};
     for (const name of new Set([...Object.keys(own), ...required])) {
       const sub = this.propertySchema(schema, name);
       props[name] = has(own, name) ? this.withPatterns(schema, name, sub, where) : sub;
     }
-    this.warn("generated only the listed and required properties (xgrammar enforces neither required beside " +
-      "patternProperties nor distinct names for minProperties)", where);
+    this.warn("generated only the listed and required properties (xgrammar enforces neither required nor " +
+      "listed names' schemas beside patternProperties, nor distinct names for minProperties)", where);
     return { ...without(schema, "patternProperties"), properties: props, additionalProperties: false };
   }
 
@@ -736,8 +753,26 @@ class Normalizer {
     return listed;
   }
 
+  /** Each pattern's schema merged with those of the patterns its names may contain (the twin's overlapping_patterns). */
+  private overlappingPatterns(schema: Obj, where: string): Obj {
+    const patterns = schema.patternProperties;
+    if (!isObject(patterns) || Object.keys(patterns).length < 2) return schema;
+    const out: Obj = {};
+    for (const [p, own] of Object.entries(patterns)) {
+      let sub = own as Schema;
+      for (const [q, other] of Object.entries(patterns)) {
+        if (q !== p && sub !== false && !same(sub, other) && strings.patternsOverlap(p, q)) {
+          sub = this.tryMerge(sub, other as Schema, `${where}/patternProperties/${p}`);
+        }
+      }
+      if (sub === false) this.warn("did not generate names of a pattern that other patterns' schemas contradict", where);
+      else out[p] = sub;
+    }
+    return Object.keys(out).length ? { ...schema, patternProperties: out } : without(schema, "patternProperties");
+  }
+
   private listedProperties(schema: Obj, where: string): Obj {
-    schema = this.onlyListed(schema, where);
+    schema = this.overlappingPatterns(this.onlyListed(schema, where), where);
     let props = schema.properties;
     const required = (schema.required as unknown[]) ?? [];
     const extra = has(schema, "additionalProperties") ? schema.additionalProperties : true;

@@ -438,10 +438,12 @@ function minterms(sets: Chars[]): Chars[] {
 
 type Dfa = [Map<number, number>[], boolean[], Chars[]];
 
-function stringDfa(pattern: string | null, minLength: number, maxLength: number | null): Dfa {
+function stringDfa(pattern: string | null, minLength: number, maxLength: number | null, search = false): Dfa {
   const nfa = new Nfa();
   const start = nfa.state();
-  const end = nfa.build(pattern !== null ? parsePattern(pattern) : { t: "rep", node: { t: "set", chars: ALL }, lo: 0, hi: null }, start);
+  const anything: Node = { t: "rep", node: { t: "set", chars: ALL }, lo: 0, hi: null };
+  const node = pattern !== null ? parsePattern(pattern) : anything;
+  const end = nfa.build(search ? { t: "cat", items: [anything, node, anything] } : node, start);
   const sets = minterms(nfa.edges.flatMap((edges) => edges.filter(([kind]) => kind === "set").map(([, chars]) => chars)));
   const member = new Map<string, number[]>();
   nfa.edges.forEach((edges, s) => {
@@ -489,6 +491,35 @@ function stringDfa(pattern: string | null, minLength: number, maxLength: number 
   const dfa = minimalDfa(automaton, sets.map((_, m) => m), MAX_MERGED);
   if (dfa === null) throw new PatternError(pattern !== null ? "no string matches it" : "no string has such a length");
   return [dfa[0], dfa[1], sets];
+}
+
+/** Whether some name matches `full` in full and `search` somewhere (see the twin's patterns_overlap). */
+export function patternsOverlap(full: string, search: string): boolean {
+  let a: Dfa, b: Dfa;
+  try {
+    a = stringDfa(full, 0, null);
+    b = stringDfa(search, 0, null, true);
+  } catch (err) {
+    if (err instanceof PatternError) return true;
+    throw err;
+  }
+  const [ta, fa, sa] = a;
+  const [tb, fb, sb] = b;
+  const seen = new Set(["0,0"]);
+  const todo: [number, number][] = [[0, 0]];
+  while (todo.length) {
+    const [x, y] = todo.pop()!;
+    if (fa[x] && fb[y]) return true;
+    for (const [ma, nx] of ta[x]) {
+      for (const [mb, ny] of tb[y]) {
+        if (!seen.has(`${nx},${ny}`) && intersect(sa[ma], sb[mb]).length) {
+          seen.add(`${nx},${ny}`);
+          todo.push([nx, ny]);
+        }
+      }
+    }
+  }
+  return false;
 }
 
 // ---- writing character sets as JSON text --------------------------------------------------------
