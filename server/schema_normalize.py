@@ -109,8 +109,9 @@ def _types(schema: dict) -> list | None:
 
 
 def _canon(value):
-    """``value`` with integral floats as integers, so equal JSON values dump alike (1 and 1.0 too)."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+    """``value`` with integral floats as integers, so equal JSON values dump alike (1 and 1.0 too, 2**53 and
+    2.0**53: JavaScript reads both as one number)."""
+    if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, list):
         return [_canon(v) for v in value]
@@ -178,8 +179,11 @@ class _Normalizer:
             if t not in _TYPES:
                 raise SchemaError(f"schema keyword 'type' at {where}: {json.dumps(t)} is not a JSON Schema type "
                                   f"({', '.join(_TYPES)})")
-        out = {}
+        out, doubled = {}, None
         for key, value in schema.items():
+            if key == "not" and isinstance(value, dict) and set(value) - ANNOTATIONS == {"not"}:
+                doubled = self.node(value["not"], f"{where}/not/not")  # a double negation: its schema, merged below
+                continue
             if key in REFUSED:
                 raise SchemaError(f"schema keyword '{key}' at {where} is not supported: Lantern cannot enforce it "
                                   "in a grammar")
@@ -202,6 +206,10 @@ class _Normalizer:
                     return False
             for i, part in enumerate(out.pop("allOf", None) or []):
                 out = self.merge(out, part, f"{where}/allOf/{i}")
+                if out is False:
+                    return False
+            if doubled is not None:
+                out = self.merge(out, doubled, f"{where}/not/not")
                 if out is False:
                     return False
             return self.finish(out, where)
@@ -545,7 +553,9 @@ class _Normalizer:
     # ---- not, conditionals ---------------------------------------------------------------------
 
     def negation(self, schema: dict, where: str):
-        """`not` where a grammar is exact: of a type, of required names, of scalar values beside scalar types."""
+        """`not` where a grammar is exact: of a type, of required names (an object lacking one of them), of
+        scalar values beside scalar types, and of anyOf (each negated) or allOf (one of them negated: a
+        branch each) of those. (A `not` of a `not` is merged as its schema, in ``node``.)"""
         neg = self.deref(schema.pop("not"), f"{where}/not")
         if neg is False:
             return schema
@@ -564,15 +574,33 @@ class _Normalizer:
                 return False
             return {**schema, "type": allowed[0] if len(allowed) == 1 else allowed}
         if keys == {"required"} and isinstance(neg["required"], list):
-            names = neg["required"]
-            if len(names) != 1:
-                raise SchemaError(f"schema keyword 'not' at {where}: 'not' of several required names is not "
-                                  "supported")
-            if names[0] in (schema.get("required") or []):
+            # only an object can lack a required name (on any other value `required` holds)
+            types = _types(schema)
+            if types is not None and "object" not in types:
                 return False
-            props = dict(schema.get("properties") or {})
-            props[names[0]] = False
-            return {**schema, "properties": props}
+            schema = {**schema, "type": "object"}
+            absent = [n for n in dict.fromkeys(neg["required"]) if n not in (schema.get("required") or [])]
+            if not absent:
+                return False
+            # one of the names absent: each choice a branch beside the anyOf already there
+            branches = [{"properties": {name: False}} for name in absent]
+            if len(branches) == 1:
+                return self.merge(schema, branches[0], where)
+            return {**schema, "anyOf": self.cross(schema["anyOf"], branches, where) if "anyOf" in schema else branches}
+        if keys == {"anyOf"} and isinstance(neg["anyOf"], list):  # none of them: each negated
+            for i, part in enumerate(neg["anyOf"]):
+                schema = self.negation({**schema, "not": part}, f"{where}/not/anyOf/{i}")
+                if schema is False:
+                    return False
+            return schema
+        if keys == {"allOf"} and isinstance(neg["allOf"], list) and neg["allOf"]:  # one of them fails
+            branches = [b for i, part in enumerate(neg["allOf"])
+                        if (b := self.negation({"not": part}, f"{where}/not/allOf/{i}")) is not False]
+            if not branches:
+                return False
+            if {} in branches:  # a part whose negation always holds
+                return schema
+            return {**schema, "anyOf": self.cross(schema["anyOf"], branches, where) if "anyOf" in schema else branches}
         if keys in ({"enum"}, {"const"}):
             banned = self.values(neg)
             if "enum" in schema or "const" in schema:
@@ -586,8 +614,8 @@ class _Normalizer:
                 return {**schema, "enum": kept} if kept else False
             if _types(schema) == ["null"]:
                 return False if any(w is None for w in banned) else schema
-        raise SchemaError(f"schema keyword 'not' at {where}: only 'not' of a type, of one required name, or of "
-                          "values of a boolean or listed type is supported")
+        raise SchemaError(f"schema keyword 'not' at {where}: only 'not' of a type, of required names, of values of a "
+                          "boolean or listed type, or of anyOf or allOf of those is supported")
 
     def conditionals(self, schema: dict, where: str):
         """dependentRequired, dependentSchemas and if/then/else as a choice of branches (anyOf)."""

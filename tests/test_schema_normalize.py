@@ -72,6 +72,17 @@ CASES = [
             "flag": {"type": "boolean", "not": {"const": False}}},
         "required": ["v"], "not": {"required": ["secret"]}},
      ['{"v": 1}', '{"v": "a", "color": "red", "flag": true}']),
+    ("not of several required names, of anyOf and allOf of them", {
+        "type": "object", "properties": {"d": {"type": "integer"}, "x": {"type": "integer"}, "y": {"type": "integer"},
+                                         "site": {"type": "string", "maxLength": 3}, "app": {"type": "string", "maxLength": 3},
+                                         "k": {"type": ["object", "null"], "properties": {"j": {"type": "integer"}},
+                                               "not": {"required": ["j"]}}},
+        "not": {"anyOf": [{"required": ["d", "x"]}, {"required": ["d", "y"]},
+                          {"allOf": [{"required": ["site"]}, {"required": ["app"]}]}]}},
+     ['{"d": 1}', '{"x": 1, "y": 2, "site": "a"}', '{"app": "b", "k": {}}', "{}"]),
+    ("not of a not", {"type": "object", "properties": {"n": {"not": {"not": {"type": "integer", "maximum": 5}}},
+                                                     "a": {"type": "array", "not": {"not": {"items": {"type": "boolean"}}}}}},
+     ['{"n": 5}', '{"a": [true]}', "{}"]),
     ("if required then", {
         "type": "object", "properties": {"email": {"type": "string", "maxLength": 20}, "verified": {"type": "boolean"}},
         "if": {"required": ["email"]}, "then": {"required": ["verified"]}, "else": {"properties": {"verified": False}}},
@@ -257,6 +268,17 @@ def test_names_two_schemas_apply_to_are_generated_with_both():
         "did not generate names of a pattern that other patterns' schemas contradict at #",)
     with pytest.raises(StructuredOutputError, match="'const' at #: no value is of the type \"integer\""):
         _grammar({"type": "integer", "const": "1"})
+
+
+def test_not_of_required_names_leaves_one_of_them_out():
+    """`not` of several required names (one of them absent: a branch each), of anyOf (each negated) and of
+    allOf (one part negated); `required` holds on anything but an object, so its `not` leaves only objects."""
+    schema = next(s for name, s, _ in CASES if name.startswith("not of several required names"))
+    _, grammar = _grammar(schema)
+    for text in ('{"d": 1, "x": 2}', '{"d": 1, "y": 2}', '{"site": "a", "app": "b"}', '{"k": null}', '{"k": {"j": 1}}'):
+        assert not _validator(schema).is_valid(json.loads(text)) and not _is_grammar_accept_string(grammar, text), text
+    with pytest.raises(StructuredOutputError, match="'not' at #/not/anyOf/1: only 'not' of a type, of required names"):
+        _grammar({"type": "object", "not": {"anyOf": [{"required": ["a"]}, {"minProperties": 2}]}})
 
 
 def test_what_was_ignored_is_reported_once_per_keyword():

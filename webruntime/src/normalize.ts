@@ -150,7 +150,12 @@ class Normalizer {
       }
     }
     const out: Obj = {};
+    let doubled: Schema | undefined;
     for (const [key, value] of Object.entries(spelled)) {
+      if (key === "not" && isObject(value) && Object.keys(value).filter((k) => !ANNOTATIONS.has(k)).join() === "not") {
+        doubled = this.node(value.not, `${where}/not/not`);  // a double negation: its schema, merged below
+        continue;
+      }
       if (REFUSED.has(key)) throw new SchemaError(`schema keyword '${key}' at ${where} is not supported: Lantern cannot enforce it in a grammar`);
       if (ANNOTATIONS.has(key)) continue;
       if (!KEYWORDS.has(key)) {
@@ -176,6 +181,10 @@ class Normalizer {
           merged = this.merge(merged, parts[i] as Schema, `${where}/allOf/${i}`);
           if (merged === false) return false;
         }
+      }
+      if (doubled !== undefined) {
+        merged = this.merge(merged, doubled, `${where}/not/not`);
+        if (merged === false) return false;
       }
       return this.finish(merged, where);
     } catch (err) {
@@ -524,10 +533,31 @@ class Normalizer {
       return { ...schema, type: oneOrList(allowed) };
     }
     if (keys === "required" && Array.isArray(n.required)) {
-      const names = n.required as string[];
-      if (names.length !== 1) throw new SchemaError(`schema keyword 'not' at ${where}: 'not' of several required names is not supported`);
-      if (((schema.required as string[]) ?? []).includes(names[0])) return false;
-      return { ...schema, properties: { ...((schema.properties as Obj) ?? {}), [names[0]]: false } };
+      // only an object can lack a required name (on any other value `required` holds)
+      if (types !== null && !types.includes("object")) return false;
+      schema = { ...schema, type: "object" };
+      const own = (schema.required as unknown[]) ?? [];
+      const absent = [...new Set(n.required as unknown[])].filter((name) => !own.includes(name));
+      if (!absent.length) return false;
+      // one of the names absent: each choice a branch beside the anyOf already there
+      const branches: Schema[] = absent.map((name) => ({ properties: { [name as string]: false } }));
+      if (branches.length === 1) return this.merge(schema, branches[0], where);
+      return { ...schema, anyOf: has(schema, "anyOf") ? this.cross(schema.anyOf as Schema[], branches, where) : branches };
+    }
+    if (keys === "anyOf" && Array.isArray(n.anyOf)) {  // none of them: each negated
+      let out: Schema = schema;
+      for (const [i, part] of (n.anyOf as Schema[]).entries()) {
+        out = this.negation({ ...(out as Obj), not: part }, `${where}/not/anyOf/${i}`);
+        if (out === false) return false;
+      }
+      return out;
+    }
+    if (keys === "allOf" && Array.isArray(n.allOf) && n.allOf.length) {  // one of them fails
+      const branches = (n.allOf as Schema[]).map((part, i) => this.negation({ not: part }, `${where}/not/allOf/${i}`))
+        .filter((b) => b !== false);
+      if (!branches.length) return false;
+      if (branches.some((b) => isEmpty(b))) return schema;  // a part whose negation always holds
+      return { ...schema, anyOf: has(schema, "anyOf") ? this.cross(schema.anyOf as Schema[], branches, where) : branches };
     }
     if (keys === "enum" || keys === "const") {
       const banned = this.values(n);
@@ -542,7 +572,8 @@ class Normalizer {
       }
       if (types?.length === 1 && types[0] === "null") return banned.some((w) => w === null) ? false : schema;
     }
-    throw new SchemaError(`schema keyword 'not' at ${where}: only 'not' of a type, of one required name, or of values of a boolean or listed type is supported`);
+    throw new SchemaError(`schema keyword 'not' at ${where}: only 'not' of a type, of required names, of values of a ` +
+      "boolean or listed type, or of anyOf or allOf of those is supported");
   }
 
   private conditionals(schema: Obj, where: string): Schema {
