@@ -488,8 +488,8 @@ def string_dfa(pattern: str | None, min_length: int, max_length: int | None, sea
 
 def patterns_overlap(full: str, search: str) -> bool:
     """Whether some name matches ``full`` in full (as xgrammar generates a patternProperties name) and
-    ``search`` somewhere (as a validator applies patternProperties); True when an automaton would be
-    too large to tell."""
+    ``search`` somewhere (as a validator applies patternProperties); True where it cannot tell (an
+    automaton too large, a pattern Lantern does not read)."""
     try:
         (ta, fa, sa), (tb, fb, sb) = string_dfa(full, 0, None), string_dfa(search, 0, None, search=True)
     except PatternError:

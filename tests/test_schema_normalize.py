@@ -293,7 +293,7 @@ def test_what_was_ignored_is_reported_once_per_keyword():
     assert spec.warnings == ("ignored the unknown keyword 'x-order' at #/properties/p0 and 4 more places",)
 
 
-@pytest.mark.parametrize("schema, message", [
+REFUSED_CASES = [  # (schema, what the error says)
     (3, "schema at # must be an object or a boolean, not integer"),
     ([{"type": "string"}], "schema at # must be an object or a boolean, not array"),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}}, "'#/$defs/nowhere' points to nothing"),
@@ -309,7 +309,11 @@ def test_what_was_ignored_is_reported_once_per_keyword():
      "schema keyword 'propertyNames' at #: names it allows beside a schema for their values"),
     ({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"], "propertyNames": {"maxLength": 1}},
      "the required name 'id' is not an allowed name"),
-])
+    ({"type": ["string", "null"], "enum": [1, 2]}, "schema keyword 'enum' at #: no value is of the type [\"string\", \"null\"]"),
+]
+
+
+@pytest.mark.parametrize("schema, message", REFUSED_CASES)
 def test_a_schema_that_is_not_json_schema_or_has_no_value_is_refused_by_name(schema, message):
     with pytest.raises(StructuredOutputError, match=None) as err:
         response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
@@ -341,7 +345,7 @@ def test_browser_and_server_decide_and_write_alike():
     print a bounded repeat, {n,m}, differently), and where they do not, the two grammars accept the same
     of the benchmark's test instances."""
     bench = _bench_schemas()
-    rows = [{"schema": s, "tests": []} for _, s, _ in CASES] + bench
+    rows = [{"schema": s, "tests": []} for _, s, _ in CASES] + [{"schema": s, "tests": []} for s, _ in REFUSED_CASES] + bench
     defaults = {"maxLength": 256, "maxItems": 64}
     ts = run_typescript("schema_parity.ts", {"schemas": [r["schema"] for r in rows], "defaults": defaults})["out"]
     same_text = instances = 0

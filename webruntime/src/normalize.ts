@@ -653,7 +653,7 @@ class Normalizer {
     const kept = values.filter((v) => types.some((t) => typeOf(v) === t || (t === "number" && typeOf(v) === "integer")));
     if (!kept.length) {
       throw new Contradiction(`schema keyword '${has(schema, "enum") ? "enum" : "const"}' at ${where}: no value is of the ` +
-        `type ${JSON.stringify(schema.type)}`);
+        `type ${pyJson(schema.type)}`);
     }
     return kept.length === values.length ? schema : { ...schema, enum: kept };  // (a const is kept or refused)
   }
