@@ -582,11 +582,7 @@ class _Normalizer:
             absent = [n for n in dict.fromkeys(neg["required"]) if n not in (schema.get("required") or [])]
             if not absent:
                 return False
-            # one of the names absent: each choice a branch beside the anyOf already there
-            branches = [{"properties": {name: False}} for name in absent]
-            if len(branches) == 1:
-                return self.merge(schema, branches[0], where)
-            return {**schema, "anyOf": self.cross(schema["anyOf"], branches, where) if "anyOf" in schema else branches}
+            return self.choose(schema, [{"properties": {name: False}} for name in absent], where)  # one absent
         if keys == {"anyOf"} and isinstance(neg["anyOf"], list):  # none of them: each negated
             for i, part in enumerate(neg["anyOf"]):
                 schema = self.negation({**schema, "not": part}, f"{where}/not/anyOf/{i}")
@@ -600,7 +596,7 @@ class _Normalizer:
                 return False
             if {} in branches:  # a part whose negation always holds
                 return schema
-            return {**schema, "anyOf": self.cross(schema["anyOf"], branches, where) if "anyOf" in schema else branches}
+            return self.choose(schema, branches, where)
         if keys in ({"enum"}, {"const"}):
             banned = self.values(neg)
             if "enum" in schema or "const" in schema:
@@ -646,10 +642,14 @@ class _Normalizer:
         for choice in branches:
             if not choice:
                 return False
-            schema = self.merge(schema, {"anyOf": choice} if len(choice) > 1 else choice[0], where)
+            schema = self.choose(schema, choice, where)
             if schema is False:
                 return False
         return schema
+
+    def choose(self, schema: dict, branches: list, where: str):
+        """``schema`` where one of ``branches`` holds too (an anyOf, crossed with any anyOf it has)."""
+        return self.merge(schema, {"anyOf": branches} if len(branches) > 1 else branches[0], where)
 
     # ---- anyOf / oneOf, properties -----------------------------------------------------------------
 

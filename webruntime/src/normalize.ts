@@ -539,10 +539,7 @@ class Normalizer {
       const own = (schema.required as unknown[]) ?? [];
       const absent = [...new Set(n.required as unknown[])].filter((name) => !own.includes(name));
       if (!absent.length) return false;
-      // one of the names absent: each choice a branch beside the anyOf already there
-      const branches: Schema[] = absent.map((name) => ({ properties: { [name as string]: false } }));
-      if (branches.length === 1) return this.merge(schema, branches[0], where);
-      return { ...schema, anyOf: has(schema, "anyOf") ? this.cross(schema.anyOf as Schema[], branches, where) : branches };
+      return this.choose(schema, absent.map((name) => ({ properties: { [name as string]: false } })), where);  // one absent
     }
     if (keys === "anyOf" && Array.isArray(n.anyOf)) {  // none of them: each negated
       let out: Schema = schema;
@@ -557,7 +554,7 @@ class Normalizer {
         .filter((b) => b !== false);
       if (!branches.length) return false;
       if (branches.some((b) => isEmpty(b))) return schema;  // a part whose negation always holds
-      return { ...schema, anyOf: has(schema, "anyOf") ? this.cross(schema.anyOf as Schema[], branches, where) : branches };
+      return this.choose(schema, branches, where);
     }
     if (keys === "enum" || keys === "const") {
       const banned = this.values(n);
@@ -574,6 +571,11 @@ class Normalizer {
     }
     throw new SchemaError(`schema keyword 'not' at ${where}: only 'not' of a type, of required names, of values of a ` +
       "boolean or listed type, or of anyOf or allOf of those is supported");
+  }
+
+  /** `schema` where one of `branches` holds too (the twin's choose). */
+  private choose(schema: Obj, branches: Schema[], where: string): Schema {
+    return this.merge(schema, branches.length > 1 ? { anyOf: branches } : branches[0], where);
   }
 
   private conditionals(schema: Obj, where: string): Schema {
@@ -613,7 +615,7 @@ class Normalizer {
     let out: Schema = schema;
     for (const choice of branches) {
       if (!choice.length) return false;
-      out = this.merge(out, choice.length > 1 ? { anyOf: choice } : choice[0], where);
+      out = this.choose(out as Obj, choice, where);
       if (out === false) return false;
     }
     return out;
