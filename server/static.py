@@ -27,8 +27,10 @@ RUNTIME = _ROOT / "webruntime" / "dist" if CHECKOUT else _ROOT / "webruntime"
 # worker.js / shared-worker.js: the engine in a page's own worker / shared by the origin's tabs
 # ai-sdk.js: the Vercel AI SDK provider (imports ./lantern.js); ai.js: the `ai` package, for the embed page
 # schema-check.js: ajv (JSON Schema 2020-12), for pages that show whether structured output validates
-# wllama.wasm: llama.cpp for the wasm device
-RUNTIME_FILES = {"lantern.js", "worker.js", "shared-worker.js", "ai-sdk.js", "ai.js", "schema-check.js", "wllama.wasm"}
+# wllama.wasm: llama.cpp for the wasm device; wllama-compat.{wasm,js}: its build for engines without
+# memory64 or wasm exceptions (Safari's), with its own glue (webruntime/src/llama-builds.ts)
+RUNTIME_FILES = {"lantern.js", "worker.js", "shared-worker.js", "ai-sdk.js", "ai.js", "schema-check.js", "wllama.wasm",
+                 "wllama-compat.wasm", "wllama-compat.js"}
 
 
 def runtime_dir() -> Path:

@@ -2,7 +2,7 @@
 // module each under dist/, next to llama.cpp's wasm; `lantern serve` serves them under /runtime/.
 import { copyFileSync } from "node:fs";
 import * as esbuild from "esbuild";
-import { defines } from "./defines.mjs";
+import { defines, LLAMA_BUILDS } from "./defines.mjs";
 
 const common = { bundle: true, format: "esm", platform: "browser", target: "es2022", logLevel: "warning",
   // tvmjs and web-tokenizers probe for Node modules they never use in a browser
@@ -23,5 +23,7 @@ await esbuild.build({ ...common, entryPoints: ["src/ai-sdk.ts"], outfile: "dist/
 await esbuild.build({ ...common, entryPoints: ["src/schema-check.mjs"], outfile: "dist/schema-check.js" });
 // Not part of the npm package: the `ai` package itself, for the site's embed page (/runtime/ai.js).
 await esbuild.build({ ...common, entryPoints: ["src/vendor-ai.mjs"], outfile: "dist/ai.js", minify: true });
-// llama.cpp in wasm for the `wasm` device (wllama's build); the runtime loads it from beside itself.
-copyFileSync("node_modules/@wllama/wllama/esm/wasm/wllama.wasm", "dist/wllama.wasm");
+// llama.cpp in wasm for the `wasm` device, both builds; the runtime loads them from beside itself.
+for (const files of Object.values(LLAMA_BUILDS)) {
+  for (const [name, path] of Object.entries(files)) copyFileSync(path, `dist/${name}`);
+}

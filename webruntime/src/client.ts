@@ -2,6 +2,7 @@
 // message (protocol.ts). Streamed chunks arrive as they are made, without acknowledgements.
 import type { CreateOptions, PromptPlan } from "./engine";
 import { deserializeError, WorkerCrashedError } from "./errors";
+import { holdCache } from "./storage";
 import { PushStream } from "./stream";
 import type {
   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats,
@@ -100,6 +101,7 @@ export class WorkerEngine {
   }
 
   private async load(options: EngineOptions): Promise<void> {
+    holdCache(options.cache);
     const { onProgress: _p, worker: _w, ...plain } = options;
     await this.call({ kind: "load", options: plain });
   }

@@ -2,6 +2,7 @@
 // Worker, or in the page.
 import { WorkerEngine } from "./client";
 import { Engine } from "./engine";
+import { wasmFeatures } from "./llama-builds";
 import type { EngineOptions } from "./protocol";
 
 export type LanternEngine = Engine | WorkerEngine;
@@ -16,7 +17,10 @@ export async function createEngine(options: EngineOptions): Promise<LanternEngin
       if (options.shared) fallback = "this browser has no SharedWorker";
     } else {
       try {
-        return await WorkerEngine.startShared({ ...options, model }, new URL("./shared-worker.js", import.meta.url));
+        // on the wasm device, threads decide between a shared engine and a faster dedicated one
+        const requireThreads = options.requireThreads ?? (options.threads !== 1 && wasmFeatures().threads);
+        return await WorkerEngine.startShared({ ...options, model, requireThreads },
+          new URL("./shared-worker.js", import.meta.url));
       } catch (err) {
         if ((err as Error)?.name !== "SharedEngineUnavailableError") throw err;
         fallback = (err as Error).message;

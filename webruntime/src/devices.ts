@@ -2,7 +2,7 @@
 // The engine (engine.ts) owns everything else (request checks, the queue, stop strings, streaming,
 // tool calls, usage), so a request behaves alike on `webgpu` (webgpu.ts: Lantern's TVM library,
 // sampler and xgrammar) and `wasm` (wasm.ts: llama.cpp through wllama).
-import type { EngineStats, TokenLogprob } from "./protocol";
+import type { DebugOp, DebugResult, EngineStats, TokenLogprob } from "./protocol";
 import type { SamplingParams } from "./sampler";
 import type { GrammarSpec } from "./structured";
 
@@ -37,7 +37,7 @@ export interface Generation {
 }
 
 export type DeviceStats = Pick<EngineStats,
-  "kvSequences" | "kvAvailablePages" | "kvTotalPages" | "cachedTokens" | "peakGpuBytes" | "adapter" | "grammarCache">;
+  "kvSequences" | "kvAvailablePages" | "kvTotalPages" | "cachedTokens" | "peakGpuBytes" | "adapter" | "grammarCache" | "wasm">;
 
 export interface Device {
   readonly kind: DeviceKind;
@@ -48,5 +48,7 @@ export interface Device {
   prepare(spec: GrammarSpec): Promise<unknown>;
   start(req: GenerationRequest): Promise<Generation>;
   stats(): DeviceStats;
+  /** Measurements on raw token ids for `lantern validate` (webgpu: all; wasm: greedy only). */
+  debug(req: DebugOp): Promise<DebugResult>;
   dispose(): Promise<void>;
 }

@@ -121,7 +121,8 @@ export class Engine {
   private closer: Closer | null = null;
 
   private constructor(device: Device, private readonly codec: TextCodec, readonly manifest: Manifest,
-                      private readonly stopTokenIds: Set<number>, private readonly grammars: LazyGrammars) {
+                      private readonly stopTokenIds: Set<number>, private readonly grammars: LazyGrammars,
+                      private readonly store: FileStore) {
     this.device = device;
   }
 
@@ -150,7 +151,7 @@ export class Engine {
         grammars, stopTokenIds: stops, report }),
       wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report, chatConfig.model_config ?? {}),
     }, Boolean(manifest.gguf?.files.length));
-    return new Engine(device, await codecReady, manifest, stops, grammars);
+    return new Engine(device, await codecReady, manifest, stops, grammars, store);
   }
 
   private loaded(): Device {
@@ -441,12 +442,13 @@ export class Engine {
   }
 
   /**
-   * Measurements on raw token ids for `lantern validate` (webgpu device), queued like a request;
-   * they use the KV sequence afresh, so the cached conversation is dropped.
+   * Measurements on raw token ids for `lantern validate`, queued like a request (the wasm device
+   * measures greedy tokens only); they use the KV sequence afresh, so the cached conversation is dropped.
    */
   debug(req: DebugOp): Promise<DebugResult> {
-    const device = this.webgpu("debug");
-    const turn = this.tail.then(() => device.debug(req));
+    const device = this.loaded();
+    const op = req.op === "greedy" && device.kind === "wasm" ? { ...req, text: this.codec.decode(req.prompt) } : req;
+    const turn = this.tail.then(() => device.debug(op));
     this.tail = turn.then(() => {}, () => {});
     return turn;
   }
@@ -464,7 +466,7 @@ export class Engine {
   stats(): EngineStats {
     const device = this.loaded();
     return { device: device.kind, deviceLabel: device.label, library: device.library, queued: this.queued,
-      requests: { ...this.counts }, ...device.stats(), host: { kind: "page", tabs: 1, models: 1 } };
+      requests: { ...this.counts }, ...device.stats(), storage: this.store.state(), host: { kind: "page", tabs: 1, models: 1 } };
   }
 
   async unload(): Promise<void> {

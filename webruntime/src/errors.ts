@@ -43,6 +43,10 @@ export class EngineNotLoadedError extends LanternError {}
 /** The engine's Web Worker died (an uncaught error, a wasm abort): the engine is gone; create another. */
 export class WorkerCrashedError extends LanternError {}
 
+/** This browser lacks what every device needs (WebAssembly, or its SIMD): the message names what is missing.
+ * The router answers from the cloud where one is configured. */
+export class CapabilityError extends LanternError {}
+
 /** The engine cannot run in a SharedWorker here (the wasm device needs Web Workers, which Chromium's
  * SharedWorker cannot start); createEngine then runs it in a dedicated worker. */
 export class SharedEngineUnavailableError extends LanternError {}
@@ -50,7 +54,7 @@ export class SharedEngineUnavailableError extends LanternError {}
 const KNOWN = {
   LanternError, IntegrityError, NetworkError, QuotaError, WebGPUUnavailableError, DeviceLostError,
   OutOfMemoryError, ArtifactError, InvalidRequestError, EngineNotLoadedError, WorkerCrashedError,
-  SharedEngineUnavailableError,
+  SharedEngineUnavailableError, CapabilityError,
 } as const;
 
 export function serializeError(err: unknown): SerializedError {

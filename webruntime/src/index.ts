@@ -7,6 +7,7 @@ export { checkLibraryPipelines, type PipelineCheck } from "./checks";
 export { autoDevice, chooseLibrary, deviceLabel, isSoftwareAdapter, SCHEDULES } from "./library";
 export { Engine } from "./engine";
 export { wasmLabel, wasmThreads } from "./wasm";
+export { chooseLlamaBuild, wasmFeatures, type LlamaBuild, type WasmFeatures } from "./llama-builds";
 export * from "./errors";
 export type * from "./protocol";
 export { CloudError, createRouter, Router, type Policy, type RouterEvent, type RouterOptions } from "./router";

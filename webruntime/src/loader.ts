@@ -155,7 +155,7 @@ export async function fetchEach(modelUrl: string, manifest: Manifest, names: str
  * stores' bytes are verified and copied into a Blob once: for a 1.5B model's 834 MB GGUF a cached
  * load took twice wllama's while Lantern copied every part into a new Blob.
  */
-export async function fetchBlobs(modelUrl: string, manifest: Manifest, names: string[],
+export async function fetchBlobs(modelUrl: string, manifest: Pick<Manifest, "files">, names: string[],
                                  opts: FetchOptions): Promise<Map<string, Blob>> {
   return fetchVerified(modelUrl, manifest, names, opts, async (hit) => hit.blob ?? new Blob([hit.data!]),
     async (data, url) => (await storedBlob(opts.store, url, data.byteLength)) ?? new Blob([data]));
@@ -197,7 +197,7 @@ async function lookUp(store: FileStore, url: string, want: ManifestFile): Promis
 
 /** ``cached`` makes what is returned of a verified cached file; ``stored`` of bytes just verified and
  * stored at ``url`` (downloaded, or an older cache entry verified now). */
-async function fetchVerified<T>(modelUrl: string, manifest: Manifest, names: string[], opts: FetchOptions,
+async function fetchVerified<T>(modelUrl: string, manifest: Pick<Manifest, "files">, names: string[], opts: FetchOptions,
                                 cached: (hit: CachedFile, name: string) => Promise<T>,
                                 stored: (data: ArrayBuffer, url: string, name: string) => Promise<T>
                                 ): Promise<Map<string, T>> {

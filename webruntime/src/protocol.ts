@@ -166,6 +166,13 @@ export interface LoadProgress {
 
 export type CacheBackend = "cache-api" | "indexeddb" | "none";
 
+/** Where this load keeps the model's files: the backend asked for, or "memory" when the browser could not
+ * store them (no such storage, private browsing, the quota), with why. */
+export interface StorageState {
+  backend: CacheBackend | "memory";
+  note: string | null;
+}
+
 export interface EngineOptions {
   model: string;  // URL of an artifact folder (ends with "/")
   worker?: boolean;  // default true
@@ -174,8 +181,10 @@ export interface EngineOptions {
   retries?: number;  // HTTP retries per file, default 3
   // "auto" (default): WebGPU on a real GPU, else the CPU (wasm) when the artifact has a GGUF
   device?: "auto" | DeviceName;
-  // wasm device: llama.cpp threads (default: up to 4 on a cross-origin isolated page, else 1)
+  // wasm device: llama.cpp threads (default: as many as run at once, up to 4, where SharedArrayBuffer is; else 1)
   threads?: number;
+  // wasm device: llama.cpp's build (default: by feature detection, llama-builds.ts); "compat" runs anywhere
+  llamaBuild?: "default" | "compat";
   // tokens of context (prompt + answer) to allocate; default: the model's on webgpu, at most 4096 on wasm
   contextWindow?: number;
   // one engine for every tab of the origin that loads the same model, in a SharedWorker (default: true
@@ -184,6 +193,10 @@ export interface EngineOptions {
   // shared: how long the model stays loaded after its last tab has gone (ms; default 20000), so a
   // navigation or a reload finds it loaded
   sharedGraceMs?: number;
+  // wasm device: refuse to run on one thread where this context has no SharedArrayBuffer
+  // (SharedEngineUnavailableError). createEngine sets it for a shared engine when the page itself could
+  // give llama.cpp threads: Firefox's SharedWorker is not cross-origin isolated, a dedicated worker is.
+  requireThreads?: boolean;
   onProgress?: (p: LoadProgress) => void;
 }
 
@@ -209,6 +222,9 @@ export interface EngineStats {
   adapter: { vendor: string; architecture: string; features: string[]; fallback: boolean };
   requests: Record<string, number>;  // terminal state -> count
   grammarCache: { entries: number; hits: number };  // compiled grammars kept, and requests that reused one
+  storage: StorageState;
+  // the wasm device: which llama.cpp build runs and why (llama-builds.ts), and its threads; null on webgpu
+  wasm: { build: "default" | "compat"; why: string; threads: number; threadsWhy: string } | null;
   host: EngineHost;
 }
 
@@ -220,7 +236,9 @@ export interface SerializedError {
 
 // Measurements `lantern validate` takes through the engine (raw tokens, no chat template).
 export type DebugOp =
-  | { op: "greedy"; prompt: number[]; maxTokens: number }  // -> { tokens, prefillMs, decodeMs, decodeSteps }
+  // -> { tokens, prefillMs, decodeMs, decodeSteps }; text: the prompt as text, which the engine adds for a device
+  // that tokenizes itself (wasm: llama.cpp through wllama, which takes no token ids)
+  | { op: "greedy"; prompt: number[]; maxTokens: number; text?: string }
   | { op: "logits"; tokens: number[] }  // -> { logits: number[] } at the last position
   | { op: "nll"; tokens: number[] };  // -> { nll: number[] } per next token
 

@@ -1,7 +1,11 @@
 // Where verified artifact files are kept across visits: the Cache API (default) or IndexedDB.
 // Entries are keyed by absolute file URL, so one model folder's files share a URL prefix.
-import type { CacheBackend } from "./protocol";
-import { QuotaError } from "./errors";
+//
+// Storage degrades instead of failing: a browser without the backend (no Cache API outside a secure
+// context, private browsing, a storage feature turned off), a quota too small for the model, or a
+// quota exceeded halfway through a download leaves the files in memory for this visit. Files already
+// stored stay valid; the load goes on from the network; stats().storage and one console warning say so.
+import type { CacheBackend, StorageState } from "./protocol";
 
 /** A stored file as the store's own Blob, and the sha256 its bytes matched when they were stored
  * (null: none recorded). */
@@ -10,34 +14,38 @@ export interface StoredBlob {
   sha256: string | null;
 }
 
-export interface FileStore {
-  readonly keeps: boolean;  // whether put() stores anything (false for cache: "none")
+/** One storage backend, which may throw (missing, refused, full). */
+interface Backend {
   get(url: string): Promise<ArrayBuffer | undefined>;
   // the same file as a Blob the store itself holds, where it holds one (the Cache API's is backed by
-  // its own entry, so handing it on copies nothing), with the sha256 recorded by put: a store that
+  // its own entry, so handing it on copies nothing), with the sha256 recorded by put: a backend that
   // offers getBlob records the hashes put is given
   getBlob?(url: string): Promise<StoredBlob | undefined>;
-  // sha256: the hash the bytes were verified against, recorded where the store can (getBlob's)
+  // sha256: the hash the bytes were verified against, recorded where the backend can (getBlob's)
   put(url: string, data: ArrayBuffer, sha256?: string): Promise<void>;
   delete(url: string): Promise<void>;
   keys(): Promise<string[]>;
 }
 
-const CACHE_NAME = "lantern-artifacts-v1";
+/** What the loader uses: a backend that never throws, and stops keeping files when it cannot. */
+export interface FileStore extends Backend {
+  readonly keeps: boolean;  // whether put() stores anything now
+  /** Keep nothing more this visit (reads of what is stored go on), and say why once. */
+  stopKeeping(why: string): void;
+  state(): StorageState;
+}
+
+export const CACHE_NAME = "lantern-artifacts-v1";
 const VERIFIED = "x-lantern-sha256";  // the header of a Cache API entry that records put's sha256
 const DB_NAME = "lantern-artifacts";
 const DB_STORE = "files";
 
-function quotaGuard(err: unknown, url: string): never {
-  if (err instanceof DOMException && err.name === "QuotaExceededError") {
-    throw new QuotaError(`browser storage is full while caching ${url}; free space or use cache: "none"`);
-  }
-  throw err;
-}
-
-class CacheApiStore implements FileStore {
-  readonly keeps = true;
+class CacheApiStore implements Backend {
   private cache = caches.open(CACHE_NAME);
+
+  constructor() {
+    this.cache.catch(() => {});  // refused (private browsing): each use sees the error, none goes unhandled
+  }
 
   async get(url: string) {
     const hit = await (await this.cache).match(url);
@@ -50,11 +58,7 @@ class CacheApiStore implements FileStore {
   }
 
   async put(url: string, data: ArrayBuffer, sha256?: string) {
-    try {
-      await (await this.cache).put(url, new Response(data, sha256 ? { headers: { [VERIFIED]: sha256 } } : undefined));
-    } catch (err) {
-      quotaGuard(err, url);
-    }
+    await (await this.cache).put(url, new Response(data, sha256 ? { headers: { [VERIFIED]: sha256 } } : undefined));
   }
 
   async delete(url: string) {
@@ -66,14 +70,17 @@ class CacheApiStore implements FileStore {
   }
 }
 
-class IndexedDbStore implements FileStore {
-  readonly keeps = true;
+class IndexedDbStore implements Backend {
   private db = new Promise<IDBDatabase>((resolve, reject) => {
     const req = indexedDB.open(DB_NAME, 1);
     req.onupgradeneeded = () => req.result.createObjectStore(DB_STORE);
     req.onsuccess = () => resolve(req.result);
     req.onerror = () => reject(req.error);
   });
+
+  constructor() {
+    this.db.catch(() => {});
+  }
 
   private async run<T>(mode: IDBTransactionMode, op: (s: IDBObjectStore) => IDBRequest<T>): Promise<T> {
     const db = await this.db;
@@ -90,11 +97,7 @@ class IndexedDbStore implements FileStore {
   }
 
   async put(url: string, data: ArrayBuffer) {
-    try {
-      await this.run("readwrite", (s) => s.put(data, url));
-    } catch (err) {
-      quotaGuard(err, url);
-    }
+    await this.run("readwrite", (s) => s.put(data, url));
   }
 
   async delete(url: string) {
@@ -106,21 +109,81 @@ class IndexedDbStore implements FileStore {
   }
 }
 
-class NoStore implements FileStore {
-  readonly keeps = false;
+class NoStore implements Backend {
   async get() { return undefined; }
   async put() {}
   async delete() {}
   async keys() { return []; }
 }
 
+/**
+ * A backend behind a guard: its errors mean "not stored", never a failed load. A write refused for
+ * quota stops further writes (what is stored stays readable); any other error stops its use.
+ */
+class GuardedStore implements FileStore {
+  private note: string | null = null;
+  private writable: boolean;
+  private broken = false;
+  readonly getBlob?: (url: string) => Promise<StoredBlob | undefined>;
+
+  constructor(private readonly backend: Backend, private readonly name: CacheBackend, unavailable?: string) {
+    this.writable = name !== "none";
+    if (unavailable) this.fail(unavailable);
+    if (backend.getBlob) this.getBlob = (url) => this.guard(() => backend.getBlob!(url), undefined);
+  }
+
+  get keeps(): boolean { return this.writable; }
+
+  stopKeeping(why: string): void {
+    if (!this.writable) return;
+    this.writable = false;
+    this.note = why;
+    console.warn(`lantern: model files are loaded into memory, not kept for the next visit: ${why}`);
+  }
+
+  state(): StorageState {
+    return { backend: this.writable || this.name === "none" ? this.name : "memory", note: this.note };
+  }
+
+  private fail(why: string): void {
+    this.stopKeeping(why);
+    this.broken = true;
+  }
+
+  /** ``op``, or ``fallback`` where the backend failed now or before. */
+  private async guard<T>(op: () => Promise<T>, fallback: T): Promise<T> {
+    if (this.broken) return fallback;
+    try {
+      return await op();
+    } catch (err) {
+      const { name, message } = err as Error;
+      this.fail(`${this.name} failed (${name}: ${message})`);
+      return fallback;
+    }
+  }
+
+  get(url: string) { return this.guard(() => this.backend.get(url), undefined); }
+
+  async put(url: string, data: ArrayBuffer, sha256?: string) {
+    if (!this.writable) return;
+    try {
+      await this.backend.put(url, data, sha256);
+    } catch (err) {
+      if ((err as Error)?.name === "QuotaExceededError") this.stopKeeping(`the storage quota ran out while storing ${url}`);
+      else this.fail(`${this.name} failed (${(err as Error)?.name}: ${(err as Error)?.message})`);
+    }
+  }
+
+  delete(url: string) { return this.guard(() => this.backend.delete(url), undefined); }
+  keys() { return this.guard(() => this.backend.keys(), [] as string[]); }
+}
+
 const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
 
 /**
- * Throw QuotaError before a download when the files not in ``store`` yet are larger than the room
- * the browser gives this site (navigator.storage.estimate()), so a model that cannot be cached is
- * refused before its first byte, not when the cache fills up. Where the browser says nothing, or
- * nothing is kept (cache: "none"), nothing is checked.
+ * Before a download: when the files not in ``store`` yet are larger than the room the browser gives
+ * this site (navigator.storage.estimate()), they are loaded into memory and not stored, so the
+ * cache never fills up halfway. Where the browser says nothing, or nothing is kept, nothing is checked.
  */
 export async function checkRoom(store: FileStore, files: { url: string; size: number }[]): Promise<void> {
   if (!store.keeps) return;
@@ -130,16 +193,35 @@ export async function checkRoom(store: FileStore, files: { url: string; size: nu
   const need = files.reduce((sum, f) => sum + (have.has(f.url) ? 0 : f.size), 0);
   const free = estimate.quota - (estimate.usage ?? 0);
   if (need > free) {
-    throw new QuotaError(`the model's files need ${gib(need)} of browser storage and this site has ${gib(free)} ` +
-      `left (navigator.storage.estimate(): quota ${gib(estimate.quota)}, used ${gib(estimate.usage ?? 0)}); ` +
-      'free some, or load with cache: "none" to download on every visit');
+    store.stopKeeping(`the files need ${gib(need)} of browser storage and this site has ${gib(free)} left ` +
+      `(navigator.storage.estimate(): quota ${gib(estimate.quota)}, used ${gib(estimate.usage ?? 0)})`);
   }
 }
 
+/** The store for ``backend``; where the browser has no such storage, one that keeps nothing, and says why. */
+/**
+ * Hold the Cache API's store open from this context (the page) while it has engines: WebKit keeps an
+ * ephemeral session's entries (private browsing; WebKitGTK's automation) only while some context of the
+ * origin has the cache open, so without this a reload of the engine in a new worker found none of the
+ * files the last one stored, and downloaded them again.
+ */
+export function holdCache(backend: CacheBackend = "cache-api"): void {
+  if (backend === "cache-api" && typeof caches !== "undefined" && !held) held = caches.open(CACHE_NAME).catch(() => null);
+}
+let held: Promise<Cache | null> | null = null;
+
 export function openStore(backend: CacheBackend = "cache-api"): FileStore {
-  if (backend === "none") return new NoStore();
-  if (backend === "indexeddb") return new IndexedDbStore();
-  return new CacheApiStore();
+  if (backend === "none") return new GuardedStore(new NoStore(), "none");
+  try {
+    if (backend === "indexeddb") {
+      if (typeof indexedDB === "undefined") throw new Error("this browser has no IndexedDB here");
+      return new GuardedStore(new IndexedDbStore(), backend);
+    }
+    if (typeof caches === "undefined") throw new Error("this browser has no Cache API here (it needs a secure context)");
+    return new GuardedStore(new CacheApiStore(), backend);
+  } catch (err) {
+    return new GuardedStore(new NoStore(), backend, (err as Error).message);
+  }
 }
 
 function folderOf(modelUrl: string): string {

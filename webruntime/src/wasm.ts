@@ -7,12 +7,13 @@
 // a seed, logit_bias, logprobs with token ids, prefix reuse (cache_prompt), and a GBNF grammar,
 // which Lantern translates from the same xgrammar grammar the webgpu device enforces (gbnf.ts), so
 // both devices accept the same requests and produce the same language. Differences: see README.
-import { Wllama } from "@wllama/wllama";
+import { CacheManager, Wllama } from "@wllama/wllama";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
-import { ArtifactError, EngineNotLoadedError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
+import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
+import { chooseLlamaBuild, fetchLlamaBuild, type LlamaBuild, wasmFeatures } from "./llama-builds";
 import { fetchBlobs, type Manifest } from "./loader";
-import type { EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
+import type { DebugOp, DebugResult, EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
 import type { FileStore } from "./storage";
 import { printGrammar, type GrammarSpec } from "./structured";
 
@@ -63,18 +64,71 @@ interface LlamaChunk {
   timings?: { predicted_n: number };
 }
 
-/** Threads llama.cpp may use: several only on a cross-origin isolated page (SharedArrayBuffer). */
-export function wasmThreads(requested: number | undefined): number {
-  if (!globalThis.crossOriginIsolated) return 1;
+/** Threads llama.cpp may use: several only where SharedArrayBuffer is (a cross-origin isolated context). */
+export function wasmThreads(requested: number | undefined, shared = wasmFeatures().threads): number {
+  if (!shared) return 1;
   if (requested) return Math.max(1, Math.floor(requested));
   return Math.max(1, Math.min(4, globalThis.navigator?.hardwareConcurrency ?? 1));
 }
 
+/**
+ * Threads for llama.cpp and why: ``requested``, else as many as really run at once here, up to
+ * wasmThreads' bound. navigator.hardwareConcurrency may claim more cores than there are (WebKit reports
+ * 4 or 8 whatever the machine), and llama.cpp's threads wait for each other by spinning, so a thread
+ * too many costs most of the speed: WebKitGTK on 2 cores decoded 0.27 tok/s on 4 threads and 12.1 on 2.
+ * Where more than 2 are claimed, spinning workers measure it (about 0.2 s).
+ */
+export async function chooseThreads(requested: number | undefined, shared: boolean): Promise<{ threads: number; why: string }> {
+  const bound = wasmThreads(requested, shared);
+  if (!shared) return { threads: 1, why: "no SharedArrayBuffer here (the page is not cross-origin isolated)" };
+  if (requested) return { threads: bound, why: "as asked" };
+  const claimed = globalThis.navigator?.hardwareConcurrency ?? 1;
+  if (bound <= 2) return { threads: bound, why: `navigator.hardwareConcurrency is ${claimed}` };
+  const measured = await parallelism(bound);
+  return { threads: measured, why: `navigator.hardwareConcurrency is ${claimed}; ${bound} spinning workers ran ` +
+    `${measured}x as fast as one` };
+}
+
+/** How many of ``upTo`` busy workers run at once: their work in a fixed time over one worker's alone. */
+async function parallelism(upTo: number, ms = 50): Promise<number> {
+  // arithmetic between clock reads: a clock read alone can serialize threads on a lock
+  const src = "onmessage = (e) => { const end = performance.now() + e.data; let n = 0, x = 1; " +
+    "while (performance.now() < end) { for (let i = 0; i < 20000; i++) x = (x * 1103515245 + 12345) | 0; n++; } " +
+    "postMessage(n + (x & 0)); };";
+  const url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
+  const workers = Array.from({ length: upTo }, () => new Worker(url));
+  const spin = (ws: Worker[]) => Promise.all(ws.map((w) => new Promise<number>((done) => {
+    w.onmessage = (e: MessageEvent<number>) => done(e.data);
+    w.postMessage(ms);
+  })));
+  try {
+    await spin(workers);  // started and compiled: a worker's start costs more than its spin
+    const [one] = await spin(workers.slice(0, 1));
+    const total = (await spin(workers)).reduce((a, b) => a + b, 0);
+    return Math.max(1, Math.min(upTo, Math.round(total / Math.max(1, one))));
+  } finally {
+    workers.forEach((w) => w.terminate());
+    URL.revokeObjectURL(url);
+  }
+}
+
 const threadCount = (n: number) => `${n} thread${n === 1 ? "" : "s"}`;
 
-export function wasmLabel(threads: number): string {
-  return `CPU (wasm, ${threadCount(threads)})`;
+export function wasmLabel(threads: number, build: LlamaBuild = "default"): string {
+  return `CPU (wasm${build === "compat" ? " compat" : ""}, ${threadCount(threads)})`;
 }
+
+// wllama's own model cache (OPFS) is not used: Lantern keeps the verified files itself and hands
+// llama.cpp Blobs. Without this, wllama's constructor throws where OPFS is missing or off.
+type StorageBackend = NonNullable<ConstructorParameters<typeof CacheManager>[0]>[number];
+const NO_CACHE: StorageBackend = {
+  isSupported: () => true,
+  read: async () => null,
+  write: async (_key, stream) => { await stream.cancel(); },
+  getSize: async () => -1,
+  list: async () => [],
+  delete: async () => {},
+};
 
 export class WasmDevice implements Device {
   readonly kind = "wasm" as const;
@@ -83,9 +137,10 @@ export class WasmDevice implements Device {
   private cached = 0;  // tokens of the last conversation llama.cpp keeps for reuse
 
   private constructor(wllama: Wllama, readonly library: string, readonly contextWindow: number,
-                      private readonly threads: number) {
+                      private readonly threads: number, readonly build: LlamaBuild, readonly buildWhy: string,
+                      readonly threadsWhy: string) {
     this.wllama = wllama;
-    this.label = wasmLabel(threads);
+    this.label = wasmLabel(threads, build);
   }
 
   /** Download the GGUF parts (verified against lantern.json, cached) and load them into llama.cpp. */
@@ -99,22 +154,35 @@ export class WasmDevice implements Device {
       throw new ArtifactError("this artifact has no GGUF for the wasm device: rebuild it with the gguf target " +
         "(`lantern build ... --targets webgpu,cpu,gguf`, the default)");
     }
-    const threads = wasmThreads(options.threads);
+    const features = wasmFeatures();
+    const chosen = chooseLlamaBuild(features);  // CapabilityError before any download
+    const { build, why } = options.llamaBuild ? { build: options.llamaBuild, why: "as asked" } : chosen;
+    if (options.requireThreads && !features.threads) {
+      throw new SharedEngineUnavailableError("the SharedWorker has no SharedArrayBuffer (it is not cross-origin " +
+        "isolated as the page is), so llama.cpp would run on one thread there; a dedicated worker gives it several");
+    }
+    const { threads, why: threadsWhy } = await chooseThreads(options.threads, features.threads);
     const library = parts.length === 1 ? parts[0] : `${parts[0]} (+${parts.length - 1} parts)`;
-    const tell = (p: LoadProgress) => report({ ...p, library, device: wasmLabel(threads) });
+    const tell = (p: LoadProgress) => report({ ...p, library, device: wasmLabel(threads, build) });
     // llama.cpp allocates the whole KV cache up front (memory and load time grow with it), and a CPU
     // prefills ~20 tokens/s: the default window is at most WASM_CONTEXT tokens
     const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT,
       manifest.gguf?.context_window ?? manifest.model.context_window);
     checkWasmFits(manifest, model, contextWindow);
+    // llama.cpp itself (10-19 MB) comes while the GGUF does
+    const llama = fetchLlamaBuild(build, new URL("./", import.meta.url).href, store, () => {});
+    llama.catch(() => {});  // awaited below
     const files = await fetchBlobs(modelUrl, manifest, parts, {
       store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
       onProgress: (p) => tell({ ...p, progress: 0.9 * p.progress }),
     });
     const total = parts.reduce((s, f) => s + manifest.files[f].size, 0);
     tell({ phase: "wasm-load", loadedBytes: 0, totalBytes: total, progress: 0.9 });
-    const wasmUrl = new URL("./wllama.wasm", import.meta.url).href;
-    const wllama = new Wllama({ default: wasmUrl }, { suppressNativeLog: true, logger: QUIET });
+    const code = await llama;
+    const wllama = new Wllama({ default: code.wasm },
+      { suppressNativeLog: true, logger: QUIET, cacheManager: new CacheManager([NO_CACHE]) });
+    // the build chosen above, whatever wllama would pick by the browser's name ("firefox_safari": by features)
+    wllama.setCompat(build === "compat" ? { wasm: code.wasm, worker: { code: code.glue! } } : null, "firefox_safari");
     try {
       // n_gpu_layers 0: llama.cpp's CPU kernels (wllama would otherwise offload to WebGPU)
       await wllama.loadModel(parts.map((f) => files.get(f)!),
@@ -122,7 +190,9 @@ export class WasmDevice implements Device {
           kv_overrides: Object.fromEntries(Object.entries(manifest.gguf?.kv_overrides ?? {})
             .map(([key, value]) => [key, `int:${value}`])) });
     } catch (err) {
-      throw new ArtifactError(`llama.cpp could not load ${parts[0]}: ${err instanceof Error ? err.message : err}`);
+      throw new ArtifactError(`llama.cpp (${build} build) could not load ${parts[0]}: ${err instanceof Error ? err.message : err}`);
+    } finally {
+      code.release();
     }
     // wllama resolves a load that llama.cpp failed; the vocabulary size tells
     const vocab = wllama.isModelLoaded() ? wllama.getLoadedContextInfo().n_vocab : 0;
@@ -132,7 +202,7 @@ export class WasmDevice implements Device {
         `${manifest.model.vocab_size})`);
     }
     tell({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
-    return new WasmDevice(wllama, library, contextWindow, wllama.getNumThreads());
+    return new WasmDevice(wllama, library, contextWindow, wllama.getNumThreads(), build, why, threadsWhy);
   }
 
   private loaded(): Wllama {
@@ -237,12 +307,36 @@ export class WasmDevice implements Device {
     return gen;
   }
 
+  /** Greedy tokens after raw token ids, for `lantern validate`; logits and NLL need the webgpu device. */
+  async debug(req: DebugOp): Promise<DebugResult> {
+    if (req.op !== "greedy") throw new InvalidRequestError(`the wasm device does not measure ${req.op}; the webgpu device does`);
+    const wllama = this.loaded();
+    const t0 = performance.now();
+    const chunks = (await wllama.createCompletion({
+      prompt: req.text ?? "", max_tokens: req.maxTokens, temperature: 0, top_k: 1, samplers: ["top_k"],
+      n_probs: 1, cache_prompt: false, stream: true,
+    } as never)) as unknown as AsyncIterable<LlamaChunk>;
+    const tokens: number[] = [];
+    let first = 0;
+    for await (const chunk of chunks) {
+      for (const t of chunk.choices[0]?.logprobs?.content ?? []) {
+        if (!first) first = performance.now();
+        if (!wllama.isTokenEOG(t.id)) tokens.push(t.id);
+      }
+    }
+    this.cached = 0;
+    const end = performance.now();
+    // the first token comes with the prompt's evaluation; each later one is a decode step
+    return { tokens, prefillMs: (first || end) - t0, decodeMs: first ? end - first : 0, decodeSteps: Math.max(0, tokens.length - 1) };
+  }
+
   stats(): DeviceStats {
     this.loaded();
     return {
       kvSequences: 1, kvAvailablePages: null, kvTotalPages: null, cachedTokens: this.cached, peakGpuBytes: null,
       adapter: { vendor: "cpu", architecture: `wasm (${threadCount(this.threads)})`,
         features: [], fallback: false },
+      wasm: { build: this.build, why: this.buildWhy, threads: this.threads, threadsWhy: this.threadsWhy },
       grammarCache: { entries: 0, hits: 0 },
     };
   }

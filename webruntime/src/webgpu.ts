@@ -203,6 +203,7 @@ export class WebGpuDevice implements Device {
       kvSequences: model.sequenceCount, kvAvailablePages: model.availablePages(), kvTotalPages: model.totalPages,
       cachedTokens: this.kvTokens.length, peakGpuBytes: model.peakGpuBytes, adapter: this.adapter,
       grammarCache: { entries: this.load.grammars.ready?.entries ?? 0, hits: this.load.grammars.ready?.hits ?? 0 },
+      wasm: null,
     };
   }
 
