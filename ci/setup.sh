@@ -48,6 +48,11 @@ fi
 need_apt=()
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v emcc >/dev/null || need_apt+=(emscripten)
+# The other two engines the runtime is tested in: Firefox (Gecko) and WebKitGTK (WebKit, JavaScriptCore:
+# Safari's engine), driven headless (WebKitWebDriver under a virtual screen)
+command -v firefox-esr >/dev/null || need_apt+=(firefox-esr)
+command -v WebKitWebDriver >/dev/null || need_apt+=(webkit2gtk-driver)
+command -v xvfb-run >/dev/null || need_apt+=(xvfb)
 if ((${#need_apt[@]})); then
   echo "== apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,6 +1,9 @@
-// The capability page: what WebGPU offers here and which route and device the router would take
-// for each served model (the same device choice, library choice and memory check the runtime makes).
-import { autoDevice, chooseLibrary, deviceLabel, isSoftwareAdapter, wasmLabel, wasmThreads } from "/runtime/lantern.js";
+// The capability page: what WebGPU and WebAssembly offer here, where model files can be kept, and which
+// route and device the router would take for each served model (the same device choice, llama.cpp build
+// choice, library choice and memory check the runtime makes).
+import {
+  autoDevice, chooseLibrary, chooseLlamaBuild, deviceLabel, isSoftwareAdapter, wasmFeatures, wasmLabel, wasmThreads,
+} from "/runtime/lantern.js";
 
 const facts = document.querySelector("#facts tbody");
 const limitsTable = document.querySelector("#limits tbody");
@@ -29,8 +32,30 @@ async function main() {
       row(limitsTable, key, String(adapter.limits[key]));
     }
   }
-  row(facts, "CPU device", `${wasmLabel(wasmThreads())}${crossOriginIsolated ? "" : " (one thread: the page is not cross-origin isolated)"}`);
+  if (adapter) {
+    row(facts, "subgroups", features.has("subgroups") ? "yes" : "no");
+  }
+  const wasm = wasmFeatures();
+  const yes = (b) => (b ? "yes" : "no");
+  row(facts, "WebAssembly", yes(wasm.webassembly));
+  row(facts, "wasm SIMD", yes(wasm.simd));
+  row(facts, "wasm memory64", yes(wasm.memory64));
+  row(facts, "wasm exceptions", yes(wasm.exceptions));
+  row(facts, "JSPI", yes(wasm.jspi));
+  row(facts, "SharedArrayBuffer", yes(typeof SharedArrayBuffer === "function"));
+  row(facts, "cross-origin isolated", yes(globalThis.crossOriginIsolated === true));
+  let build = null;
+  try {
+    build = chooseLlamaBuild(wasm);
+    row(facts, "llama.cpp build", `${build.build} (${build.why})`);
+  } catch (err) {
+    row(facts, "llama.cpp build", `none: ${err.message}`);
+  }
+  const threads = wasmThreads(undefined, wasm.threads);
+  const cpu = build ? wasmLabel(threads, build.build) : "not available";
+  row(facts, "CPU device", `${cpu}${wasm.threads ? "" : " (one thread: no SharedArrayBuffer in a cross-origin isolated page)"}`);
   row(facts, "device memory", navigator.deviceMemory ? `${navigator.deviceMemory} GiB (rounded)` : "not reported");
+  row(facts, "storage backends", await storageBackends());
   const quota = await navigator.storage?.estimate?.().catch(() => null);
   row(facts, "storage quota", quota ? `${(quota.usage / 2 ** 20).toFixed(0)} MiB used of ${(quota.quota / 2 ** 20).toFixed(0)} MiB` : "not reported");
 
@@ -47,9 +72,11 @@ async function main() {
       const manifest = await (await fetch(new URL("lantern.json", new URL(m.url, location.href)))).json();
       // the runtime's own choice for device "auto"
       const device = autoDevice(adapter ? { emulated } : null, Boolean(manifest.gguf?.files.length));
-      if (device === "wasm") {
+      if (device === "wasm" && !build) {
+        reason = "no WebGPU adapter, and this browser cannot run llama.cpp's wasm builds";
+      } else if (device === "wasm") {
         route = "local";
-        where = wasmLabel(wasmThreads());
+        where = cpu;
         reason = `${where}: ${manifest.gguf.files.length} GGUF part(s), ${(manifest.gguf.bytes / 2 ** 20).toFixed(0)} MiB`;
       } else if (device === "webgpu") {
         const lib = chooseLibrary(manifest, { features, emulated });
@@ -77,4 +104,18 @@ async function main() {
     adapter ? "WebGPU works here." : "No WebGPU here: models with a GGUF run on the CPU (wasm), others on the cloud.") + note;
   document.body.dataset.ready = "true";
 }
+/** Which of the runtime's storage backends work on this page (the runtime loads into memory without them). */
+async function storageBackends() {
+  const works = async (probe) => { try { return Boolean(await probe()); } catch { return false; } };
+  const found = [];
+  if (await works(() => caches.open("lantern-probe").then(() => caches.delete("lantern-probe")).then(() => true))) found.push("Cache API");
+  if (await works(() => new Promise((ok, fail) => {
+    const req = indexedDB.open("lantern-probe");
+    req.onsuccess = () => { req.result.close(); indexedDB.deleteDatabase("lantern-probe"); ok(true); };
+    req.onerror = () => fail(req.error);
+  }))) found.push("IndexedDB");
+  if (await works(() => navigator.storage.getDirectory())) found.push("OPFS");
+  return found.length ? found.join(", ") : "none (model files load into memory on every visit)";
+}
+
 main();

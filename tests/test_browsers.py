@@ -1,0 +1,249 @@
+"""The runtime in every engine people browse with: Chromium (Blink), Firefox ESR (Gecko) and WebKitGTK
+(WebKit and JavaScriptCore, Safari's engine), each the system's own, headless (lantern.browsers).
+
+None of them has a GPU here (and Firefox on Linux and Debian's WebKitGTK have no WebGPU at all), so
+every case runs on the `wasm` device: llama.cpp's default build in Chromium and Firefox, its compat
+build in WebKit (JavaScriptCore has no memory64). Which cases run where, and why:
+- in every engine, once, in one page (one cold load each; WebKit's takes about 25 s): load, greedy
+  answers equal to Chromium's, streaming, a JSON-schema answer, abort, reload from the cache, the
+  router's mid-stream fallback to the cloud; and the chat page answering locally;
+- storage that fails for real in each engine (Chromium and Firefox: a quota too small for the model;
+  WebKit: OPFS and the Storage API off, as MiniBrowser ships);
+- threads where they differ: Firefox's SharedWorker (not cross-origin isolated) and WebKit without
+  SharedArrayBuffer.
+Chromium's own suites (test_wasm_device.py, test_site.py) cover the rest in Chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from browser import lantern_server, repo_root, wait_until_ready
+from structured_cases import SCHEMAS
+from test_smollm2 import PROMPTS
+
+from lantern.browsers import ENGINES, open_browser
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+# Firefox ESR 153 now and then blocks a worker that starts workers, for good: 1 of 15 fresh loads here
+# (a probe without Lantern: 4 of 49 launches), and llama.cpp's threads are workers its worker starts.
+# A Firefox session that hangs is given up after HANG_S and run once more, with a warning.
+HANG_S = 240
+
+GREEDY = [{"messages": [{"role": "user", "content": p}], "max_tokens": 24, "temperature": 0} for p in PROMPTS[:3]]
+THREADS = 2  # the same in every engine, so that greedy answers are comparable
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_q4, tmp_path_factory) -> Path:
+    link = tmp_path_factory.mktemp("served") / "smollm2"  # served as /models/smollm2/, as the site expects
+    link.symlink_to(smollm2_q4.path)
+    return link
+
+
+@pytest.fixture(scope="module")
+def server(smollm2):
+    with lantern_server([smollm2]) as (base, seen):
+        wait_until_ready(base)  # the cloud the router falls back to
+        yield base, seen
+
+
+def engine_page(browser, base: str):
+    page = browser.new_page()
+    page.goto(base + "/engine.html")
+    page.wait_for("document.getElementById('status').textContent === 'ready'")
+    return page
+
+
+def in_browser(name: str, fn, **options):
+    """``fn(browser)`` in a fresh headless ``name``; in Firefox, once more after a hang (see HANG_S)."""
+    tries = 2 if name == "firefox" else 1
+    for attempt in range(tries):
+        try:
+            with open_browser(name, webgpu=False, timeout=HANG_S, **options) as browser:
+                return fn(browser)
+        except TimeoutError:
+            if attempt == tries - 1:
+                raise
+            warnings.warn(f"{name} hung for {HANG_S} s (a worker that starts workers): running the case again")
+
+
+def gguf_fetches(seen, since: int) -> list[str]:
+    return [p for p, _ in seen[since:] if p.startswith("/models/") and ".gguf" in p]
+
+
+def core_cases(name: str, base: str, seen: list) -> dict:
+    """The runtime's core cases in engine ``name``, in one page; what each gave."""
+    return in_browser(name, lambda browser: _core_cases(browser, base, seen))
+
+
+def _core_cases(browser, base: str, seen: list) -> dict:
+    out: dict = {}
+    page = engine_page(browser, base)
+    mark = len(seen)
+    started = time.perf_counter()
+    out["stats"] = page.evaluate("(m) => load(m, { device: 'auto', threads: %d })" % THREADS, "/models/smollm2/")
+    out["cold_load_s"] = time.perf_counter() - started
+    out["cold_fetched"] = gguf_fetches(seen, mark)
+    out["greedy"] = [r["choices"][0]["message"]["content"] for r in page.evaluate("(r) => chat(r)", GREEDY)]
+    [out["stream"]] = page.evaluate("(r) => chat(r)", [{**GREEDY[0], "stream": True}])
+    schema = SCHEMAS["flat_required"]
+    [reply] = page.evaluate("(r) => chat(r)", [{
+        "messages": [{"role": "user", "content": "Describe a person."}], "max_tokens": 60, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}])
+    out["json"] = reply["choices"][0]["message"]["content"]
+    out["json_problem"] = page.evaluate("([s, t]) => ajvCheck(s, t)", [schema, out["json"]])
+    out["aborted"] = page.evaluate("(r) => chatAborted(r, 2)", {**GREEDY[1], "max_tokens": 200})
+    page.evaluate("() => engine.unload()")
+    mark = len(seen)
+    started = time.perf_counter()
+    out["cached_stats"] = page.evaluate("(m) => load(m, { device: 'auto', threads: %d })" % THREADS,
+                                        "/models/smollm2/")
+    out["cached_load_s"] = time.perf_counter() - started
+    out["cached_fetched"] = gguf_fetches(seen, mark)
+    [again] = page.evaluate("(r) => chat(r)", GREEDY[:1])
+    out["cached_greedy"] = again["choices"][0]["message"]["content"]
+    page.evaluate("() => engine.unload()")
+    # the local engine crashes two chunks into a stream: the router goes on from the cloud
+    out["router"] = page.evaluate("([o, r]) => routerChat(o, r, 2, 'crash')", [
+        {"local": {"model": "/models/smollm2/", "device": "auto", "threads": THREADS},
+         "cloud": {"baseURL": base + "/v1", "model": "smollm2"}},
+        {**GREEDY[0], "max_tokens": 12, "stream": True}])
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(server) -> dict[str, dict]:
+    base, seen = server
+    return {name: core_cases(name, base, seen) for name in ENGINES}
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_core_cases_run_locally_in_every_engine(runs, name, report):
+    run = runs[name]
+    stats = run["stats"]
+    assert stats["device"] == "wasm" and stats["host"]["kind"] == "dedicated"
+    # the build by feature detection: JavaScriptCore has no memory64
+    assert stats["wasm"]["build"] == ("compat" if name == "webkit" else "default"), stats["wasm"]
+    assert stats["wasm"]["threads"] == THREADS and stats["deviceLabel"].endswith(f"{THREADS} threads)")
+    assert stats["storage"] == {"backend": "cache-api", "note": None}
+    assert run["cold_fetched"], "the first load downloads the GGUF"
+    assert run["stream"]["text"] == run["greedy"][0] and run["stream"]["finish"] in ("stop", "length")
+    assert run["json_problem"] is None, (run["json"], run["json_problem"])
+    assert run["aborted"]["finish"] == "abort", run["aborted"]
+    # a reload takes the model from the cache: no GGUF fetched, the same answer
+    assert run["cached_fetched"] == [] and run["cached_greedy"] == run["greedy"][0]
+    events = [e["type"] for e in run["router"]["events"]]
+    assert "fallback" in events, run["router"]["events"]
+    assert run["router"]["text"].strip()
+    report(f"{name}: {stats['deviceLabel']} ({stats['wasm']['build']} build), cold load {run['cold_load_s']:.1f} s, "
+           f"cached {run['cached_load_s']:.1f} s")
+
+
+@pytest.mark.parametrize("name", ["firefox", "webkit"])
+def test_greedy_answers_equal_chromiums(runs, name):
+    assert runs[name]["greedy"] == runs["chromium"]["greedy"]
+
+
+def chat_page(browser, base: str) -> tuple[list[str], str]:
+    """Load the first model on the chat page and ask it; the route shown and the answer."""
+    page = browser.new_page()
+    page.goto(base + "/index.html")
+    page.wait_for("document.getElementById('model').options.length > 0")
+    page.evaluate("() => document.getElementById('load').click()")
+    page.wait_for("document.getElementById('send').disabled === false", timeout=HANG_S)
+    route = page.evaluate("() => [document.getElementById('route').dataset.route, "
+                          "document.getElementById('route').textContent]")
+    page.evaluate("() => { document.getElementById('prompt').value = 'What is the capital of France?'; "
+                  "document.getElementById('ask').requestSubmit(); }")
+    page.wait_for("document.querySelector('.msg-assistant') && "
+                  "document.getElementById('send').disabled === false", timeout=HANG_S)
+    return route, page.evaluate("() => document.querySelector('.msg-assistant').textContent")
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_the_chat_page_answers_locally(smollm2, name):
+    with lantern_server([smollm2], site=repo_root() / "site") as (base, seen):
+        route, answer = in_browser(name, lambda browser: chat_page(browser, base))
+    assert route[0] == "local" and re.fullmatch(r"local · CPU \(wasm( compat)?, \d+ threads?\)", route[1]), route
+    assert answer.strip() and "[error" not in answer, answer
+    assert not [p for p, _ in seen if p.startswith("/v1/")], "the answer came from the cloud"
+
+
+def load_and_ask(browser, base: str, options: dict, before=None) -> tuple[dict, dict]:
+    page = engine_page(browser, base)
+    if before:
+        before(page)
+    stats = page.evaluate("([m, o]) => load(m, o)", ["/models/smollm2/", {"device": "auto", **options}])
+    [reply] = page.evaluate("(r) => chat(r)", [{**GREEDY[0], "max_tokens": 8}])
+    return stats, reply
+
+
+def small_quota(page) -> None:
+    """Chromium: a quota of 1 MiB for the page's origin, so the GGUF cannot be stored."""
+    cdp = page.page.context.new_cdp_session(page.page)
+    origin = page.evaluate("() => location.origin")
+    cdp.send("Storage.overrideQuotaForOrigin", {"origin": origin, "quotaSize": 2**20})
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_without_usable_storage_the_model_loads_into_memory(server, name):
+    """Each engine's own way of having no room for the model; the load goes on from the network.
+    Chromium: a quota of 1 MiB for the origin (DevTools). Firefox: 2 MiB of storage in all (its own
+    preference). WebKit: MiniBrowser's own defaults, OPFS and the Storage API off (where wllama's cache
+    manager stopped the load before)."""
+    base, _ = server
+    options = ({"firefox_prefs": {"dom.quotaManager.temporaryStorage.fixedLimit": 2048}} if name == "firefox"
+               else {"webkit_features": ""} if name == "webkit" else {})
+    stats, reply = in_browser(name, lambda b: load_and_ask(b, base, {"threads": 1},
+                                                           small_quota if name == "chromium" else None), **options)
+    assert reply["choices"][0]["message"]["content"].strip()
+    storage = stats["storage"]
+    if name == "webkit":  # without OPFS: Lantern keeps files in the Cache API, llama.cpp reads Blobs
+        assert storage["backend"] == "cache-api", storage
+    else:
+        assert storage["backend"] == "memory" and storage["note"], storage
+
+
+def test_firefox_uses_threads_where_its_shared_worker_cannot(server):
+    """Firefox's SharedWorker is not cross-origin isolated: no SharedArrayBuffer, one thread for llama.cpp.
+    A page that asks for the shared engine gets a dedicated one with threads, and stats() says why."""
+    base, _ = server
+    stats, _ = in_browser("firefox", lambda b: load_and_ask(b, base, {"shared": True}))
+    assert stats["wasm"]["threads"] > 1, stats["wasm"]
+    assert stats["host"]["kind"] == "dedicated" and "one thread" in stats["host"]["fallback"], stats["host"]
+
+
+def test_webkit_runs_on_the_cores_it_has_and_on_one_thread_without_shared_memory(server):
+    """WebKit reports navigator.hardwareConcurrency 4 on this 2-core machine: llama.cpp gets the threads
+    that measurably run at once. Without SharedArrayBuffer it runs on exactly one, still locally."""
+    base, _ = server
+    stats, _ = in_browser("webkit", lambda b: load_and_ask(b, base, {}))
+    assert 1 < stats["wasm"]["threads"] <= os.cpu_count(), stats["wasm"]
+    stats, reply = in_browser("webkit", lambda b: load_and_ask(b, base, {}), shared_memory=False)
+    assert stats["device"] == "wasm" and stats["wasm"]["threads"] == 1, stats["wasm"]
+    assert "SharedArrayBuffer" in stats["wasm"]["threadsWhy"], stats["wasm"]
+    assert reply["choices"][0]["message"]["content"].strip()
+
+
+def test_capability_page_names_the_build_in_every_engine(smollm2):
+    def facts(browser, base):
+        page = browser.new_page()
+        page.goto(base + "/capability.html")
+        page.wait_for("document.body.dataset.ready")
+        return page.evaluate("() => document.querySelector('main').innerText")
+
+    with lantern_server([smollm2], site=repo_root() / "site") as (base, _):
+        for name in ENGINES:
+            text = in_browser(name, lambda b: facts(b, base))
+            build = "compat" if name == "webkit" else "default"
+            assert re.search(rf"llama\.cpp build\s+{build} \(", text), (name, text)
+            assert re.search(r"storage backends\s+Cache API", text), (name, text)
+            assert "smollm2 would run locally on CPU (wasm" in text, (name, text)
