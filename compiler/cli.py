@@ -235,9 +235,27 @@ def _metrics_table(report):
     table = Table(title="measured")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for k, v in report.metrics.items():
-        table.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+    def rows(metrics: dict, prefix: str = "") -> None:
+        for k, v in metrics.items():
+            if isinstance(v, dict) and k == "browsers":
+                for name, engine_metrics in v.items():
+                    rows(engine_metrics, f"{name}.")
+            else:
+                table.add_row(prefix + k, f"{v:.4g}" if isinstance(v, float) else str(v))
+
+    rows(report.metrics)
     return table
+
+
+def _browsers(arg: str) -> tuple[str, ...]:
+    """--browser's value: a comma-separated list of engines, or all."""
+    from .browsers import ENGINES
+
+    names = ENGINES if arg == "all" else tuple(n.strip() for n in arg.split(",") if n.strip())
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown or not names:
+        raise LanternError(f"--browser takes {', '.join(ENGINES)} (comma-separated) or all; got {arg!r}")
+    return names
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -250,7 +268,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         artifact=Path(args.artifact), budget=Path(args.budget) if args.budget else None,
         prompts=Path(args.prompts) if args.prompts else None,
         baseline=Path(args.baseline) if args.baseline else None, max_tokens=args.max_tokens,
-        ppl_tokens=args.ppl_tokens, text=Path(args.text) if args.text else None)
+        ppl_tokens=args.ppl_tokens, text=Path(args.text) if args.text else None, browsers=_browsers(args.browser))
     try:
         if console.is_terminal:
             with console.status("validating") as status:
@@ -369,12 +387,14 @@ def make_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     v = sub.add_parser(
-        "validate", help="run an artifact in headless Chromium and check it against budgets (exit 0/1/2)",
+        "validate", help="run an artifact in headless browsers and check it against budgets (exit 0/1/2)",
         description="Load the artifact with the real runtime (Web Worker, WebGPU) in headless Chromium and "
                     "measure correctness against its CPU library (greedy tokens, logits, perplexity), speed "
                     "(load cold and cached, TTFT, prefill and decode tokens/s), size and GPU memory, and that "
-                    "every kernel compiles as a WebGPU pipeline. Exit 0 within budget, 1 a budget was breached, "
-                    "2 the validation could not run. Budget file format: see ci/budget.toml.")
+                    "every kernel compiles as a WebGPU pipeline. In Firefox and WebKitGTK (--browser), which "
+                    "have no WebGPU here, the GGUF runs on the wasm device: greedy tokens, speed, loads and "
+                    "structured answers. Exit 0 within budget, 1 a budget was breached, 2 the validation could "
+                    "not run. Budget file format: see ci/budget.toml.")
     v.add_argument("artifact", help="artifact folder built by `lantern build` (with the cpu target)")
     v.add_argument("--budget", help="TOML file of limits (absolute, or relative to --baseline)")
     v.add_argument("--prompts", help='JSONL prompts: {"prompt": "raw text"} or {"messages": [...]} per line '
@@ -385,6 +405,10 @@ def make_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     v.add_argument("--ppl-tokens", type=int, default=256, help="held-out text tokens for perplexity (default 256)")
     v.add_argument("--text", help="held-out text file for perplexity (default: a built-in passage)")
+    v.add_argument("--browser", default="chromium", metavar="NAMES",
+                   help="browser engines to run in: chromium, firefox, webkit (comma-separated), or all; each "
+                        "must be installed (Debian: chromium, firefox-esr, webkit2gtk-driver and xvfb). "
+                        "Checks are then named <browser>:<budget key> (default: chromium)")
     v.set_defaults(func=cmd_validate)
     return parser
 

@@ -223,10 +223,13 @@ def test_firefox_uses_threads_where_its_shared_worker_cannot(server):
 
 def test_webkit_runs_on_the_cores_it_has_and_on_one_thread_without_shared_memory(server):
     """WebKit reports navigator.hardwareConcurrency 4 on this 2-core machine: llama.cpp gets the threads
-    that measurably run at once. Without SharedArrayBuffer it runs on exactly one, still locally."""
+    that measurably run at once, never more than there are cores (how many of them are free depends
+    on what else the machine runs). Without SharedArrayBuffer it runs on exactly one, still locally."""
     base, _ = server
     stats, _ = in_browser("webkit", lambda b: load_and_ask(b, base, {}))
-    assert 1 < stats["wasm"]["threads"] <= os.cpu_count(), stats["wasm"]
+    assert stats["wasm"]["threads"] <= os.cpu_count(), stats["wasm"]
+    claimed = int(re.search(r"navigator\.hardwareConcurrency is (\d+)", stats["wasm"]["threadsWhy"])[1])
+    assert claimed <= 2 or "spinning workers ran" in stats["wasm"]["threadsWhy"], stats["wasm"]
     stats, reply = in_browser("webkit", lambda b: load_and_ask(b, base, {}), shared_memory=False)
     assert stats["device"] == "wasm" and stats["wasm"]["threads"] == 1, stats["wasm"]
     assert "SharedArrayBuffer" in stats["wasm"]["threadsWhy"], stats["wasm"]

@@ -157,6 +157,34 @@ def test_a_corrupted_shard_cannot_run_and_names_the_file(tiny, tmp_path):
     assert "params_shard_0.bin" in run.stderr
 
 
+def test_firefox_and_webkit_validate_the_gguf_and_a_corrupt_part_cannot_run(smollm2, prompts, tmp_path):
+    """--browser firefox,webkit: neither has WebGPU here, so each runs the GGUF on the wasm device (the
+    default and the compat build of llama.cpp) against ci/budget.toml; checks are named per browser,
+    and what the wasm device cannot measure (logits, perplexity) is not-checked, never a pass."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "report.json"
+    run = validate(smollm2.path, "--browser", "firefox,webkit", "--budget", root / "ci" / "budget.toml",
+                   "--prompts", prompts, *QUICK, "--json", out)
+    assert run.returncode == 0, run.stderr[-3000:]
+    data = json.loads(out.read_text())
+    for name in ("firefox", "webkit"):
+        m = data["metrics"]["browsers"][name]
+        assert m["device"].startswith("CPU (wasm"), m
+        assert m["cpu_token_match"] == 1.0 and m["structured_valid"] == 1.0, m
+        checks = {c["name"]: c["status"] for c in data["checks"] if c["name"].startswith(f"{name}:")}
+        assert checks[f"{name}:correctness.min_cpu_token_match"] == "pass"
+        assert checks[f"{name}:correctness.max_logit_error"] == "not-checked"
+    folder = copy_artifact(smollm2, tmp_path / "corrupt")
+    part = folder / smollm2.manifest["gguf"]["files"][-1]
+    data = bytearray(part.read_bytes())
+    data[-10] ^= 1
+    part.write_bytes(bytes(data))
+    for name in ("firefox", "webkit"):
+        run = validate(folder, "--browser", name, "--prompts", prompts, *QUICK)
+        assert run.returncode == 2, (name, run.stderr[-2000:])
+        assert part.name in run.stderr and "integrity check failed" in run.stderr, (name, run.stderr[-2000:])
+
+
 def test_missing_chromium_is_a_clear_message(tiny, tmp_path):
     env = {**os.environ, "PATH": str(tmp_path)}  # nothing on PATH: no chromium
     run = validate(tiny.path, "--max-tokens", "1", env=env)

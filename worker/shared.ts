@@ -136,7 +136,7 @@ class Page implements Attachment {
 
   async load(options: LoadOptions, progress: (p: LoadProgress) => void): Promise<Engine> {
     if (this.model) throw new EngineNotLoadedError("this engine has a model already; create another engine for another model");
-    const key = JSON.stringify([options.model, options.device ?? "auto", options.threads ?? null, options.contextWindow ?? null, options.cache ?? "cache-api", options.requireThreads ?? false, options.llamaBuild ?? null]);
+    const key = JSON.stringify([options.model, options.device ?? "auto", options.threads ?? null, options.contextWindow ?? null, options.cache ?? "cache-api", options.requireThreads ?? false]);
     let model = MODELS.get(key);
     if (!model) MODELS.set(key, model = new Model(key, options));
     model.join(this, options);

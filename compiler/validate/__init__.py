@@ -1,5 +1,10 @@
-"""`lantern validate`: run an artifact in headless Chromium with the real runtime and check it
+"""`lantern validate`: run an artifact in headless browsers with the real runtime and check it
 against budgets, so a bad checkpoint fails CI like a failing test.
+
+Browsers (--browser): Chromium (default) runs the webgpu device; Firefox and WebKitGTK, which have no
+WebGPU here, run the wasm device (the GGUF on llama.cpp), where greedy tokens, speed, load times and
+structured answers are measured and logits, perplexity and pipelines are not. With several browsers
+each one's checks are named "<browser>:<budget key>" and its metrics are under metrics["browsers"].
 
 Measurements (one run):
   correctness  greedy tokens from the browser vs the artifact's CPU library (match rate, first
@@ -86,6 +91,7 @@ class ValidateOptions:
     max_tokens: int = 32
     ppl_tokens: int = 256
     text: Path | None = None
+    browsers: tuple[str, ...] = ("chromium",)
 
 
 @dataclass
@@ -197,8 +203,21 @@ def find_chromium() -> str:
     return chromium
 
 
+def check_browsers(names: tuple[str, ...]) -> None:
+    """CannotRun naming what to install, before minutes of work, for any of ``names`` that cannot start."""
+    from ..browsers import ENGINES, missing
+
+    for name in names:
+        if name not in ENGINES:
+            raise CannotRun(f"unknown browser {name!r}: one of {', '.join(ENGINES)}, or all")
+        if name == "chromium":
+            find_chromium()
+        elif why := missing(name):
+            raise CannotRun(f"{name} cannot run: {why}")
+
+
 def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
-    find_chromium()  # before minutes of work
+    check_browsers(opts.browsers)  # before minutes of work
     try:
         art = Artifact.open(opts.artifact)
     except LanternError as err:
@@ -231,8 +250,6 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
     lse = np.log(np.exp(all_logits - all_logits.max(1, keepdims=True)).sum(1)) + all_logits.max(1)
     cpu_nll = (lse[:-1] - all_logits[np.arange(len(text_ids) - 1), text_ids[1:]]).tolist()
 
-    browser_data = _run_browser(art, prompt_ids, text_ids, opts.max_tokens, step)
-
     m = art.manifest
     webgpu = [lib for lib in m["libraries"] if lib["target"] == "webgpu"]
     wasm_bytes = sum((art.path / lib["file"]).stat().st_size for lib in webgpu)
@@ -247,101 +264,113 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         "kernels": max((lib["kernels"] for lib in webgpu), default=0),
         "largest_kernel_bytes": max((lib["largest_kernel_bytes"] for lib in webgpu), default=0),
     }
+    runs = {}
+    for name in opts.browsers:
+        data = _run_browser(art, prompt_ids, text_ids, opts.max_tokens,
+                            step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}")), name)
+        runs[name] = (data, _browser_metrics(data, prompts, text_ids, cpu_greedy, cpu_logits, cpu_nll))
+    data, (first_metrics, greedy) = runs[opts.browsers[0]]
+    metrics.update(first_metrics)
+    if len(runs) > 1:
+        metrics["browsers"] = {name: engine_metrics for name, (_, (engine_metrics, _)) in runs.items()}
+    pipelines = [p for data, _ in runs.values() for p in data["pipelines"]]
+    return Report(str(art.path), metrics, greedy=greedy, pipelines=pipelines, structured=data["structured"])
+
+
+def _browser_metrics(data: dict, prompts: list[dict], text_ids: list[int],
+                     cpu_greedy: list[list[int]], cpu_logits: np.ndarray,
+                     cpu_nll: list[float]) -> tuple[dict, list[dict]]:
+    """One browser's metrics against the CPU library, and its greedy tokens per prompt."""
     same = total = 0
     first_divergence = []
     greedy = []
-    for p, cpu_ids, web_ids in zip(prompts, cpu_greedy, browser_data["greedy"]):
+    for p, cpu_ids, web_ids in zip(prompts, cpu_greedy, data["greedy"]):
         s, first = _match(web_ids, cpu_ids)
         same += s
         total += max(len(web_ids), len(cpu_ids), 1)
         first_divergence.append(first)
         greedy.append({"prompt": p, "tokens": web_ids, "cpu_tokens": cpu_ids, "first_divergence": first})
-    web_logits = np.asarray(browser_data["logits"], dtype=np.float64)
-    perplexity, cpu_perplexity = _perplexity(browser_data["nll"]), _perplexity(cpu_nll)
-    metrics.update({
-        "cpu_token_match": same / total,
-        "first_divergence": min((f for f in first_divergence if f is not None), default=None),
-        "logit_error": float(np.abs(web_logits - cpu_logits).max() / np.abs(cpu_logits).max()),
-        "perplexity": perplexity,
-        "cpu_perplexity": cpu_perplexity,
-        "perplexity_gap_pct": abs(perplexity / cpu_perplexity - 1) * 100,
-        "perplexity_tokens": len(text_ids),
-        **browser_data["metrics"],
-    })
-    return Report(str(art.path), metrics, greedy=greedy, pipelines=browser_data["pipelines"],
-                  structured=browser_data["structured"])
+    metrics = {"cpu_token_match": same / total,
+               "first_divergence": min((f for f in first_divergence if f is not None), default=None)}
+    if data.get("logits") is not None:  # the webgpu device; the wasm device has no logits to compare
+        web_logits = np.asarray(data["logits"], dtype=np.float64)
+        perplexity, cpu_perplexity = _perplexity(data["nll"]), _perplexity(cpu_nll)
+        metrics.update({
+            "logit_error": float(np.abs(web_logits - cpu_logits).max() / np.abs(cpu_logits).max()),
+            "perplexity": perplexity,
+            "cpu_perplexity": cpu_perplexity,
+            "perplexity_gap_pct": abs(perplexity / cpu_perplexity - 1) * 100,
+            "perplexity_tokens": len(text_ids),
+        })
+    metrics.update(data["metrics"])
+    return metrics, greedy
 
 
 def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
-                 step: Callable[[str], None]) -> dict:
+                 step: Callable[[str], None], name: str = "chromium") -> dict:
+    """The browser-side measurements in ``name``: Chromium on the webgpu device; an engine without
+    WebGPU here (Firefox, WebKitGTK) on the wasm device, which measures no logits, perplexity or pipelines."""
+    from ..browsers import BrowserError, open_browser
     from ..server.app import ServerConfig, create_app
     from ..server.background import serve_in_thread
 
-    chromium = find_chromium()
-    from playwright.sync_api import sync_playwright
-
+    device = "webgpu" if name == "chromium" else "wasm"
     app = create_app(ServerConfig([art.path], site=PAGE, api=False))
     model_url = f"/models/{art.path.name}/"
-    out: dict = {"metrics": {}, "pipelines": []}
-    args = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-dawn-features=disable_robustness",
-            "--disable-background-networking", "--no-first-run"]
-    with serve_in_thread(app) as base, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
-        try:
-            context = browser.new_context()
+    out: dict = {"metrics": {}, "pipelines": [], "logits": None, "nll": None}
+    with serve_in_thread(app) as base, open_browser(name) as browser:
+        def open_page():
+            page = browser.new_page()
+            page.goto(base + "/index.html")
+            page.wait_for("document.getElementById('status').textContent === 'ready'")
+            return page
 
-            def open_page():
-                page = context.new_page()
-                page.goto(base + "/index.html")
-                page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-                return page
+        page = open_page()
 
-            page = open_page()
+        def call(expr: str, arg=None):
+            try:
+                return page.evaluate(expr, arg)
+            except BrowserError as err:  # the page's error, e.g. WebGPUUnavailableError
+                raise CannotRun(f"the {name} run failed: {err}") from None
 
-            def call(expr: str, arg=None):
-                try:
-                    return page.evaluate(expr, arg)
-                except Exception as err:  # the page's error, e.g. WebGPUUnavailableError
-                    msg = str(err).split("\n")[0]
-                    raise CannotRun(f"the browser run failed: {msg}") from None
-
-            step("browser: cold load")
-            call("(m) => lanternValidate.clearCache(m)", model_url)
-            cold = call("(m) => lanternValidate.load(m)", model_url)
-            out["metrics"].update(load_s_cold=cold["seconds"], peak_gpu_bytes=cold["stats"]["peakGpuBytes"],
-                                  library=cold["stats"]["library"], adapter=cold["stats"]["adapter"])
-            step("browser: greedy continuations")
-            runs = [call("(r) => lanternValidate.debug(r)", {"op": "greedy", "prompt": ids, "maxTokens": max_tokens})
-                    for ids in prompt_ids]
-            out["greedy"] = [r["tokens"] for r in runs]
-            # speed from the same runs: prefill of each prompt, then one decode step per token
-            prefill_s = sum(r["prefillMs"] for r in runs) / 1000
-            decode_s = sum(r["decodeMs"] for r in runs) / 1000
-            steps = sum(r["decodeSteps"] for r in runs)
-            out["metrics"].update(ttft_s=prefill_s / len(runs),
-                                  prefill_tokens_per_s=sum(map(len, prompt_ids)) / prefill_s,
-                                  decode_tokens_per_s=steps / decode_s if decode_s else None)
+        step("browser: cold load")
+        call("(m) => lanternValidate.clearCache(m)", model_url)
+        cold = call("([m, d]) => lanternValidate.load(m, d)", [model_url, device])
+        out["metrics"].update(load_s_cold=cold["seconds"], peak_gpu_bytes=cold["stats"]["peakGpuBytes"],
+                              library=cold["stats"]["library"], adapter=cold["stats"]["adapter"],
+                              device=cold["stats"]["deviceLabel"])
+        step("browser: greedy continuations")
+        runs = [call("(r) => lanternValidate.debug(r)", {"op": "greedy", "prompt": ids, "maxTokens": max_tokens})
+                for ids in prompt_ids]
+        out["greedy"] = [r["tokens"] for r in runs]
+        # speed from the same runs: prefill of each prompt, then one decode step per token
+        prefill_s = sum(r["prefillMs"] for r in runs) / 1000
+        decode_s = sum(r["decodeMs"] for r in runs) / 1000
+        steps = sum(r["decodeSteps"] for r in runs)
+        out["metrics"].update(ttft_s=prefill_s / len(runs),
+                              prefill_tokens_per_s=sum(map(len, prompt_ids)) / prefill_s,
+                              decode_tokens_per_s=steps / decode_s if decode_s else None)
+        if device == "webgpu":
             out["logits"] = call("(r) => lanternValidate.debug(r)", {"op": "logits", "tokens": prompt_ids[0]})["logits"]
             step("browser: perplexity")
             out["nll"] = call("(r) => lanternValidate.debug(r)", {"op": "nll", "tokens": text_ids})["nll"]
-            step("browser: structured output")
-            out["structured"] = _structured(call)
-            out["metrics"]["structured_valid"] = (sum(r["problem"] is None for r in out["structured"])
-                                                  / len(out["structured"]))
-            out["metrics"]["peak_gpu_bytes"] = call("() => lanternValidate.stats()")["peakGpuBytes"]
-            call("() => lanternValidate.unload()")
-            step("browser: cached load")
-            page = open_page()  # a second visit: weights from the cache
-            cached = call("(m) => lanternValidate.load(m)", model_url)
-            out["metrics"]["load_s_cached"] = cached["seconds"]
-            call("() => lanternValidate.unload()")
+        step("browser: structured output")
+        out["structured"] = _structured(call)
+        out["metrics"]["structured_valid"] = (sum(r["problem"] is None for r in out["structured"])
+                                              / len(out["structured"]))
+        out["metrics"]["peak_gpu_bytes"] = call("() => lanternValidate.stats()")["peakGpuBytes"]
+        call("() => lanternValidate.unload()")
+        step("browser: cached load")
+        page = open_page()  # a second visit: weights from the cache
+        cached = call("([m, d]) => lanternValidate.load(m, d)", [model_url, device])
+        out["metrics"]["load_s_cached"] = cached["seconds"]
+        call("() => lanternValidate.unload()")
+        if device == "webgpu":
             step("browser: pipelines")
             for lib in art.manifest["libraries"]:
                 if lib["target"] == "webgpu":
                     out["pipelines"].append(call("([m, f, r]) => lanternValidate.pipelines(m, f, r)",
                                                  [model_url, lib["file"], lib["required_features"]]))
-        finally:
-            browser.close()
     return out
 
 
@@ -406,5 +435,13 @@ def validate(opts: ValidateOptions, step: Callable[[str], None] = lambda _: None
             total += max(len(mine["tokens"]), len(theirs["tokens"]), 1)
         report.metrics["baseline_token_match"] = matched / total if total else None
     report.metrics["validate_seconds"] = time.perf_counter() - started
-    report.checks = evaluate(report.metrics, budget, baseline) + pipeline_checks(report)
+    if "browsers" in report.metrics:  # each browser against the budget, its checks named for it
+        checks = []
+        for name, engine_metrics in report.metrics["browsers"].items():
+            for c in evaluate({**report.metrics, **engine_metrics}, budget, baseline):
+                c.name = f"{name}:{c.name}"
+                checks.append(c)
+        report.checks = checks + pipeline_checks(report)
+    else:
+        report.checks = evaluate(report.metrics, budget, baseline) + pipeline_checks(report)
     return report

@@ -183,8 +183,6 @@ export interface EngineOptions {
   device?: "auto" | DeviceName;
   // wasm device: llama.cpp threads (default: as many as run at once, up to 4, where SharedArrayBuffer is; else 1)
   threads?: number;
-  // wasm device: llama.cpp's build (default: by feature detection, llama-builds.ts); "compat" runs anywhere
-  llamaBuild?: "default" | "compat";
   // tokens of context (prompt + answer) to allocate; default: the model's on webgpu, at most 4096 on wasm
   contextWindow?: number;
   // one engine for every tab of the origin that loads the same model, in a SharedWorker (default: true

@@ -155,8 +155,7 @@ export class WasmDevice implements Device {
         "(`lantern build ... --targets webgpu,cpu,gguf`, the default)");
     }
     const features = wasmFeatures();
-    const chosen = chooseLlamaBuild(features);  // CapabilityError before any download
-    const { build, why } = options.llamaBuild ? { build: options.llamaBuild, why: "as asked" } : chosen;
+    const { build, why } = chooseLlamaBuild(features);  // CapabilityError before any download
     if (options.requireThreads && !features.threads) {
       throw new SharedEngineUnavailableError("the SharedWorker has no SharedArrayBuffer (it is not cross-origin " +
         "isolated as the page is), so llama.cpp would run on one thread there; a dedicated worker gives it several");
