@@ -425,10 +425,12 @@ def test_a_model_the_browser_cannot_store_loads_into_memory(tiny_q4, browser):
         cdp.send("Storage.overrideQuotaForOrigin", {"origin": base, "quotaSize": 64 * 1024})
         stats = page.evaluate("(m) => load(m)", f"/models/{tiny_q4.path.name}/")
         [reply] = chat(page, {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0})
-        stored = page.evaluate("async () => (await (await caches.open('lantern-artifacts-v1')).keys()).map((r) => r.url)")
+        stored = page.evaluate("async () => (await (await caches.open('lantern-artifacts-v1')).keys())"
+                               ".map((r) => r.url)")
         context.close()
     assert reply["choices"][0]["finish_reason"] in ("stop", "length")
-    assert stats["storage"]["backend"] == "memory" and "navigator.storage.estimate()" in stats["storage"]["note"], stats
+    # refused before the download (navigator.storage.estimate()) or when a write ran out of quota
+    assert stats["storage"]["backend"] == "memory" and "quota" in stats["storage"]["note"], stats["storage"]
     assert not [u for u in stored if "params_shard_" in u], stored  # no shard was stored
     assert any("loaded into memory" in w for w in warnings), warnings
 

@@ -179,10 +179,9 @@ def test_firefox_and_webkit_validate_the_gguf_and_a_corrupt_part_cannot_run(smol
     data = bytearray(part.read_bytes())
     data[-10] ^= 1
     part.write_bytes(bytes(data))
-    for name in ("firefox", "webkit"):
-        run = validate(folder, "--browser", name, "--prompts", prompts, *QUICK)
-        assert run.returncode == 2, (name, run.stderr[-2000:])
-        assert part.name in run.stderr and "integrity check failed" in run.stderr, (name, run.stderr[-2000:])
+    # the artifact is checked against its manifest before any browser starts, as for Chromium
+    run = validate(folder, "--browser", "firefox,webkit", "--prompts", prompts, *QUICK)
+    assert run.returncode == 2 and part.name in run.stderr, run.stderr[-2000:]
 
 
 def test_missing_chromium_is_a_clear_message(tiny, tmp_path):

@@ -2,8 +2,8 @@
 // Entries are keyed by absolute file URL, so one model folder's files share a URL prefix.
 //
 // Storage degrades instead of failing: a browser without the backend (no Cache API outside a secure
-// context, private browsing, a storage feature turned off), a quota too small for the model, or a
-// quota exceeded halfway through a download leaves the files in memory for this visit. Files already
+// context), a backend that refuses or fails, a quota too small for the model, or a quota exceeded
+// halfway through a download leaves the files in memory for this visit. Files already
 // stored stay valid; the load goes on from the network; stats().storage and one console warning say so.
 import type { CacheBackend, StorageState } from "./protocol";
 
@@ -198,7 +198,8 @@ export async function checkRoom(store: FileStore, files: { url: string; size: nu
   }
 }
 
-/** The store for ``backend``; where the browser has no such storage, one that keeps nothing, and says why. */
+let held: Promise<Cache | null> | null = null;
+
 /**
  * Hold the Cache API's store open from this context (the page) while it has engines: WebKit keeps an
  * ephemeral session's entries (private browsing; WebKitGTK's automation) only while some context of the
@@ -208,8 +209,8 @@ export async function checkRoom(store: FileStore, files: { url: string; size: nu
 export function holdCache(backend: CacheBackend = "cache-api"): void {
   if (backend === "cache-api" && typeof caches !== "undefined" && !held) held = caches.open(CACHE_NAME).catch(() => null);
 }
-let held: Promise<Cache | null> | null = null;
 
+/** The store for ``backend``; where the browser has no such storage, one that keeps nothing, and says why. */
 export function openStore(backend: CacheBackend = "cache-api"): FileStore {
   if (backend === "none") return new GuardedStore(new NoStore(), "none");
   try {
