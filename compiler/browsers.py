@@ -38,6 +38,18 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-
                  "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu",
                  "--enable-dawn-features=disable_robustness"]
 
+
+
+def chromium_path() -> str | None:
+    """The system's Chromium (or Chrome), for Playwright's executable_path."""
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def chromium_args(webgpu: bool = True) -> list[str]:
+    """Chromium's headless flags here: WebGPU on (SwiftShader where there is no GPU) unless ``webgpu`` is False."""
+    return CHROMIUM_ARGS if webgpu else [a for a in CHROMIUM_ARGS if "webgpu" not in a]
+
+
 # Firefox's remote agent sets its own automation preferences (no updates, no telemetry); these quiet the
 # rest of its start-up traffic, which has nowhere to go on a machine without internet.
 FIREFOX_PREFS = {
@@ -77,8 +89,8 @@ def _minibrowser() -> str | None:
 def missing(name: str) -> str | None:
     """Why the engine ``name`` cannot run here (what to install), or None when it can."""
     if name == "chromium":
-        if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-            return "no Chromium on PATH (apt-get install chromium)"
+        if not chromium_path():
+            return "no Chromium found on PATH (install `chromium`, e.g. `apt-get install chromium`)"
         try:
             import playwright.sync_api  # noqa: F401
         except ImportError:
@@ -161,10 +173,9 @@ class _Chromium:
         from playwright.sync_api import sync_playwright
 
         self._pw = sync_playwright().start()
-        args = CHROMIUM_ARGS if webgpu else [a for a in CHROMIUM_ARGS if "webgpu" not in a]
         try:
-            executable = shutil.which("chromium") or shutil.which("chromium-browser")
-            self.browser = self._pw.chromium.launch(executable_path=executable, headless=True, args=args)
+            self.browser = self._pw.chromium.launch(executable_path=chromium_path(), headless=True,
+                                                    args=chromium_args(webgpu))
             self.context = self.browser.new_context()
         except BaseException:
             self._pw.stop()

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import http.server
 import json
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -14,13 +13,12 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
+from lantern.browsers import CHROMIUM_ARGS, chromium_args, chromium_path  # noqa: F401 - CHROMIUM_ARGS: bench_webgpu
+
 if TYPE_CHECKING:
     from lantern.runtime.artifact import Artifact
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu",
-                 "--enable-dawn-features=disable_robustness"]
+CHROMIUM = chromium_path() or "/usr/bin/chromium"
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -70,8 +68,7 @@ def serve(routes: dict[str, Path], isolated: bool = False) -> Iterator[str]:
 
 def launch(playwright, webgpu: bool = True):
     """A headless Chromium from a running Playwright, WebGPU enabled unless asked otherwise."""
-    args = CHROMIUM_ARGS if webgpu else [a for a in CHROMIUM_ARGS if "webgpu" not in a]
-    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(webgpu))
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 import tomllib
 import xml.etree.ElementTree as ET
@@ -191,18 +190,6 @@ def _perplexity(nll: list[float]) -> float:
     return float(math.exp(sum(nll) / len(nll)))
 
 
-def find_chromium() -> str:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
-        raise CannotRun("no Chromium found on PATH (install `chromium`, e.g. `apt-get install chromium`); "
-                        "lantern validate runs the artifact in headless Chromium with WebGPU")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        raise CannotRun("playwright is not installed: pip install playwright") from None
-    return chromium
-
-
 def check_browsers(names: tuple[str, ...]) -> None:
     """CannotRun naming what to install, before minutes of work, for any of ``names`` that cannot start."""
     from ..browsers import ENGINES, missing
@@ -210,9 +197,7 @@ def check_browsers(names: tuple[str, ...]) -> None:
     for name in names:
         if name not in ENGINES:
             raise CannotRun(f"unknown browser {name!r}: one of {', '.join(ENGINES)}, or all")
-        if name == "chromium":
-            find_chromium()
-        elif why := missing(name):
+        if why := missing(name):
             raise CannotRun(f"{name} cannot run: {why}")
 
 

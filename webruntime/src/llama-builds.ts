@@ -9,7 +9,6 @@
 // without SharedArrayBuffer and on several with it.
 import { CapabilityError } from "./errors";
 import { fetchBlobs, type ManifestFile } from "./loader";
-import type { LoadProgress } from "./protocol";
 import type { FileStore } from "./storage";
 
 export type LlamaBuild = "default" | "compat";
@@ -76,11 +75,10 @@ export interface LlamaFiles {
  * and sha256 (IntegrityError otherwise) and cached in ``store`` like the model's files, so a page that
  * goes offline after one visit still starts llama.cpp.
  */
-export async function fetchLlamaBuild(build: LlamaBuild, base: string, store: FileStore,
-                                      onProgress: (p: LoadProgress) => void): Promise<LlamaFiles> {
+export async function fetchLlamaBuild(build: LlamaBuild, base: string, store: FileStore): Promise<LlamaFiles> {
   const files = __LLAMA_BUILDS__[build];
   const names = Object.keys(files);
-  const blobs = await fetchBlobs(base, { files }, names, { store, parallel: names.length, retries: 3, onProgress });
+  const blobs = await fetchBlobs(base, { files }, names, { store, parallel: names.length, retries: 3, onProgress: () => {} });
   const wasmName = names.find((n) => n.endsWith(".wasm"))!;
   const glueName = names.find((n) => n.endsWith(".js"));
   // typed, so the glue instantiates it while it streams in

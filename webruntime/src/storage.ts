@@ -150,14 +150,17 @@ class GuardedStore implements FileStore {
     this.broken = true;
   }
 
+  private failed(err: unknown): void {
+    this.fail(`${this.name} failed (${(err as Error)?.name}: ${(err as Error)?.message})`);
+  }
+
   /** ``op``, or ``fallback`` where the backend failed now or before. */
   private async guard<T>(op: () => Promise<T>, fallback: T): Promise<T> {
     if (this.broken) return fallback;
     try {
       return await op();
     } catch (err) {
-      const { name, message } = err as Error;
-      this.fail(`${this.name} failed (${name}: ${message})`);
+      this.failed(err);
       return fallback;
     }
   }
@@ -170,7 +173,7 @@ class GuardedStore implements FileStore {
       await this.backend.put(url, data, sha256);
     } catch (err) {
       if ((err as Error)?.name === "QuotaExceededError") this.stopKeeping(`the storage quota ran out while storing ${url}`);
-      else this.fail(`${this.name} failed (${(err as Error)?.name}: ${(err as Error)?.message})`);
+      else this.failed(err);
     }
   }
 

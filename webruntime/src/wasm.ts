@@ -169,7 +169,7 @@ export class WasmDevice implements Device {
       manifest.gguf?.context_window ?? manifest.model.context_window);
     checkWasmFits(manifest, model, contextWindow);
     // llama.cpp itself (10-19 MB) comes while the GGUF does
-    const llama = fetchLlamaBuild(build, new URL("./", import.meta.url).href, store, () => {});
+    const llama = fetchLlamaBuild(build, new URL("./", import.meta.url).href, store);
     llama.catch(() => {});  // awaited below
     const files = await fetchBlobs(modelUrl, manifest, parts, {
       store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
