@@ -269,3 +269,17 @@ def test_capability_page_names_the_build_in_every_engine(smollm2):
             assert re.search(rf"llama\.cpp build\s+{build} \(", text), (name, text)
             assert re.search(r"storage backends\s+Cache API", text), (name, text)
             assert "smollm2 would run locally on CPU (wasm" in text, (name, text)
+
+
+def test_the_start_watchdog_arms_on_a_line_the_bundled_wllama_writes():
+    """wasm.ts ends and begins again a start of llama.cpp's worker that stalls (START_STALL_S: Firefox can
+    block a worker that starts workers, 1 load in 20-40 on a busy machine here, which no test can cause
+    at will). It knows where a start is by that worker's console lines, so the bundled wllama must still
+    write the line the watchdog arms on before emscripten creates thread workers."""
+    source = (repo_root() / "webruntime" / "src" / "wasm.ts").read_text()
+    pattern = re.search(r"const POOL_STARTING = /\^(.+)/;", source)[1]
+    bundle = (repo_root() / "webruntime" / "dist" / "worker.js").read_text()
+    said = bundle.find(pattern)
+    assert said >= 0, f"the bundled wllama no longer writes {pattern!r}: update POOL_STARTING in wasm.ts"
+    # in its worker's code, the line comes before the pool size it sets emscripten's thread workers by
+    assert said < bundle.find("pthreadPoolSize: hasMultithread", said), "the line moved after the pool's start"

@@ -222,7 +222,8 @@ export interface EngineStats {
   grammarCache: { entries: number; hits: number };  // compiled grammars kept, and requests that reused one
   storage: StorageState;
   // the wasm device: which llama.cpp build runs and why (llama-builds.ts), and its threads; null on webgpu
-  wasm: { build: "default" | "compat"; why: string; threads: number; threadsWhy: string } | null;
+  // restarts: starts of llama.cpp's worker given up as hung (Firefox; see wasm.ts START_STALL_S)
+  wasm: { build: "default" | "compat"; why: string; threads: number; threadsWhy: string; restarts: number } | null;
   host: EngineHost;
 }
 

@@ -11,7 +11,7 @@ import { CacheManager, Wllama } from "@wllama/wllama";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
 import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
-import { chooseLlamaBuild, fetchLlamaBuild, type LlamaBuild, wasmFeatures } from "./llama-builds";
+import { chooseLlamaBuild, fetchLlamaBuild, type LlamaBuild, type LlamaFiles, wasmFeatures } from "./llama-builds";
 import { fetchBlobs, type Manifest } from "./loader";
 import type { DebugOp, DebugResult, EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
 import type { FileStore } from "./storage";
@@ -130,6 +130,41 @@ const NO_CACHE: StorageBackend = {
   delete: async () => {},
 };
 
+// Firefox (153 ESR) can block a worker for good when it starts workers, and wllama's worker is one:
+// on a busy 2-core machine, loads hung after 5 to 42 loads, mostly in `new Worker` as emscripten
+// created the second thread worker, right after wllama's worker said "Multithread enabled"; twice
+// before that worker said anything. Both steps take milliseconds: a start that stays in one for
+// START_STALL_S[i] seconds is ended and begun again in a fresh worker (at most once per entry, each
+// wait longer). Measured: 4 such stalls in 159 loads, all restarted; 1 hang it did not end remains
+// (README, "Browsers"; ci/bench_firefox_starts.py).
+const START_STALL_S = [10, 20, 40];
+const POOL_STARTING = /^Multithread enabled/;
+
+/** A Wllama for ``code``, ended by exit() where its worker's start stalls (see START_STALL_S). */
+function startLlama(code: LlamaFiles, build: LlamaBuild, stallS: number):
+  { wllama: Wllama; stalled: () => boolean; disarm: () => void } {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  let stalled = false;
+  const disarm = () => { clearTimeout(timer); timer = undefined; };
+  const arm = () => {
+    timer = setTimeout(() => { stalled = true; wllama.exit().catch(() => {}); }, stallS * 1000);
+  };
+  // its worker's console lines are the only signs of where a start is; llama.cpp's own log lines come
+  // the same way (wllama passes them on unless suppressNativeLog): its warnings and errors reach the
+  // console, the rest is dropped
+  const seen = (level: "debug" | "log" | "warn" | "error") => (...args: unknown[]) => {
+    disarm();
+    if (POOL_STARTING.test(args.map(String).join(" "))) arm();
+    if (level === "warn" || level === "error") console[level](...args);
+  };
+  const logger = { debug: seen("debug"), log: seen("log"), info: seen("log"), warn: seen("warn"), error: seen("error") };
+  const wllama = new Wllama({ default: code.wasm }, { logger, cacheManager: new CacheManager([NO_CACHE]) });
+  // the build chosen by features, whatever wllama would pick by the browser's name ("firefox_safari": by features)
+  wllama.setCompat(build === "compat" ? { wasm: code.wasm, worker: { code: code.glue! } } : null, "firefox_safari");
+  arm();  // until the worker's first line
+  return { wllama, stalled: () => stalled, disarm };
+}
+
 export class WasmDevice implements Device {
   readonly kind = "wasm" as const;
   readonly label: string;
@@ -138,7 +173,7 @@ export class WasmDevice implements Device {
 
   private constructor(wllama: Wllama, readonly library: string, readonly contextWindow: number,
                       private readonly threads: number, readonly build: LlamaBuild, readonly buildWhy: string,
-                      readonly threadsWhy: string) {
+                      readonly threadsWhy: string, private readonly restarts: number) {
     this.wllama = wllama;
     this.label = wasmLabel(threads, build);
   }
@@ -178,18 +213,36 @@ export class WasmDevice implements Device {
     const total = parts.reduce((s, f) => s + manifest.files[f].size, 0);
     tell({ phase: "wasm-load", loadedBytes: 0, totalBytes: total, progress: 0.9 });
     const code = await llama;
-    const wllama = new Wllama({ default: code.wasm },
-      { suppressNativeLog: true, logger: QUIET, cacheManager: new CacheManager([NO_CACHE]) });
-    // the build chosen above, whatever wllama would pick by the browser's name ("firefox_safari": by features)
-    wllama.setCompat(build === "compat" ? { wasm: code.wasm, worker: { code: code.glue! } } : null, "firefox_safari");
-    try {
+    const config = {
       // n_gpu_layers 0: llama.cpp's CPU kernels (wllama would otherwise offload to WebGPU)
-      await wllama.loadModel(parts.map((f) => files.get(f)!),
-        { n_threads: threads, n_gpu_layers: 0, n_ctx: contextWindow, n_parallel: 1,
-          kv_overrides: Object.fromEntries(Object.entries(manifest.gguf?.kv_overrides ?? {})
-            .map(([key, value]) => [key, `int:${value}`])) });
-    } catch (err) {
-      throw new ArtifactError(`llama.cpp (${build} build) could not load ${parts[0]}: ${err instanceof Error ? err.message : err}`);
+      n_threads: threads, n_gpu_layers: 0, n_ctx: contextWindow, n_parallel: 1,
+      kv_overrides: Object.fromEntries(Object.entries(manifest.gguf?.kv_overrides ?? {})
+        .map(([key, value]) => [key, `int:${value}`])),
+    };
+    let wllama: Wllama;
+    let restarts = 0;
+    try {
+      for (;;) {
+        const start = startLlama(code, build, START_STALL_S[restarts]);
+        try {
+          await start.wllama.loadModel(parts.map((f) => files.get(f)!), config);
+          wllama = start.wllama;
+          break;
+        } catch (err) {
+          if (start.stalled() && restarts < START_STALL_S.length - 1) {
+            console.warn(`lantern: llama.cpp's worker stalled for ${START_STALL_S[restarts]} s while starting ` +
+              "(Firefox can block a worker that starts workers): starting it again");
+            restarts += 1;
+            continue;
+          }
+          const why = start.stalled()
+            ? `its worker stalled while starting, ${restarts + 1} times (the last wait ${START_STALL_S[restarts]} s)`
+            : err instanceof Error ? err.message : String(err);
+          throw new ArtifactError(`llama.cpp (${build} build) could not load ${parts[0]}: ${why}`);
+        } finally {
+          start.disarm();
+        }
+      }
     } finally {
       code.release();
     }
@@ -201,7 +254,7 @@ export class WasmDevice implements Device {
         `${manifest.model.vocab_size})`);
     }
     tell({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
-    return new WasmDevice(wllama, library, contextWindow, wllama.getNumThreads(), build, why, threadsWhy);
+    return new WasmDevice(wllama, library, contextWindow, wllama.getNumThreads(), build, why, threadsWhy, restarts);
   }
 
   private loaded(): Wllama {
@@ -335,7 +388,8 @@ export class WasmDevice implements Device {
       kvSequences: 1, kvAvailablePages: null, kvTotalPages: null, cachedTokens: this.cached, peakGpuBytes: null,
       adapter: { vendor: "cpu", architecture: `wasm (${threadCount(this.threads)})`,
         features: [], fallback: false },
-      wasm: { build: this.build, why: this.buildWhy, threads: this.threads, threadsWhy: this.threadsWhy },
+      wasm: { build: this.build, why: this.buildWhy, threads: this.threads, threadsWhy: this.threadsWhy,
+        restarts: this.restarts },
       grammarCache: { entries: 0, hits: 0 },
     };
   }
@@ -350,6 +404,3 @@ function logprobEntry(t: LlamaLogprob, top: number): TokenLogprob {
   const plain = (x: LlamaLogprob) => ({ token: x.token, logprob: x.logprob, bytes: x.bytes });
   return { ...plain(t), top_logprobs: (t.top_logprobs ?? []).slice(0, top).map(plain) };
 }
-
-// llama.cpp's own log lines stay in the worker; its warnings and errors reach the console.
-const QUIET = { debug: () => {}, log: () => {}, info: () => {}, warn: console.warn, error: console.error };
