@@ -292,10 +292,10 @@ def _browser_metrics(data: dict, prompts: list[dict], text_ids: list[int],
 
 
 # Firefox ESR 153 now and then blocks a worker that starts workers for good (README, "Browsers"); the
-# runtime restarts llama.cpp's stalled starts, but about 1 load in 60 on a busy machine still hangs
-# elsewhere. A Firefox run with no answer in FIREFOX_HANG_S is given up and run once more in a fresh
-# browser, saying so: the browser's fault, not the artifact's. (The longest call, a structured answer
-# on a busy machine, takes about 60 s.)
+# runtime restarts llama.cpp's stalled starts, but about 1 load in 100 on a busy machine still hangs
+# where only the page could end it. A Firefox run with no answer in FIREFOX_HANG_S is given up and run
+# once more in a fresh browser, saying so: the browser's fault, not the artifact's. (The longest call,
+# a structured answer on a busy machine, takes about 60 s.)
 FIREFOX_HANG_S = 180
 
 

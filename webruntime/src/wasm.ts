@@ -130,13 +130,13 @@ const NO_CACHE: StorageBackend = {
   delete: async () => {},
 };
 
-// Firefox (153 ESR) can block a worker for good when it starts workers, and wllama's worker is one:
-// on a busy 2-core machine, loads hung after 5 to 42 loads, mostly in `new Worker` as emscripten
-// created the second thread worker, right after wllama's worker said "Multithread enabled"; twice
-// before that worker said anything. Both steps take milliseconds: a start that stays in one for
-// START_STALL_S[i] seconds is ended and begun again in a fresh worker (at most once per entry, each
-// wait longer). Measured: 4 such stalls in 159 loads, all restarted; 1 hang it did not end remains
-// (README, "Browsers"; ci/bench_firefox_starts.py).
+// Firefox (153 ESR) can block a worker for good when it starts workers. On a busy 2-core machine,
+// loads hung after 5 to 42 loads: mostly in `new Worker` as emscripten created wllama's second thread
+// worker, right after wllama's worker said "Multithread enabled" (that step, like the worker's first
+// moments, takes milliseconds: a start that stays there START_STALL_S[i] seconds is ended and begun
+// again in a fresh worker, at most once per entry, each wait longer; measured: 4 such stalls in 159
+// loads, all restarted); and, 3 times, in `new Worker` as this worker created wllama's, which blocks
+// this worker, its timers too, so only the page can end it (README, "Browsers"; ci/bench_firefox_starts.py).
 const START_STALL_S = [10, 20, 40];
 const POOL_STARTING = /^Multithread enabled/;
 
