@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 from .errors import LanternError
 
@@ -411,3 +411,19 @@ def open_browser(name: str, webgpu: bool = True, firefox_prefs: dict | None = No
         yield browser
     finally:
         browser.close()
+
+
+T = TypeVar("T")
+
+
+def once_more_if_firefox_hangs(name: str, run: Callable[[], T], hang_s: float, say: Callable[[str], None]) -> T:
+    """``run()``, which opens its own ``name`` with ``timeout=hang_s``; in Firefox, once more after a
+    TimeoutError, saying so. Firefox ESR 153 now and then blocks a worker that starts workers for good,
+    and the runtime cannot end every such hang itself (README, "Browsers")."""
+    if name != "firefox":
+        return run()
+    try:
+        return run()
+    except TimeoutError:
+        say(f"no answer from Firefox in {hang_s:.0f} s (it blocked a worker): once more, in a fresh browser")
+        return run()

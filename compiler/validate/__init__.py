@@ -249,10 +249,15 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         "kernels": max((lib["kernels"] for lib in webgpu), default=0),
         "largest_kernel_bytes": max((lib["largest_kernel_bytes"] for lib in webgpu), default=0),
     }
+    from ..browsers import once_more_if_firefox_hangs
+
     runs = {}
     for name in opts.browsers:
         say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))
-        data = _run_in_fresh_browsers(art, prompt_ids, text_ids, opts.max_tokens, say, name)
+        timeout = FIREFOX_HANG_S if name == "firefox" else 600
+        data = once_more_if_firefox_hangs(
+            name, lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout),
+            FIREFOX_HANG_S, say)
         runs[name] = (data, _browser_metrics(data, prompts, text_ids, cpu_greedy, cpu_logits, cpu_nll))
     data, (first_metrics, greedy) = runs[opts.browsers[0]]
     metrics.update(first_metrics)
@@ -291,23 +296,10 @@ def _browser_metrics(data: dict, prompts: list[dict], text_ids: list[int],
     return metrics, greedy
 
 
-# Firefox ESR 153 now and then blocks a worker that starts workers for good (README, "Browsers"); the
-# runtime restarts llama.cpp's stalled starts, but about 1 load in 100 on a busy machine still hangs
-# where only the page could end it. A Firefox run with no answer in FIREFOX_HANG_S is given up and run
-# once more in a fresh browser, saying so: the browser's fault, not the artifact's. (The longest call,
-# a structured answer on a busy machine, takes about 60 s.)
+# A Firefox run with no answer in FIREFOX_HANG_S is given up and run once more in a fresh browser
+# (lantern.browsers.once_more_if_firefox_hangs): the browser's fault, not the artifact's. The longest
+# call, a structured answer on a busy machine, takes about 60 s.
 FIREFOX_HANG_S = 180
-
-
-def _run_in_fresh_browsers(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
-                           step: Callable[[str], None], name: str) -> dict:
-    if name != "firefox":
-        return _run_browser(art, prompt_ids, text_ids, max_tokens, step, name)
-    try:
-        return _run_browser(art, prompt_ids, text_ids, max_tokens, step, name, FIREFOX_HANG_S)
-    except TimeoutError:
-        step(f"browser: no answer in {FIREFOX_HANG_S} s (Firefox blocked a worker): once more, in a fresh browser")
-        return _run_browser(art, prompt_ids, text_ids, max_tokens, step, name, FIREFOX_HANG_S)
 
 
 def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
