@@ -80,7 +80,7 @@ async function load() {
       const stats = await router.local.stats();
       ({ library, deviceLabel: device } = stats);
       explainDevice(stats);
-      if (stats.host.kind === "shared") sharing = ` · shared by ${stats.host.tabs} tab${stats.host.tabs > 1 ? "s" : ""}`;
+      if (stats.host.kind === "shared" || stats.host.tabs > 1) sharing = ` · shared by ${stats.host.tabs} tab${stats.host.tabs > 1 ? "s" : ""}`;
     }
     showRoute(router.local ? "local" : "cloud", router.localUnavailable);
     ui.progressText.textContent = router.local ? `Ready: 100% · ${library} on ${device}${sharing}`

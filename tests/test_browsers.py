@@ -10,7 +10,8 @@ build in WebKit (JavaScriptCore has no memory64). Which cases run where, and why
   and the capability page (test_site.py has both in Chromium);
 - storage that fails for real (Firefox: a quota too small for the model; WebKit: OPFS and the Storage
   API off, as MiniBrowser ships; Chromium's quota is in test_runtime.py);
-- threads where they differ: Firefox's SharedWorker (not cross-origin isolated) and WebKit without
+- threads where they differ: Firefox's SharedWorker (not cross-origin isolated, so a tab's dedicated
+  worker runs the engine for every tab, and a second tab finds it loaded) and WebKit without
   SharedArrayBuffer.
 Chromium's own suites (test_wasm_device.py, test_site.py) cover the rest in Chromium.
 """
@@ -198,13 +199,46 @@ def test_without_usable_storage_the_model_loads_into_memory(server, name):
         assert storage["backend"] == "memory" and storage["note"], storage
 
 
-def test_firefox_uses_threads_where_its_shared_worker_cannot(server):
+TIMED_LOAD = """async (o) => {
+  const t = performance.now();
+  const stats = await load("/models/smollm2/", o);
+  return { ms: performance.now() - t, stats };
+}"""
+
+
+def test_firefox_tabs_share_one_engine_with_threads(server, report):
     """Firefox's SharedWorker is not cross-origin isolated: no SharedArrayBuffer, one thread for llama.cpp.
-    A page that asks for the shared engine gets a dedicated one with threads, and stats() says why."""
-    base, _ = server
-    stats, _ = in_browser("firefox", lambda b: load_and_ask(b, base, {"shared": True}))
+    A page that asks for the shared engine gets it in its own dedicated worker, with threads, and stats()
+    says why. A second tab uses that engine (no download, no second model), and runs it itself once the
+    first tab has closed (client.ts, startAcrossTabs)."""
+    base, seen = server
+    ask = {**GREEDY[0], "max_tokens": 8}
+
+    def tabs(browser) -> dict:
+        out: dict = {}
+        a = engine_page(browser, base)
+        out["a"] = a.evaluate(TIMED_LOAD, {"device": "auto", "shared": True})
+        b = engine_page(browser, base)
+        mark = len(seen)
+        out["b"] = b.evaluate(TIMED_LOAD, {"device": "auto", "shared": True})
+        out["b_fetched"] = gguf_fetches(seen, mark)
+        out["answers"] = [page.evaluate("(r) => chat(r)", [ask])[0]["choices"][0]["message"]["content"] for page in (a, b)]
+        a.close()
+        [after] = b.evaluate("(r) => chat(r)", [ask])
+        out["after"] = after["choices"][0]["message"]["content"]
+        out["after_host"] = b.evaluate("() => engine.stats()")["host"]
+        return out
+
+    out = in_browser("firefox", tabs)
+    stats, host = out["a"]["stats"], out["a"]["stats"]["host"]
     assert stats["wasm"]["threads"] > 1, stats["wasm"]
-    assert stats["host"]["kind"] == "dedicated" and "one thread" in stats["host"]["fallback"], stats["host"]
+    assert host["kind"] == "dedicated" and "one thread" in host["fallback"], host
+    second = out["b"]["stats"]["host"]
+    assert (second["kind"], second["tabs"], second["models"]) == ("tab", 2, 1) and out["b_fetched"] == [], out
+    report(f"wasm across tabs (Firefox): first tab's load {out['a']['ms']:.0f} ms, second tab's {out['b']['ms']:.0f} ms")
+    assert out["b"]["ms"] < out["a"]["ms"] / 5, (out["a"]["ms"], out["b"]["ms"])
+    assert out["answers"][0] == out["answers"][1] == out["after"], out
+    assert (out["after_host"]["kind"], out["after_host"]["handovers"]) == ("dedicated", 1), out["after_host"]
 
 
 def test_webkit_runs_on_the_cores_it_has_and_on_one_thread_without_shared_memory(server):

@@ -86,6 +86,8 @@ export class PageSession {
       case "debug-crash":  // an uncaught error, as a wasm abort in a callback throws one
         setTimeout(() => { throw new Error("debug-crash: an uncaught error in the engine worker"); });
         return null;
+      case "host": case "join": case "attach":  // taken by the house (house.ts) before a session sees them
+        throw new Error(`"${msg.kind}" is a request about tabs, not for an engine`);
       case "unload":
         this.cancelAll();
         await this.attachment.unload();

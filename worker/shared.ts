@@ -1,200 +1,85 @@
-// The origin's SharedWorker: one engine per model for every tab that asks for it. Each page's
-// createEngine connects a port (a PageSession, as in the dedicated worker); pages that load the same
-// model with the same options share one loaded Engine, whose requests are taken in turn, one page after
-// another (FairQueue). A page that leaves (unload, or its Web Lock released: closed, navigated away,
-// crashed) has its requests cancelled; a model whose last page has left stays loaded for a grace period,
-// so a navigation or a reload finds it, and is then unloaded.
-import { Engine } from "../webruntime/src/engine";
-import { EngineNotLoadedError } from "../webruntime/src/errors";
-import type { EngineOptions, LoadProgress, WorkerRequest, WorkerResponse } from "../webruntime/src/protocol";
-import { type Attachment, PageSession } from "./host";
+// The origin's SharedWorker. It runs one engine per model for every tab that asks for it (house.ts).
+// For an engine it cannot run here (the wasm device: Chromium's SharedWorker cannot start the Workers
+// llama.cpp needs, Firefox's would give it one thread), it is the broker that connects each tab to the
+// one tab whose dedicated worker runs that engine (webruntime/src/client.ts, startAcrossTabs): a
+// BroadcastChannel cannot carry a MessagePort, a SharedWorker can.
+import { House, type Page, type TabRequest } from "./house";
 
 declare const self: SharedWorkerGlobalScope;
 
-type LoadOptions = Omit<EngineOptions, "onProgress" | "worker">;
+/** Across tabs: for each engine (engineKey), the tab whose worker runs it, the tabs attached to that
+ * tab, and the tabs waiting for a host. The host tab's Web Lock (client.ts) decides who hosts; this
+ * only connects. */
+class Broker {
+  private readonly hosts = new Map<string, Page>();
+  private readonly attached = new Map<Page, Set<Page>>();
+  private readonly waiting = new Map<string, { page: Page; id: number }[]>();
 
-const GRACE_MS = 20000;
-
-/**
- * Requests in turn across pages: each page has its own line, and the engine takes the first request of
- * the page served least recently, so a page that sends many requests does not hold the others back.
- */
-export class FairQueue<K> {
-  private readonly lines = new Map<K, (() => void)[]>();
-  private readonly lastServed = new Map<K, number>();
-  private served = 0;
-  private busy = false;
-
-  get waiting(): number {
-    let n = 0;
-    for (const line of this.lines.values()) n += line.length;
-    return n;
+  take(page: Page, msg: TabRequest): void {
+    if (msg.kind === "host") this.host(page, msg.key, msg.id);
+    else if (msg.kind === "join") this.join(page, msg.key, msg.id);
+    else page.send({ kind: "error", id: msg.id, error: { name: "Error", message: "the SharedWorker runs no tab's engine" } });
   }
 
-  turn(key: K, signal: AbortSignal): Promise<() => void> {
-    return new Promise((resolve) => {
-      let released = false;
-      const release = () => {
-        if (released) return;
-        released = true;
-        this.next();
-      };
-      const go = () => {
-        signal.removeEventListener("abort", skip);
-        resolve(release);
-      };
-      // Aborted while waiting: leave the line, and let the engine end it at once as "abort".
-      const skip = () => {
-        const line = this.lines.get(key);
-        const at = line?.indexOf(go) ?? -1;
-        if (at < 0) return;
-        line!.splice(at, 1);
-        if (!line!.length) this.lines.delete(key);
-        resolve(() => {});
-      };
-      signal.addEventListener("abort", skip, { once: true });
-      const line = this.lines.get(key);
-      if (line) line.push(go);
-      else this.lines.set(key, [go]);
-      if (!this.busy) this.next();
-    });
+  /** ``page`` has won the host lock for ``key``: the tabs waiting, and those that come later, reach its worker. */
+  private host(page: Page, key: string, id: number): void {
+    this.forget(page);
+    const before = this.hosts.get(key);
+    if (before) this.gone(before);  // its lock has passed on before its own leaving was noticed here
+    this.hosts.set(key, page);
+    this.attached.set(page, new Set());
+    page.send({ kind: "result", id, value: null });
+    for (const tab of this.waiting.get(key) ?? []) this.connect(page, tab.page, tab.id);
+    this.waiting.delete(key);
   }
 
-  /** Forget a page that has left. */
-  drop(key: K): void {
-    this.lastServed.delete(key);
+  private join(page: Page, key: string, id: number): void {
+    const host = this.hosts.get(key);
+    if (host) this.connect(host, page, id);
+    else this.waiting.set(key, [...(this.waiting.get(key) ?? []), { page, id }]);
   }
 
-  private next(): void {
-    let pick: K | undefined;
-    for (const key of this.lines.keys()) {
-      if (pick === undefined || (this.lastServed.get(key) ?? -1) < (this.lastServed.get(pick) ?? -1)) pick = key;
-    }
-    if (pick === undefined) {
-      this.busy = false;
-      return;
-    }
-    const line = this.lines.get(pick)!;
-    const go = line.shift()!;
-    if (!line.length) this.lines.delete(pick);
-    this.lastServed.set(pick, this.served++);
-    this.busy = true;
-    go();
-  }
-}
-
-/** One loaded model and the pages attached to it. */
-class Model {
-  readonly pages = new Set<Page>();
-  readonly queue = new FairQueue<Page>();
-  readonly listeners = new Set<(p: LoadProgress) => void>();
-  readonly engine: Promise<Engine>;
-  loaded: Engine | null = null;
-  private timer: ReturnType<typeof setTimeout> | undefined;
-  private graceMs = GRACE_MS;
-
-  constructor(private readonly key: string, options: LoadOptions) {
-    this.engine = Engine.load({ ...options, onProgress: (p) => this.listeners.forEach((tell) => tell(p)) });
-    this.engine.then((engine) => { this.loaded = engine; }, () => MODELS.delete(this.key));
+  /** A channel from ``page`` to the host's worker: one end to each. */
+  private connect(host: Page, page: Page, id: number): void {
+    const { port1, port2 } = new MessageChannel();
+    host.send({ kind: "connect", id: 0 }, [port1]);
+    page.send({ kind: "port", id }, [port2]);
+    this.attached.get(host)!.add(page);
   }
 
-  join(page: Page, options: LoadOptions): void {
-    clearTimeout(this.timer);
-    if (options.sharedGraceMs !== undefined) this.graceMs = options.sharedGraceMs;
-    this.pages.add(page);
-  }
-
+  /** A tab has left (closed, navigated away, crashed or unloaded): if it hosted, its tabs hear so. */
   leave(page: Page): void {
-    if (!this.pages.delete(page)) return;
-    this.queue.drop(page);
-    if (this.pages.size) return;
-    this.timer = setTimeout(() => {
-      MODELS.delete(this.key);
-      this.engine.then((engine) => engine.unload(), () => {});
-    }, this.graceMs);
+    this.forget(page);
+    if (this.attached.has(page)) this.gone(page);
+  }
+
+  private gone(host: Page): void {
+    for (const [key, page] of this.hosts) if (page === host) this.hosts.delete(key);
+    for (const tab of this.attached.get(host) ?? []) tab.send({ kind: "host-gone", id: 0 });
+    this.attached.delete(host);
+  }
+
+  /** ``page`` no longer waits for a host nor is attached to one. */
+  private forget(page: Page): void {
+    for (const [key, line] of this.waiting) {
+      const rest = line.filter((tab) => tab.page !== page);
+      if (rest.length) this.waiting.set(key, rest);
+      else this.waiting.delete(key);
+    }
+    for (const tabs of this.attached.values()) tabs.delete(page);
   }
 }
 
-const MODELS = new Map<string, Model>();
-const PAGES = new Set<Page>();
-
-/** One page's createEngine: its port, its session and the model it is attached to. */
-class Page implements Attachment {
-  private model: Model | null = null;
-  readonly session: PageSession;
-
-  constructor(readonly port: MessagePort) {
-    this.session = new PageSession((msg) => port.postMessage(msg), this);
-    port.onmessage = (ev: MessageEvent<WorkerRequest>) => this.session.handle(ev.data);
-    PAGES.add(this);
-  }
-
-  hello(tab: string): void {
-    // Granted once the page's own hold on the lock ends: it closed, navigated away or crashed.
-    navigator.locks?.request(tab, () => this.leave());
-  }
-
-  async load(options: LoadOptions, progress: (p: LoadProgress) => void): Promise<Engine> {
-    if (this.model) throw new EngineNotLoadedError("this engine has a model already; create another engine for another model");
-    const key = JSON.stringify([options.model, options.device ?? "auto", options.threads ?? null, options.contextWindow ?? null, options.cache ?? "cache-api", options.requireThreads ?? false]);
-    let model = MODELS.get(key);
-    if (!model) MODELS.set(key, model = new Model(key, options));
-    model.join(this, options);
-    this.model = model;
-    if (model.loaded) {
-      progress({ phase: "ready", loadedBytes: 0, totalBytes: 0, progress: 1, fromCache: true });
-      return model.loaded;
-    }
-    model.listeners.add(progress);
-    try {
-      return await model.engine;
-    } catch (err) {
-      this.leave();
-      throw err;
-    } finally {
-      model.listeners.delete(progress);
-    }
-  }
-
-  turn(signal: AbortSignal): Promise<() => void> {
-    return this.model!.queue.turn(this, signal);
-  }
-
-  interrupt(): void {
-    this.session.cancelAll();
-  }
-
-  host() {
-    const model = this.model!;
-    return { kind: "shared" as const, tabs: model.pages.size, models: [...MODELS.values()].filter((m) => m.loaded).length };
-  }
-
-  waiting(): number {
-    return this.model?.queue.waiting ?? 0;
-  }
-
-  async unload(): Promise<void> {
-    this.leave();
-  }
-
-  /** The page is gone or done: its requests are cancelled (their KV entries freed), the model kept for the others. */
-  leave(): void {
-    this.session.cancelAll();
-    this.model?.leave(this);
-    this.model = null;
-    PAGES.delete(this);
-  }
-}
+const house = new House("shared");
+const broker = new Broker();
+house.onTabs = (page, msg) => broker.take(page, msg);
+house.onLeave = (page) => broker.leave(page);
 
 self.onconnect = (ev: MessageEvent) => {
-  const port = ev.ports[0];
-  new Page(port);
+  house.serve(ev.ports[0]);
 };
 
-// An uncaught error leaves every engine here in an unknown state: every page hears of it (its calls
-// fail with WorkerCrashedError, as a dedicated worker's would) and the worker ends.
 self.addEventListener("error", (ev: ErrorEvent) => {
-  const msg: WorkerResponse = { kind: "crash", id: 0, message: ev.message || "an uncaught error" };
-  for (const page of PAGES) page.port.postMessage(msg);
+  house.crash(ev.message || "an uncaught error");
   self.close();
 });

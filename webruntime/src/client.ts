@@ -17,16 +17,19 @@ interface Pending {
 
 type Outgoing = WorkerRequest extends infer R ? R extends { id: number } ? Omit<R, "id"> : never : never;
 
-/** The engine's end of the line: a dedicated Worker, or this page's port of the SharedWorker. */
-interface Channel {
-  post(msg: WorkerRequest): void;
+/** The engine's end of the line: a dedicated Worker, this page's port of the SharedWorker, or a port to
+ * another tab's dedicated worker (tabs.ts). */
+export interface Channel {
+  post(msg: WorkerRequest, transfer?: Transferable[]): void;
   close(): void;
 }
 
 declare const __LANTERN_VERSION__: string;
 
 /** The SharedWorker's name: one per runtime version, so two versions of the runtime never share an engine. */
-const SHARED_NAME = `lantern-engine-${__LANTERN_VERSION__}`;
+export const SHARED_NAME = `lantern-engine-${__LANTERN_VERSION__}`;
+
+export type LoadOptions = Omit<EngineOptions, "onProgress" | "worker">;
 
 export class WorkerEngine {
   readonly chat = {
@@ -38,11 +41,22 @@ export class WorkerEngine {
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
   private crashed: WorkerCrashedError | null = null;
-  private channel!: Channel;
+  private channel: Channel | null = null;
+  /** While the engine moves to another worker (link): messages wait for it, in order. */
+  private gate: Promise<void> | null = null;
+  private linked = 0;
+  private readonly ends: (() => void)[] = [];
   /** Why this page asked for a shared engine and runs a dedicated one (stats().host.fallback). */
   fallback: string | undefined;
+  /** Across tabs (tabs.ts): whose worker runs the engine now, and how often it has moved. */
+  private across: { kind: "dedicated" | "tab"; handovers: number } | null = null;
 
   private constructor(private readonly onProgress: EngineOptions["onProgress"]) {}
+
+  /** An engine with no worker yet: tabs.ts links it to one. */
+  static unlinked(onProgress: EngineOptions["onProgress"]): WorkerEngine {
+    return new WorkerEngine(onProgress);
+  }
 
   /** An uncaught error in the worker leaves its engine in an unknown state: every call in flight
    * fails with WorkerCrashedError (a stream mid-way too, so the router continues it on the cloud),
@@ -52,19 +66,69 @@ export class WorkerEngine {
     this.crashed = err;
     for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
-    this.channel.close();
+    this.end();
+  }
+
+  /** The engine is done with (unloaded, crashed, or its start failed): close its line and run what
+   * onEnd left to do. */
+  end(): void {
+    this.channel?.close();
+    this.channel = null;
+    for (const fn of this.ends.splice(0)) fn();
+  }
+
+  /** Run ``fn`` when the engine ends (unload or crash). */
+  onEnd(fn: () => void): void {
+    this.ends.push(fn);
+  }
+
+  /** An uncaught error in the worker that runs this engine (tabs.ts: the worker of this tab). */
+  workerFailed(message: string): void {
+    this.crash(new WorkerCrashedError(`the engine worker crashed: ${message || "an uncaught error"}`));
+  }
+
+  /**
+   * Talk to the engine through ``channel`` from now on: say hello as ``tab`` (so a worker that serves
+   * several tabs notices this one leave), then load. Calls in flight on the old line fail with ``lost``
+   * (its worker has gone; the router continues a stream on the cloud); calls made until the load ends
+   * wait for it. Rejects where ``channel`` or the load fails; a later link supersedes this one.
+   * ``kind``: whose worker is at the other end (stats().host.kind: this tab's, or another's).
+   */
+  link(channel: Promise<Channel>, options: LoadOptions, tab: string, kind: "dedicated" | "tab",
+       lost?: WorkerCrashedError): Promise<void> {
+    if (lost) {
+      for (const p of this.pending.values()) p.reject(lost);
+      this.pending.clear();
+    }
+    this.channel?.close();
+    this.channel = null;
+    const turn = ++this.linked;
+    const superseded = () => turn !== this.linked || this.crashed !== null;
+    const gate = (async () => {
+      try {
+        const line = await channel;
+        if (superseded()) {
+          line.close();
+          return;
+        }
+        this.channel = line;
+        holdCache(options.cache);
+        await this.call({ kind: "hello", tab }, undefined, line);
+        await this.call({ kind: "load", options }, undefined, line);
+        if (!superseded()) this.across = { kind, handovers: this.across ? this.across.handovers + 1 : 0 };
+      } catch (err) {
+        if (!superseded()) throw err;  // a later link has taken over, and its outcome counts
+      }
+    })();
+    this.gate = gate;
+    gate.then(() => { if (this.gate === gate) this.gate = null; }, () => {});
+    return gate;
   }
 
   /** The engine in a dedicated module worker of this page. */
   static async start(options: EngineOptions, workerUrl: URL): Promise<WorkerEngine> {
     const engine = new WorkerEngine(options.onProgress);
-    const worker = new Worker(workerUrl, { type: "module" });
-    engine.channel = { post: (msg) => worker.postMessage(msg), close: () => worker.terminate() };
-    worker.onmessage = (ev: MessageEvent<WorkerResponse>) => engine.receive(ev.data);
-    worker.onerror = (ev) => {
-      ev.preventDefault();
-      engine.crash(new WorkerCrashedError(`the engine worker crashed: ${ev.message || "an uncaught error"}`));
-    };
+    engine.channel = dedicatedWorker(workerUrl, engine);
     await engine.load(options);
     return engine;
   }
@@ -94,7 +158,7 @@ export class WorkerEngine {
       await engine.call({ kind: "hello", tab });
       await engine.load(options);
     } catch (err) {
-      engine.channel.close();
+      engine.end();
       throw err;
     }
     return engine;
@@ -106,11 +170,13 @@ export class WorkerEngine {
     await this.call({ kind: "load", options: plain });
   }
 
-  private receive(msg: WorkerResponse): void {
+  /** A message from the engine's worker. */
+  receive(msg: WorkerResponse): void {
     if (msg.kind === "crash") {
-      this.crash(new WorkerCrashedError(`the shared engine worker crashed: ${msg.message}`));
+      this.crash(new WorkerCrashedError(`the engine worker crashed: ${msg.message}`));
       return;
     }
+    if (msg.kind === "connect" || msg.kind === "host-gone" || msg.kind === "port") return;  // the SharedWorker's, to tabs.ts
     const p = this.pending.get(msg.id);
     if (msg.kind === "progress") {
       this.onProgress?.(msg.progress);
@@ -122,13 +188,16 @@ export class WorkerEngine {
     } else if (msg.kind === "result") {
       this.pending.delete(msg.id);
       p.resolve(msg.value);
+
     } else {
       this.pending.delete(msg.id);
       p.reject(deserializeError(msg.error));
     }
   }
 
-  private call(msg: Outgoing, onChunk?: (c: ChatCompletionChunk) => void): Promise<unknown> & { id: number } {
+  /** Send ``msg`` (on ``via``: at once, on that line; else on the engine's line, after any move). */
+  private call(msg: Outgoing, onChunk?: (c: ChatCompletionChunk) => void, via?: Channel,
+               transfer?: Transferable[]): Promise<unknown> & { id: number } {
     const id = this.nextId++;
     const crashed = this.crashed;
     const promise = new Promise((resolve, reject) => {
@@ -136,15 +205,30 @@ export class WorkerEngine {
       else this.pending.set(id, { resolve, reject, onChunk });
     }) as Promise<unknown> & { id: number };
     promise.id = id;
-    if (!crashed) this.channel.post({ ...msg, id } as WorkerRequest);
+    if (crashed) return promise;
+    const full = { ...msg, id } as WorkerRequest;
+    if (via) via.post(full, transfer);
+    else this.post(full, transfer);
     return promise;
   }
+
+  /** On the engine's line, in order; while it moves (link), once it has. */
+  private post(msg: WorkerRequest, transfer?: Transferable[]): void {
+    if (this.gate) this.gate.then(() => this.channel?.post(msg, transfer), () => {});
+    else this.channel?.post(msg, transfer);
+  }
+
+  /** The worker on ``line`` (this tab's, which runs the engine) serves another tab too, through ``port`` (tabs.ts). */
+  attach(port: MessagePort, line: Channel): Promise<unknown> {
+    return this.call({ kind: "attach" }, undefined, line, [port]);
+  }
+
 
   private async create(request: ChatCompletionRequest, opts: CreateOptions = {}):
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     const chunks = new PushStream<ChatCompletionChunk>();
     const call = this.call({ kind: "create", request }, request.stream ? (c) => chunks.push(c) : undefined);
-    const onAbort = () => { if (!this.crashed) this.channel.post({ kind: "abort", id: this.nextId++, target: call.id }); };
+    const onAbort = () => { if (!this.crashed) this.post({ kind: "abort", id: this.nextId++, target: call.id }); };
     if (opts.signal?.aborted) onAbort();
     opts.signal?.addEventListener("abort", onAbort);
     const finished = call.finally(() => opts.signal?.removeEventListener("abort", onAbort));
@@ -177,18 +261,31 @@ export class WorkerEngine {
   async stats(): Promise<EngineStats> {
     const stats = await this.call({ kind: "stats" }) as EngineStats;
     if (this.fallback) stats.host.fallback = this.fallback;
+    if (this.across) stats.host = { ...stats.host, kind: this.across.kind, handovers: this.across.handovers };
     return stats;
   }
 
-  /** Unload the model (shared: leave it; the SharedWorker unloads it after its last tab and a grace period). */
+  /** Unload the model (shared: leave it; the SharedWorker unloads it after its last tab and a grace
+   * period. Across tabs, in the host tab: another tab's worker runs it next). */
   async unload(): Promise<void> {
     await this.call({ kind: "unload" });
-    this.channel.close();
+    this.end();
   }
 }
 
+/** ``engine``'s line to a new dedicated module worker of this page. */
+export function dedicatedWorker(workerUrl: URL, engine: WorkerEngine): Channel {
+  const worker = new Worker(workerUrl, { type: "module" });
+  worker.onmessage = (ev: MessageEvent<WorkerResponse>) => engine.receive(ev.data);
+  worker.onerror = (ev) => {
+    ev.preventDefault();
+    engine.workerFailed(ev.message);
+  };
+  return { post: (msg, transfer = []) => worker.postMessage(msg, transfer), close: () => worker.terminate() };
+}
+
 /** Hold the Web Lock ``name`` until the returned function is called or the page goes away. */
-function holdLock(name: string): Promise<() => void> {
+export function holdLock(name: string): Promise<() => void> {
   if (!navigator.locks) return Promise.resolve(() => {});  // no lock: a closed tab is noticed only by its unload
   return new Promise((held) => {
     navigator.locks.request(name, () => new Promise<void>((release) => held(release)));

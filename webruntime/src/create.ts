@@ -1,9 +1,11 @@
-// createEngine: the engine in the origin's SharedWorker (default where it exists), in a dedicated Web
-// Worker, or in the page.
+// createEngine: the engine in the origin's SharedWorker (default where it exists), in one tab's
+// dedicated worker for every tab (where the SharedWorker cannot run it: tabs.ts), in a dedicated Web
+// Worker of this page, or in the page.
 import { WorkerEngine } from "./client";
 import { Engine } from "./engine";
 import { wasmFeatures } from "./llama-builds";
 import type { EngineOptions } from "./protocol";
+import { canShareAcrossTabs, startAcrossTabs } from "./tabs";
 
 export type LanternEngine = Engine | WorkerEngine;
 
@@ -28,7 +30,11 @@ export async function createEngine(options: EngineOptions): Promise<LanternEngin
       }
     }
   }
-  const engine = await WorkerEngine.start({ ...options, model }, new URL("./worker.js", import.meta.url));
+  const workerUrl = new URL("./worker.js", import.meta.url);
+  // the SharedWorker could not run it: one tab's dedicated worker runs it for every tab (tabs.ts)
+  const engine = fallback && canShareAcrossTabs()
+    ? await startAcrossTabs({ ...options, model }, workerUrl, new URL("./shared-worker.js", import.meta.url))
+    : await WorkerEngine.start({ ...options, model }, workerUrl);
   engine.fallback = fallback;
   return engine;
 }

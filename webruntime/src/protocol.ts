@@ -198,12 +198,20 @@ export interface EngineOptions {
   onProgress?: (p: LoadProgress) => void;
 }
 
-/** Where an engine runs: in the page, in its own worker, or in the origin's SharedWorker. */
+/** Where an engine runs: in the page, in its own worker, in another tab's worker, or in the origin's SharedWorker. */
 export interface EngineHost {
-  kind: "page" | "dedicated" | "shared";
-  tabs: number;  // shared: the pages (engines) attached to this model; else 1
-  models: number;  // shared: models loaded in the SharedWorker; else 1
-  fallback?: string;  // why a shared engine was asked for and a dedicated worker runs
+  // "tab": another tab's dedicated worker runs it, reached through the SharedWorker (client.ts, startAcrossTabs)
+  kind: "page" | "dedicated" | "tab" | "shared";
+  tabs: number;  // the pages (engines) attached to this loaded model, this one included
+  models: number;  // models loaded in the worker that runs this one
+  fallback?: string;  // why a shared engine was asked for and a dedicated worker runs it
+  handovers?: number;  // across tabs: how often this page's engine moved to a new host tab's worker
+}
+
+/** The options under which pages share one loaded engine: a worker's model map and the host tab's Web Lock. */
+export function engineKey(options: Omit<EngineOptions, "onProgress" | "worker">): string {
+  return JSON.stringify([options.model, options.device ?? "auto", options.threads ?? null, options.contextWindow ?? null,
+    options.cache ?? "cache-api", options.requireThreads ?? false]);
 }
 
 export interface EngineStats {
@@ -250,9 +258,16 @@ export interface DebugResult {
   decodeSteps?: number;
 }
 
-// page -> worker (a dedicated worker, or one port of the SharedWorker)
+// page -> worker (a dedicated worker, one port of the SharedWorker, or a port to another tab's dedicated worker)
 export type WorkerRequest =
-  | { kind: "hello"; id: number; tab: string }  // shared: the Web Lock this page holds while it lives
+  | { kind: "hello"; id: number; tab: string }  // the Web Lock this page holds while it lives
+  // across tabs (client.ts, startAcrossTabs), to the SharedWorker: this page's dedicated worker runs the engine
+  // for `key`; send it the other tabs' ports ("connect")
+  | { kind: "host"; id: number; key: string }
+  // to the SharedWorker: a port to the worker that runs the engine for `key` ("port"), once a tab hosts it
+  | { kind: "join"; id: number; key: string }
+  // to this page's dedicated worker, with a port from another tab: serve that tab too
+  | { kind: "attach"; id: number }
   | { kind: "load"; id: number; options: Omit<EngineOptions, "onProgress" | "worker"> }
   | { kind: "create"; id: number; request: ChatCompletionRequest }
   | { kind: "abort"; id: number; target: number }
@@ -270,4 +285,10 @@ export type WorkerResponse =
   | { kind: "chunk"; id: number; chunk: ChatCompletionChunk }
   | { kind: "result"; id: number; value: unknown }
   | { kind: "error"; id: number; error: SerializedError }
-  | { kind: "crash"; id: number; message: string };  // shared: an uncaught error ended the SharedWorker
+  | { kind: "crash"; id: number; message: string }  // an uncaught error ended the worker (to every page it serves)
+  // across tabs, from the SharedWorker: the answer to "join", with the port (ev.ports[0])
+  | { kind: "port"; id: number }
+  // to the host tab: another tab's port (ev.ports[0]) for its dedicated worker
+  | { kind: "connect"; id: 0 }
+  // to the tabs attached to a host that has gone (closed, navigated away, unloaded or crashed)
+  | { kind: "host-gone"; id: 0 };
