@@ -95,8 +95,11 @@ class Model {
   private timer: ReturnType<typeof setTimeout> | undefined;
   private graceMs: number;
 
-  constructor(private readonly house: House, private readonly key: string, options: LoadOptions) {
+  /** ``progress``: the first page's, heard from the load's first report on. */
+  constructor(private readonly house: House, private readonly key: string, options: LoadOptions,
+              progress: (p: LoadProgress) => void) {
     this.graceMs = house.kind === "shared" ? GRACE_MS : 0;
+    this.listeners.add(progress);
     this.engine = Engine.load({ ...options, onProgress: (p) => this.listeners.forEach((tell) => tell(p)) });
     this.engine.then((engine) => { this.loaded = engine; }, (err: Error) => {
       house.models.delete(this.key);
@@ -155,7 +158,7 @@ export class Page implements Attachment {
     const refused = this.house.refused.get(key);
     if (refused) throw refused;
     let model = this.house.models.get(key);
-    if (!model) this.house.models.set(key, model = new Model(this.house, key, options));
+    if (!model) this.house.models.set(key, model = new Model(this.house, key, options, progress));
     model.join(this, options);
     this.model = model;
     this.house.pages.add(this);

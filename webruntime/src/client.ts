@@ -188,7 +188,6 @@ export class WorkerEngine {
     } else if (msg.kind === "result") {
       this.pending.delete(msg.id);
       p.resolve(msg.value);
-
     } else {
       this.pending.delete(msg.id);
       p.reject(deserializeError(msg.error));
@@ -222,7 +221,6 @@ export class WorkerEngine {
   attach(port: MessagePort, line: Channel): Promise<unknown> {
     return this.call({ kind: "attach" }, undefined, line, [port]);
   }
-
 
   private async create(request: ChatCompletionRequest, opts: CreateOptions = {}):
     Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
