@@ -3,8 +3,9 @@
 // through a MessagePort (webruntime/src/client.ts, startAcrossTabs). Pages that load the same model with
 // the same options (engineKey) share one loaded Engine, whose requests are taken in turn, one page after
 // another (FairQueue). A page that leaves (unload, or its Web Lock released: closed, navigated away,
-// crashed) has its requests cancelled; a model whose last page has left stays loaded for a grace period,
-// so a navigation or a reload finds it, and is then unloaded.
+// crashed) has its requests cancelled. In the SharedWorker, a model whose last page has left stays
+// loaded for a grace period, so a navigation or a reload finds it, and is then unloaded; a tab's worker
+// unloads it at once.
 import { Engine } from "../webruntime/src/engine";
 import { EngineNotLoadedError } from "../webruntime/src/errors";
 import { type EngineHost, type EngineOptions, engineKey, type LoadProgress, type WorkerRequest, type WorkerResponse } from "../webruntime/src/protocol";
