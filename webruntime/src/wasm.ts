@@ -76,7 +76,7 @@ export function wasmThreads(requested: number | undefined, shared = wasmFeatures
  * wasmThreads' bound. navigator.hardwareConcurrency may claim more cores than there are (WebKit reports
  * 4 or 8 whatever the machine), and llama.cpp's threads wait for each other by spinning, so a thread
  * too many costs most of the speed: WebKitGTK on 2 cores decoded 0.27 tok/s on 4 threads and 12.1 on 2.
- * Where more than 2 are claimed, spinning workers measure it (about 0.25 s).
+ * Where more than 2 are claimed, spinning workers measure it (about 0.2 s).
  */
 export async function chooseThreads(requested: number | undefined, shared: boolean): Promise<{ threads: number; why: string }> {
   const bound = wasmThreads(requested, shared);
@@ -103,13 +103,9 @@ async function parallelism(upTo: number, ms = 50): Promise<number> {
   })));
   try {
     await spin(workers);  // started and compiled: a worker's start costs more than its spin
-    // one worker alone before and after the group, and the faster of the two: other work on the machine
-    // comes in bursts, and one that slowed the lone worker made 4 threads look parallel on 2 busy cores
-    // (WebKit then decoded 0.14 tok/s on 4 threads)
-    const [before] = await spin(workers.slice(0, 1));
+    const [one] = await spin(workers.slice(0, 1));
     const total = (await spin(workers)).reduce((a, b) => a + b, 0);
-    const [after] = await spin(workers.slice(0, 1));
-    return Math.max(1, Math.min(upTo, Math.round(total / Math.max(1, before, after))));
+    return Math.max(1, Math.min(upTo, Math.round(total / Math.max(1, one))));
   } finally {
     workers.forEach((w) => w.terminate());
     URL.revokeObjectURL(url);
