@@ -3,11 +3,11 @@
 // how a page reaches its engine (an Attachment).
 import type { Engine } from "../webruntime/src/engine";
 import { EngineNotLoadedError, serializeError } from "../webruntime/src/errors";
-import type { ChatCompletionChunk, EngineHost, EngineOptions, LoadProgress, WorkerRequest, WorkerResponse } from "../webruntime/src/protocol";
+import type { ChatCompletionChunk, EngineHost, LoadOptions, LoadProgress, WorkerRequest, WorkerResponse } from "../webruntime/src/protocol";
 
 export interface Attachment {
   /** This page's engine for ``options``, loading it if needed. */
-  load(options: Omit<EngineOptions, "onProgress" | "worker">, progress: (p: LoadProgress) => void): Promise<Engine>;
+  load(options: LoadOptions, progress: (p: LoadProgress) => void): Promise<Engine>;
   /** Resolves when a request of this page may run; call the returned function when it has ended. */
   turn(signal: AbortSignal): Promise<() => void>;
   /** Stop this page's running request. */

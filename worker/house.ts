@@ -8,10 +8,8 @@
 // unloads it at once.
 import { Engine } from "../webruntime/src/engine";
 import { EngineNotLoadedError } from "../webruntime/src/errors";
-import { type EngineHost, type EngineOptions, engineKey, type LoadProgress, type WorkerRequest, type WorkerResponse } from "../webruntime/src/protocol";
+import { type EngineHost, engineKey, type LoadOptions, type LoadProgress, type WorkerRequest, type WorkerResponse } from "../webruntime/src/protocol";
 import { type Attachment, PageSession } from "./host";
-
-type LoadOptions = Omit<EngineOptions, "onProgress" | "worker">;
 
 const GRACE_MS = 20000;
 

@@ -5,7 +5,7 @@ import { deserializeError, WorkerCrashedError } from "./errors";
 import { holdCache } from "./storage";
 import { PushStream } from "./stream";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats,
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats, LoadOptions,
   WorkerRequest, WorkerResponse,
 } from "./protocol";
 
@@ -28,8 +28,6 @@ declare const __LANTERN_VERSION__: string;
 
 /** The SharedWorker's name: one per runtime version, so two versions of the runtime never share an engine. */
 export const SHARED_NAME = `lantern-engine-${__LANTERN_VERSION__}`;
-
-export type LoadOptions = Omit<EngineOptions, "onProgress" | "worker">;
 
 export class WorkerEngine {
   readonly chat = {
@@ -173,7 +171,7 @@ export class WorkerEngine {
   /** A message from the engine's worker. */
   receive(msg: WorkerResponse): void {
     if (msg.kind === "crash") {
-      this.crash(new WorkerCrashedError(`the engine worker crashed: ${msg.message}`));
+      this.workerFailed(msg.message);
       return;
     }
     if (msg.kind === "connect" || msg.kind === "host-gone" || msg.kind === "port") return;  // the SharedWorker's, to tabs.ts

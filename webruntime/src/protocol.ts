@@ -208,8 +208,11 @@ export interface EngineHost {
   handovers?: number;  // across tabs: how often this page's engine moved to a new host tab's worker
 }
 
+/** What a worker loads an engine with: the engine options that cross a message. */
+export type LoadOptions = Omit<EngineOptions, "onProgress" | "worker">;
+
 /** The options under which pages share one loaded engine: a worker's model map and the host tab's Web Lock. */
-export function engineKey(options: Omit<EngineOptions, "onProgress" | "worker">): string {
+export function engineKey(options: LoadOptions): string {
   return JSON.stringify([options.model, options.device ?? "auto", options.threads ?? null, options.contextWindow ?? null,
     options.cache ?? "cache-api", options.requireThreads ?? false]);
 }
@@ -268,7 +271,7 @@ export type WorkerRequest =
   | { kind: "join"; id: number; key: string }
   // to this page's dedicated worker, with a port from another tab: serve that tab too
   | { kind: "attach"; id: number }
-  | { kind: "load"; id: number; options: Omit<EngineOptions, "onProgress" | "worker"> }
+  | { kind: "load"; id: number; options: LoadOptions }
   | { kind: "create"; id: number; request: ChatCompletionRequest }
   | { kind: "abort"; id: number; target: number }
   | { kind: "interrupt"; id: number }

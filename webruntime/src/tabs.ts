@@ -9,9 +9,9 @@
 //   which loads the model in a worker of its own (from the cache) and becomes the host. The
 //   SharedWorker tells the other tabs, which reconnect to it. Their calls in flight fail with
 //   WorkerCrashedError (the router continues a stream on the cloud); later calls wait for the new host.
-import { type Channel, dedicatedWorker, holdLock, type LoadOptions, SHARED_NAME, WorkerEngine } from "./client";
+import { type Channel, dedicatedWorker, holdLock, SHARED_NAME, WorkerEngine } from "./client";
 import { deserializeError, WorkerCrashedError } from "./errors";
-import { type EngineOptions, engineKey, type WorkerRequest, type WorkerResponse } from "./protocol";
+import { type EngineOptions, engineKey, type LoadOptions, type WorkerRequest, type WorkerResponse } from "./protocol";
 
 /** Whether this browser can share an engine across tabs this way. */
 export function canShareAcrossTabs(): boolean {
