@@ -40,7 +40,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HANG_S = 120
 
 GREEDY = [{"messages": [{"role": "user", "content": p}], "max_tokens": 24, "temperature": 0} for p in PROMPTS[:3]]
-THREADS = 2  # the same in every engine, so that greedy answers are comparable
+# The same in every engine, so that greedy answers are comparable; one, because llama.cpp's threads wait
+# for each other by spinning: beside the rest of the suite on 2 cores, WebKit's compat build on 2 threads
+# took over 120 s for these three answers in CI. Threads are shown by the Firefox tabs test and WebKit's.
+THREADS = 1
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +132,7 @@ def test_core_cases_run_locally_in_every_engine(runs, name, report):
     assert stats["device"] == "wasm" and stats["host"]["kind"] == "dedicated"
     # the build by feature detection: JavaScriptCore has no memory64
     assert stats["wasm"]["build"] == ("compat" if name == "webkit" else "default"), stats["wasm"]
-    assert stats["wasm"]["threads"] == THREADS and stats["deviceLabel"].endswith(f"{THREADS} threads)")
+    assert stats["wasm"]["threads"] == THREADS and stats["deviceLabel"].endswith(f"{THREADS} thread)")
     assert stats["storage"] == {"backend": "cache-api", "note": None}
     assert run["cold_fetched"], "the first load downloads the GGUF"
     assert run["stream"]["text"] == run["greedy"][0] and run["stream"]["finish"] in ("stop", "length")
@@ -243,13 +246,17 @@ def test_firefox_tabs_share_one_engine_with_threads(server, report):
 
 def test_webkit_runs_on_the_cores_it_has_and_on_one_thread_without_shared_memory(server):
     """WebKit reports navigator.hardwareConcurrency 4 on this 2-core machine: llama.cpp gets the threads
-    that measurably run at once, never more than there are cores (how many of them are free depends
-    on what else the machine runs). Without SharedArrayBuffer it runs on exactly one, still locally."""
+    that measurably run its way fastest, never more than there are cores (how many of them are free
+    depends on what else the machine runs). Without SharedArrayBuffer it runs on exactly one, still locally."""
     base, _ = server
     stats, _ = in_browser("webkit", lambda b: load_and_ask(b, base, {}))
     assert stats["wasm"]["threads"] <= os.cpu_count(), stats["wasm"]
     claimed = int(re.search(r"navigator\.hardwareConcurrency is (\d+)", stats["wasm"]["threadsWhy"])[1])
-    assert claimed <= 2 or "spinning workers ran" in stats["wasm"]["threadsWhy"], stats["wasm"]
+    assert claimed <= 2 or "barrier rounds per ms" in stats["wasm"]["threadsWhy"], stats["wasm"]
+    if claimed > 2:  # the fewest threads within 10% of the fastest rate measured (threads.ts)
+        rates = [float(r) for r in stats["wasm"]["threadsWhy"].rsplit(": ", 1)[1].split(", ")]
+        first = lambda slack: next(i + 1 for i, r in enumerate(rates) if r >= min(0.9 * max(rates) + slack, max(rates)))
+        assert first(-0.01) <= stats["wasm"]["threads"] <= first(0.01), stats["wasm"]  # rates shown to 0.01
     stats, reply = in_browser("webkit", lambda b: load_and_ask(b, base, {}), shared_memory=False)
     assert stats["device"] == "wasm" and stats["wasm"]["threads"] == 1, stats["wasm"]
     assert "SharedArrayBuffer" in stats["wasm"]["threadsWhy"], stats["wasm"]
