@@ -12,6 +12,7 @@ import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } f
 import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
 import { chooseLlamaBuild, fetchLlamaBuild, type LlamaBuild, type LlamaFiles, wasmFeatures } from "./llama-builds";
+import { chooseThreads } from "./threads";
 import { fetchBlobs, type Manifest } from "./loader";
 import type { DebugOp, DebugResult, EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
 import type { FileStore } from "./storage";
@@ -62,54 +63,6 @@ interface LlamaChunk {
   choices: { text: string; finish_reason: string | null; logprobs: { content: LlamaLogprob[] } | null }[];
   usage?: { prompt_tokens_details?: { cached_tokens?: number } };
   timings?: { predicted_n: number };
-}
-
-/** Threads llama.cpp may use: several only where SharedArrayBuffer is (a cross-origin isolated context). */
-export function wasmThreads(requested: number | undefined, shared = wasmFeatures().threads): number {
-  if (!shared) return 1;
-  if (requested) return Math.max(1, Math.floor(requested));
-  return Math.max(1, Math.min(4, globalThis.navigator?.hardwareConcurrency ?? 1));
-}
-
-/**
- * Threads for llama.cpp and why: ``requested``, else as many as really run at once here, up to
- * wasmThreads' bound. navigator.hardwareConcurrency may claim more cores than there are (WebKit reports
- * 4 or 8 whatever the machine), and llama.cpp's threads wait for each other by spinning, so a thread
- * too many costs most of the speed: WebKitGTK on 2 cores decoded 0.27 tok/s on 4 threads and 12.1 on 2.
- * Where more than 2 are claimed, spinning workers measure it (about 0.2 s).
- */
-export async function chooseThreads(requested: number | undefined, shared: boolean): Promise<{ threads: number; why: string }> {
-  const bound = wasmThreads(requested, shared);
-  if (!shared) return { threads: 1, why: "no SharedArrayBuffer here (the page is not cross-origin isolated)" };
-  if (requested) return { threads: bound, why: "as asked" };
-  const claimed = globalThis.navigator?.hardwareConcurrency ?? 1;
-  if (bound <= 2) return { threads: bound, why: `navigator.hardwareConcurrency is ${claimed}` };
-  const measured = await parallelism(bound);
-  return { threads: measured, why: `navigator.hardwareConcurrency is ${claimed}; ${bound} spinning workers ran ` +
-    `${measured}x as fast as one` };
-}
-
-/** How many of ``upTo`` busy workers run at once: their work in a fixed time over one worker's alone. */
-async function parallelism(upTo: number, ms = 50): Promise<number> {
-  // arithmetic between clock reads: a clock read alone can serialize threads on a lock
-  const src = "onmessage = (e) => { const end = performance.now() + e.data; let n = 0, x = 1; " +
-    "while (performance.now() < end) { for (let i = 0; i < 20000; i++) x = (x * 1103515245 + 12345) | 0; n++; } " +
-    "postMessage(n + (x & 0)); };";
-  const url = URL.createObjectURL(new Blob([src], { type: "text/javascript" }));
-  const workers = Array.from({ length: upTo }, () => new Worker(url));
-  const spin = (ws: Worker[]) => Promise.all(ws.map((w) => new Promise<number>((done) => {
-    w.onmessage = (e: MessageEvent<number>) => done(e.data);
-    w.postMessage(ms);
-  })));
-  try {
-    await spin(workers);  // started and compiled: a worker's start costs more than its spin
-    const [one] = await spin(workers.slice(0, 1));
-    const total = (await spin(workers)).reduce((a, b) => a + b, 0);
-    return Math.max(1, Math.min(upTo, Math.round(total / Math.max(1, one))));
-  } finally {
-    workers.forEach((w) => w.terminate());
-    URL.revokeObjectURL(url);
-  }
 }
 
 const threadCount = (n: number) => `${n} thread${n === 1 ? "" : "s"}`;
