@@ -245,11 +245,22 @@ def test_firefox_tabs_share_one_engine_with_threads(server, report):
 
 
 def test_webkit_runs_on_the_cores_it_has_and_on_one_thread_without_shared_memory(server):
-    """WebKit reports navigator.hardwareConcurrency 4 on this 2-core machine: llama.cpp gets the threads
+    """WebKit runs llama.cpp on several threads where SharedArrayBuffer exists (two, asked for). It
+    reports navigator.hardwareConcurrency 4 on this 2-core machine: unasked, llama.cpp gets the threads
     that measurably run its way fastest, never more than there are cores (how many of them are free
     depends on what else the machine runs). Without SharedArrayBuffer it runs on exactly one, still locally."""
     base, _ = server
-    stats, _ = in_browser("webkit", lambda b: load_and_ask(b, base, {}))
+
+    def chosen_then_two(browser) -> tuple[dict, dict, dict]:
+        page = engine_page(browser, base)
+        chosen = page.evaluate("([m, o]) => load(m, o)", ["/models/smollm2/", {"device": "auto"}])
+        page.evaluate("() => engine.unload()")
+        two = page.evaluate("([m, o]) => load(m, o)", ["/models/smollm2/", {"device": "auto", "threads": 2}])
+        [reply] = page.evaluate("(r) => chat(r)", [{**GREEDY[0], "max_tokens": 8}])
+        return chosen, two, reply
+
+    stats, two, reply = in_browser("webkit", chosen_then_two)
+    assert two["wasm"]["threads"] == 2 and reply["choices"][0]["message"]["content"].strip(), (two, reply)
     assert stats["wasm"]["threads"] <= os.cpu_count(), stats["wasm"]
     claimed = int(re.search(r"navigator\.hardwareConcurrency is (\d+)", stats["wasm"]["threadsWhy"])[1])
     assert claimed <= 2 or "barrier rounds per ms" in stats["wasm"]["threadsWhy"], stats["wasm"]

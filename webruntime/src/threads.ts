@@ -49,32 +49,40 @@ const BARRIER_WORKER = `onmessage = (e) => {
 };`;
 const BARRIER_WORK = 40_000;  // steps per round in all: about 40 us on one core, an operation's length
 
-/** Barrier rounds per ms that 1..``upTo`` workers complete, splitting the same work (about 60 ms each). */
-async function barrierRates(upTo: number, ms = 50): Promise<number[]> {
+/** Barrier rounds per ms that 1..``upTo`` workers complete, splitting the same work (about 0.5 s in all). */
+export async function barrierRates(upTo: number, ms = 100): Promise<number[]> {
   const url = URL.createObjectURL(new Blob([BARRIER_WORKER], { type: "text/javascript" }));
   const workers = Array.from({ length: upTo }, () => new Worker(url));
   const sleep = (t: number) => new Promise((done) => setTimeout(done, t));
-  const run = async (n: number, window: number): Promise<number> => {
-    const a = new Int32Array(new SharedArrayBuffer(12));
-    const stopped = workers.slice(0, n).map((w) => new Promise((done) => {
+  // ``group`` meets at one barrier until stop() (which resolves once every worker of it has stopped)
+  const start = (group: Worker[]) => {
+    const cells = new Int32Array(new SharedArrayBuffer(12));
+    const stopped = group.map((w) => new Promise((done) => {
       w.onmessage = done;
-      w.postMessage([a.buffer, n, Math.ceil(BARRIER_WORK / n)]);
+      w.postMessage([cells.buffer, group.length, Math.ceil(BARRIER_WORK / group.length)]);
     }));
+    return { cells, stop: () => { Atomics.store(cells, 2, 1); return Promise.all(stopped); } };
+  };
+  const rate = async (n: number): Promise<number> => {
+    const { cells, stop } = start(workers.slice(0, n));
     try {
       // from the first round that every worker reached (a worker's start is not what is measured)
-      for (const give = performance.now() + 2000; Atomics.load(a, 0) === 0 && performance.now() < give;) await sleep(1);
-      const [t0, r0] = [performance.now(), Atomics.load(a, 0)];
-      await sleep(window);
-      return (Atomics.load(a, 0) - r0) / Math.max(1, performance.now() - t0);
+      for (const give = performance.now() + 2000; Atomics.load(cells, 0) === 0 && performance.now() < give;) await sleep(1);
+      const [t0, r0] = [performance.now(), Atomics.load(cells, 0)];
+      await sleep(ms);
+      return (Atomics.load(cells, 0) - r0) / Math.max(1, performance.now() - t0);
     } finally {
-      Atomics.store(a, 2, 1);
-      await Promise.all(stopped);
+      await stop();
     }
   };
   try {
-    await run(upTo, 10);  // every worker started and its loop compiled
+    // every worker started and its loop compiled, each on its own (4 workers at one barrier on 2 cores
+    // run too few rounds in that time to reach the JIT's top tier, and the first rates read low)
+    const warming = workers.map((w) => start([w]));
+    await sleep(ms);
+    await Promise.all(warming.map((w) => w.stop()));
     const rates = [];
-    for (let n = 1; n <= upTo; n++) rates.push(await run(n, ms));
+    for (let n = 1; n <= upTo; n++) rates.push(await rate(n));
     return rates;
   } finally {
     workers.forEach((w) => w.terminate());
