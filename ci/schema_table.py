@@ -1,9 +1,9 @@
-"""Write the README's table of JSON-schema keywords from server/schema_support.json.
+"""Write the table of JSON-schema keywords in docs/structured-output.md from server/schema_support.json.
 
-    .venv/bin/python ci/schema_table.py          # rewrite the table in README.md
-    .venv/bin/python ci/schema_table.py --check  # exit 1 if README.md's table is out of date
+    .venv/bin/python ci/schema_table.py          # rewrite the table in docs/structured-output.md
+    .venv/bin/python ci/schema_table.py --check  # exit 1 if the docs' table is out of date
 
-The table sits between the two marker comments in README.md; tests/test_structured_exact.py runs the check.
+The table sits between the two marker comments in docs/structured-output.md; tests/test_structured_exact.py runs the check.
 """
 
 from __future__ import annotations
@@ -28,20 +28,20 @@ def table(support: dict) -> str:
     return "\n".join(lines)
 
 
-def readme_with_table(readme: str, support: dict) -> str:
-    head, rest = readme.split(START, 1)
+def doc_with_table(doc: str, support: dict) -> str:
+    head, rest = doc.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{table(support)}\n{END}{tail}"
 
 
 def main() -> int:
     support = json.loads((ROOT / "server" / "schema_support.json").read_text())
-    path = ROOT / "README.md"
-    readme = path.read_text()
-    new = readme_with_table(readme, support)
+    path = ROOT / "docs" / "structured-output.md"
+    doc = path.read_text()
+    new = doc_with_table(doc, support)
     if "--check" in sys.argv[1:]:
-        if new != readme:
-            print("README.md's schema keyword table is out of date: run .venv/bin/python ci/schema_table.py")
+        if new != doc:
+            print("docs/structured-output.md's schema keyword table is out of date: run .venv/bin/python ci/schema_table.py")
             return 1
         return 0
     path.write_text(new)

@@ -495,9 +495,9 @@ def test_every_format_pattern_admits_only_strings_both_validators_accept(report)
 
 # ---- the keyword table ----------------------------------------------------------------------------
 
-def test_the_readme_lists_every_keyword_from_the_shared_table():
+def test_the_docs_list_every_keyword_from_the_shared_table():
     """schema_support.json's keyword table puts each accepted keyword in one row and names the refused
-    ones (each refused by name); README.md's table is written from it (ci/schema_table.py --check)."""
+    ones (each refused by name); docs/structured-output.md's table is written from it (ci/schema_table.py --check)."""
     import subprocess
     import sys
 

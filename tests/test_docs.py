@@ -1,0 +1,111 @@
+"""The documentation's shape: README.md stays a short front page, and every relative link in README.md
+and docs/*.md reaches a file or folder of the repository, and a heading where it names one (GitHub's
+anchors). Reads the Markdown files only; no browser, no build."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+MAX_README_LINES = 150
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
+LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+
+
+def documents() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def prose(text: str) -> str:
+    """The text without code blocks or code spans, where a `[x](y)` is not a link."""
+    return INLINE_CODE.sub("", FENCE.sub("", text))
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: its text as rendered (code marks dropped, a link's text kept),
+    lowercase, every character but letters, digits, spaces, '-' and '_' removed, spaces to '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in a Markdown file; a repeated one gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in HEADING.findall(FENCE.sub("", path.read_text())):
+        base = anchor(heading)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def relative_links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(path.read_text())) if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I)]
+
+
+def broken_links(path: Path, root: Path = ROOT) -> list[str]:
+    """The relative links of one file that reach nothing in ``root``, each with why."""
+    problems = []
+    for target in relative_links(path):
+        file_part, _, fragment = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.is_relative_to(root):
+            problems.append(f"{target}: outside the repository")
+        elif not dest.exists():
+            problems.append(f"{target}: no file or folder {dest.relative_to(root)}")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+            problems.append(f"{target}: no heading with the anchor #{fragment} in {dest.relative_to(root)}")
+    return problems
+
+
+def test_the_readme_is_a_short_front_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, (
+        f"README.md has {len(lines)} lines, more than {MAX_README_LINES}: move the detail into docs/")
+
+
+def test_anchors_follow_githubs_rules():
+    """The anchor rule the link check relies on, on headings of the kinds the docs use."""
+    assert anchor("Browsers: Chromium, Firefox and Safari's engine") == "browsers-chromium-firefox-and-safaris-engine"
+    assert anchor("`lantern serve`: the cloud fallback") == "lantern-serve-the-cloud-fallback"
+    assert anchor("A 1.5B model in the browser") == "a-15b-model-in-the-browser"
+    assert anchor("Devices: WebGPU, or the CPU (llama.cpp in wasm)") == "devices-webgpu-or-the-cpu-llamacpp-in-wasm"
+    assert anchor("snake_case and dash-ed") == "snake_case-and-dash-ed"
+
+
+def test_the_link_check_finds_broken_links(tmp_path):
+    """A missing file, a missing heading and a link out of the repository are reported; a link inside
+    code is not a link, and a web address is not checked."""
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    (tmp_path / "outside.md").write_text("# Outside\n")
+    page = repo / "docs" / "page.md"
+    page.write_text("# Title\n\n## Its part\n\n[ok](#its-part) [self](page.md#title) [up](../docs/) "
+                    "[gone](nowhere.md) [bad](page.md#no-such-part) [out](../../outside.md) "
+                    "[web](https://example.com) `[code](nowhere.md)`\n\n```\n[fenced](nowhere-either.md)\n```\n")
+    assert relative_links(page) == ["#its-part", "page.md#title", "../docs/", "nowhere.md", "page.md#no-such-part",
+                                    "../../outside.md"]
+    assert broken_links(page, repo) == ["nowhere.md: no file or folder docs/nowhere.md",
+                                        "page.md#no-such-part: no heading with the anchor #no-such-part in docs/page.md",
+                                        "../../outside.md: outside the repository"]
+
+
+def test_every_relative_link_in_the_docs_reaches_its_target():
+    assert DOCS.is_dir() and list(DOCS.glob("*.md")), "docs/ holds the manual"
+    problems = [f"{path.relative_to(ROOT)}: {p}" for path in documents() for p in broken_links(path)]
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_the_index_and_the_front_page_link_every_docs_file():
+    """docs/README.md is the manual's index and README.md's Documentation list names every topic."""
+    for index, prefix in ((DOCS / "README.md", ""), (README, "docs/")):
+        linked = {t.partition("#")[0] for t in relative_links(index)}
+        missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and prefix + p.name not in linked]
+        assert not missing, f"{index.relative_to(ROOT)} does not link {', '.join(missing)}"
