@@ -419,7 +419,7 @@ T = TypeVar("T")
 def once_more_if_firefox_hangs(name: str, run: Callable[[], T], hang_s: float, say: Callable[[str], None]) -> T:
     """``run()``, which opens its own ``name`` with ``timeout=hang_s``; in Firefox, once more after a
     TimeoutError, saying so. Firefox ESR 153 now and then blocks a worker that starts workers for good,
-    and the runtime cannot end every such hang itself (README, "Browsers")."""
+    and the runtime cannot end every such hang itself (docs/runtime.md, "Browsers")."""
     if name != "firefox":
         return run()
     try:

@@ -6,7 +6,7 @@ chooses. The browser twin is webruntime/src/structured.ts: the same specs, the s
 checks (from schema_support.json), the same tool-call format, and xgrammar 0.1.27 on both sides.
 
 Tool calls, for a model whose chat template does not know tools, use this format (documented in
-the README): the tools are listed in the system message, and a call is written as
+docs/structured-output.md): the tools are listed in the system message, and a call is written as
     <tool_call>{"name": "<function>", "arguments": {...}}</tool_call>
 which the grammar enforces once the model opens the tag (or from the first token, for
 `tool_choice: "required"` or a named function).

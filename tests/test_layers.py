@@ -1,5 +1,5 @@
 """The Python package's layers, lowest first: a module imports only from its own layer or below
-(read from the source with ast; no import runs). README.md's Layout names the same layers."""
+(read from the source with ast; no import runs). docs/architecture.md, "Layout", names the same layers."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ def test_load_reports_progress_and_picks_the_emulated_library(session, report):
 
 # Decode on the cpu-emulated library as a share of the ideal decode rate that plain WGSL GEMVs over the
 # same matrices reach on the same adapter, measured in the same browser one after the other. Measured
-# 0.5-1.1 on SwiftShader with 2 cores (README, "Benchmark"); a kernel that falls out of its tiling or
+# 0.5-1.1 on SwiftShader with 2 cores (docs/benchmarks.md); a kernel that falls out of its tiling or
 # a runtime that stalls between steps lands far below.
 MIN_ROOFLINE_SHARE = 0.3
 

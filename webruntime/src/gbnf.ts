@@ -21,7 +21,7 @@
 //
 // TagDispatch (free text until a trigger, then the tag's grammar) maps onto llama.cpp's lazy
 // grammar: free text until a trigger word, then the grammar from the trigger on. Two differences,
-// stated in the README: after a dispatched tag only more tags may follow (separated by whitespace),
+// stated in docs/runtime.md, "Devices": after a dispatched tag only more tags may follow (separated by whitespace),
 // and TagDispatch must be the whole grammar (as it is for Lantern's tool calls).
 import { InvalidRequestError } from "./errors";
 

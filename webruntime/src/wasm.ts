@@ -6,7 +6,7 @@
 // which returns sampled tokens, not logits. What Lantern needs is in that API: the sampling fields,
 // a seed, logit_bias, logprobs with token ids, prefix reuse (cache_prompt), and a GBNF grammar,
 // which Lantern translates from the same xgrammar grammar the webgpu device enforces (gbnf.ts), so
-// both devices accept the same requests and produce the same language. Differences: see README.
+// both devices accept the same requests and produce the same language. Differences: see docs/runtime.md, "Devices".
 import { CacheManager, Wllama } from "@wllama/wllama";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
 import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
@@ -89,7 +89,7 @@ const NO_CACHE: StorageBackend = {
 // moments, takes milliseconds: a start that stays there START_STALL_S[i] seconds is ended and begun
 // again in a fresh worker, at most once per entry, each wait longer; measured: 4 such stalls in 159
 // loads, all restarted); and, 3 times, in `new Worker` as this worker created wllama's, which blocks
-// this worker, its timers too, so only the page can end it (README, "Browsers"; ci/bench_firefox_starts.py).
+// this worker, its timers too, so only the page can end it (docs/runtime.md, "Browsers"; ci/bench_firefox_starts.py).
 const START_STALL_S = [10, 20, 40];
 const POOL_STARTING = /^Multithread enabled/;
 
