@@ -2,11 +2,9 @@
 // The engine (engine.ts) owns everything else (request checks, the queue, stop strings, streaming,
 // tool calls, usage), so a request behaves alike on `webgpu` (webgpu.ts: Lantern's TVM library,
 // sampler and xgrammar) and `wasm` (wasm.ts: llama.cpp through wllama).
-import type { DebugOp, DebugResult, EngineStats, TokenLogprob } from "./protocol";
+import type { DebugOp, DebugResult, DeviceName, EngineStats, TokenLogprob } from "./protocol";
 import type { SamplingParams } from "./sampler";
 import type { GrammarSpec } from "./structured";
-
-export type DeviceKind = "webgpu" | "wasm";
 
 /** One generated token: its id, its text (whole characters only; "" while a character is split). */
 export interface DeviceStep {
@@ -40,7 +38,7 @@ export type DeviceStats = Pick<EngineStats,
   "kvSequences" | "kvAvailablePages" | "kvTotalPages" | "cachedTokens" | "peakGpuBytes" | "adapter" | "grammarCache" | "wasm">;
 
 export interface Device {
-  readonly kind: DeviceKind;
+  readonly kind: DeviceName;
   readonly label: string;  // what a page shows its user: "WebGPU (NVIDIA hopper)", "CPU (wasm, 2 threads)"
   readonly library: string;  // the artifact file(s) it runs
   readonly contextWindow: number;

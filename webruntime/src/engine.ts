@@ -2,12 +2,12 @@
 // through an explicit lifecycle (queued -> prefill -> decode -> completed | cancelled | failed).
 // The device generates tokens (devices.ts); the engine owns everything a request sees around them.
 import { detectGpu, type Gpu } from "./device";
-import type { Device, DeviceKind, Generation } from "./devices";
+import type { Device, Generation } from "./devices";
 import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, WebGPUUnavailableError } from "./errors";
 import { autoDevice } from "./library";
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats,
+  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, DeviceName, EngineOptions, EngineStats,
   FinishReason, LoadProgress, TokenLogprob, Usage,
 } from "./protocol";
 import { samplingParams } from "./sampler";
@@ -160,7 +160,7 @@ export class Engine {
   }
 
   /** The device this engine runs on: "webgpu" or "wasm". */
-  get deviceKind(): DeviceKind {
+  get deviceKind(): DeviceName {
     return this.loaded().kind;
   }
 
