@@ -109,3 +109,46 @@ def test_the_index_and_the_front_page_link_every_docs_file():
         linked = {t.partition("#")[0] for t in relative_links(index)}
         missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and prefix + p.name not in linked]
         assert not missing, f"{index.relative_to(ROOT)} does not link {', '.join(missing)}"
+
+
+def layout_rows() -> dict[str, str]:
+    """docs/architecture.md's Layout table: each folder the first column names, with the row's text."""
+    text = (DOCS / "architecture.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, str] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) >= 3:
+            for folder in re.findall(r"`([^`]+/)`", cells[0]):
+                rows[folder] = cells[-1]
+    return rows
+
+
+def unnamed_modules(folder: str, row: str, rows: dict[str, str], root: Path = ROOT) -> list[str]:
+    """The modules of ``folder`` (its .py and .ts files, webruntime's in src/; its packages without a row
+    of their own) that ``row`` does not name, as `stem`, `file name` or `package/`."""
+    named = set(re.findall(r"`([^`]+)`", row))
+    base = root / folder
+    code = base / "src" if (base / "src").is_dir() and not (base / "__init__.py").exists() else base
+    files = [p for p in code.iterdir() if p.suffix in (".py", ".ts") and p.stem not in ("__init__", "__main__")]
+    packages = [p for p in base.iterdir() if (p / "__init__.py").exists() and f"{folder}{p.name}/" not in rows]
+    return sorted([p.name for p in files if p.stem not in named and p.name not in named] +
+                  [f"{p.name}/" for p in packages if f"{p.name}/" not in named and p.name not in named])
+
+
+def test_the_layout_names_every_module():
+    """The Layout table is kept by hand, so it is checked against the tree: every module of a folder it
+    lists is named in that folder's row (tests/ is described as a whole)."""
+    rows = layout_rows()
+    assert {"compiler/", "models/", "server/", "webruntime/", "worker/", "ci/"} <= set(rows), sorted(rows)
+    problems = [f"{folder}: {', '.join(missing)}" for folder, row in rows.items() if folder != "tests/"
+                for missing in [unnamed_modules(folder, row, rows)] if missing]
+    assert not problems, "docs/architecture.md's Layout does not name:\n" + "\n".join(problems)
+
+
+def test_the_layout_check_finds_an_unnamed_module(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "alpha.py", "beta.py", "sub/__init__.py"):
+        (tmp_path / "pkg" / name).write_text("")
+    assert unnamed_modules("pkg/", "`alpha` and `sub/`", {}, tmp_path) == ["beta.py"]
+    assert unnamed_modules("pkg/", "`alpha`", {"pkg/sub/": ""}, tmp_path) == ["beta.py"]
+    assert unnamed_modules("pkg/", "`alpha`, `beta.py`", {}, tmp_path) == ["sub/"]
