@@ -152,3 +152,38 @@ def test_the_layout_check_finds_an_unnamed_module(tmp_path):
     assert unnamed_modules("pkg/", "`alpha` and `sub/`", {}, tmp_path) == ["beta.py"]
     assert unnamed_modules("pkg/", "`alpha`", {"pkg/sub/": ""}, tmp_path) == ["beta.py"]
     assert unnamed_modules("pkg/", "`alpha`, `beta.py`", {}, tmp_path) == ["sub/"]
+
+
+def command_options() -> dict[str, set[str]]:
+    """Each `lantern` subcommand's long options, from the CLI's own parser (imports the compiler)."""
+    import argparse
+
+    from lantern.cli import make_parser
+
+    [commands] = [a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name: {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+            for name, parser in commands.choices.items()}
+
+
+def test_the_manual_names_every_option_of_each_command():
+    """`lantern build`, `serve` and `validate`: every option their parser has is named in their docs page."""
+    pages = {"build": "build.md", "serve": "server.md", "validate": "validate.md"}
+    options = command_options()
+    assert set(pages) <= set(options), sorted(options)
+    problems = [f"docs/{page}: {option}" for command, page in pages.items() for option in sorted(options[command])
+                if not re.search(re.escape(option) + r"(?![\w-])", (DOCS / page).read_text())]
+    assert not problems, "options `lantern --help` lists that the manual does not name:\n" + "\n".join(problems)
+
+
+def test_the_family_table_matches_the_registry():
+    """docs/families.md's table: one row per registered family, in order, with its config.json
+    architectures and its GGUF architecture as models/__init__.py has them (the last column is prose)."""
+    from lantern.models import FAMILIES
+
+    text = (DOCS / "families.md").read_text()
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| `")]
+    table = [(re.findall(r"`([^`]+)`", r[0]), set(re.findall(r"`([^`]+)`", r[1])), re.findall(r"`([^`]+)`", r[2]))
+             for r in rows]
+    registry = [([f.name], set(f.architectures), [f.gguf.architecture]) for f in FAMILIES]
+    assert table == registry
