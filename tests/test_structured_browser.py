@@ -1,7 +1,8 @@
 """Structured output and tool calls in the browser engine (Web Worker, WebGPU on SwiftShader).
 
-The same suite as tests/test_structured.py's CPU run: every schema with two seeds, validated
-by ajv in the page (/runtime/schema-check.js); and the same seeds must give the same answers as the server's CPU engine.
+The schemas of tests/test_structured.py's CPU run, each with its first seed (the CPU run has both; the
+browser's decode on SwiftShader is the suite's slowest), validated by ajv in the page
+(/runtime/schema-check.js); the same seed must give the same answer as the server's CPU engine.
 Random strict-mode schemas run on the tiny random model: validity must not depend on the model.
 """
 
@@ -54,12 +55,17 @@ def chat(page, *requests: dict) -> list[dict]:
     return page.evaluate("(reqs) => chat(reqs)", list(requests))
 
 
-def test_every_schema_validates_for_two_seeds_in_the_browser(page, smollm2_q4, report):
+def test_every_schema_validates_in_the_browser_and_answers_as_the_cpu(page, smollm2_q4, report):
+    """Every schema with the first seed (test_structured.py runs both seeds on the CPU), and the first
+    schema again with the second seed: a repeated schema is not compiled again."""
     cpu = cpu_runs(smollm2_q4.path, "tvm")  # the same key as test_structured.py: computed once
+    first = next(iter(SCHEMAS))
+    runs = {name: [SEEDS[0]] for name in SCHEMAS} | {first: list(SEEDS)}
     same, total, tokens, tok_s = 0, 0, 0, []
-    for name, schema in SCHEMAS.items():
-        replies = chat(page, *[request(name, seed) for seed in SEEDS])
-        for seed, reply in zip(SEEDS, replies):
+    for name, seeds in runs.items():
+        schema = SCHEMAS[name]
+        replies = chat(page, *[request(name, seed) for seed in seeds])
+        for seed, reply in zip(seeds, replies):
             ChatCompletion.model_validate(reply)
             text = reply["choices"][0]["message"]["content"]
             assert reply["choices"][0]["finish_reason"] == "stop", (name, seed, text)
@@ -75,7 +81,7 @@ def test_every_schema_validates_for_two_seeds_in_the_browser(page, smollm2_q4, r
            f"decode {sorted(tok_s)[len(tok_s) // 2]:.2f} tok/s (median)")
     stats = page.evaluate("engine.stats()")
     assert stats["grammarCache"]["entries"] == len(SCHEMAS)
-    assert stats["grammarCache"]["hits"] >= len(SCHEMAS) * (len(SEEDS) - 1)  # a repeated schema is not recompiled
+    assert stats["grammarCache"]["hits"] >= len(SEEDS) - 1  # the repeated schema was not compiled again
 
 
 def valid_call(page, call: dict, tool: dict) -> bool:
