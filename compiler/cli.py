@@ -362,7 +362,8 @@ def make_parser() -> argparse.ArgumentParser:
     s.add_argument("dirs", nargs="+", metavar="DIR", help="artifact folders built by `lantern build`")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    s.add_argument("--site", help="folder served at / (default: Lantern's own site: the chat demo, capability page and embedding example)")
+    s.add_argument("--site", help="folder served at / (default: Lantern's own site: the chat demo, capability page "
+                                  "and embedding example)")
     s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $LANTERN_API_KEY); "
                                      "needed for any bind address other than loopback")
     s.add_argument("--cors", help="comma-separated origins allowed to call the API from a browser")

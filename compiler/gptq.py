@@ -192,13 +192,14 @@ def search_scale(groups: np.ndarray, importance: np.ndarray, spec: QuantSpec) ->
         imp_x = imp * x
         levels, work = np.empty_like(x), np.empty_like(x)
 
+        # (B023: error and keep run within this iteration, on this chunk's arrays)
         def error(scale: np.ndarray) -> np.ndarray:
             """Weighted error of ``scale``; leaves ``round_to_grid(x, scale) - max_int`` (levels -7..8) in
             ``levels``, computed in place: this runs 97 times per matrix."""
-            np.divide(x, np.where(scale == 0, np.float32(1), scale), out=levels)
-            np.clip(np.rint(levels, out=levels), lo, hi, out=levels)
-            np.subtract(x, np.multiply(levels, scale, out=work), out=work)
-            return np.multiply(np.square(work, out=work), imp, out=work).sum(0)
+            np.divide(x, np.where(scale == 0, np.float32(1), scale), out=levels)  # noqa: B023
+            np.clip(np.rint(levels, out=levels), lo, hi, out=levels)  # noqa: B023
+            np.subtract(x, np.multiply(levels, scale, out=work), out=work)  # noqa: B023
+            return np.multiply(np.square(work, out=work), imp, out=work).sum(0)  # noqa: B023
 
         base = no_clip_scale(x.T, spec)[:, 0]
         base = np.where(base > 0, base, np.float32(1e-12))

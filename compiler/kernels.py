@@ -64,7 +64,7 @@ def merge_state_inplace(v_dtype: str):
 
 def replace_racy_kernels(mod: tvm.IRModule, dtype: str) -> tvm.IRModule:
     """Swap TVM's racy GPU kernels in ``mod`` for the ones above (GPU targets only)."""
-    for gv, func in list(mod.functions.items()):
+    for gv, _ in list(mod.functions.items()):
         if gv.name_hint == "tir_attention_merge_state":
             mod[gv] = merge_state_inplace(dtype).with_attr("global_symbol", gv.name_hint)
     return mod

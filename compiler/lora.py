@@ -70,6 +70,6 @@ def merge_lora(weights: Tensors, folder: Path) -> Tensors:
             raise LanternError(
                 f"LoRA does not match its base: '{module}' has A{list(a.shape)} B{list(b.shape)} "
                 f"for a base weight of shape {list(shape)}")
-        merged[base_name] = lambda load=weights.loader(base_name), a=a, b=b: (
+        merged[base_name] = lambda load=weights.loader(base_name), a=a, b=b: (  # noqa: B008 (bound now, on purpose)
             load().astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))).astype(np.float32)
     return weights.replaced(merged)

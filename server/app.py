@@ -93,7 +93,7 @@ class ModelSlot:
                                       threads=self.config.threads)
             self.log(f"{self.name}: {self.engine.describe()}")
             self.log(f"{self.name} ready in {time.monotonic() - started:.1f} s")
-        except Exception as err:  # reported on every request for this model
+        except Exception as err:  # noqa: BLE001 (reported on every request for this model)
             self.load_error = f"{type(err).__name__}: {err}"
             self.log(f"{self.name} failed to load: {self.load_error}")
         self.ready.set()
@@ -218,7 +218,7 @@ class Server:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except ApiError as err:
                 queue.put_nowait(err)
-            except Exception as err:  # the stream has started: report in-band, never hang the client
+            except Exception as err:  # noqa: BLE001 (the stream has started: report in-band, never hang the client)
                 queue.put_nowait(ApiError(500, f"generation failed: {type(err).__name__}: {err}", "server_error"))
 
         producer = asyncio.create_task(produce())

@@ -2,7 +2,8 @@
 
     logit_bias -> repetition/frequency/presence penalties (over generated tokens), then DRY (over the
     prompt and generated tokens) ->
-    grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k -> softmax -> top_p -> draw
+    grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k ->
+    softmax -> top_p -> draw
 
 with the same seeded xorshift128+ generator, so a seed means the same thing in both engines.
 """

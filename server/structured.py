@@ -588,7 +588,7 @@ class GrammarCompiler:
                 compiled = self._compiler.compile_structural_tag(text)
             else:
                 compiled = self._compiler.compile_grammar(text)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 (xgrammar raises RuntimeError and its own types alike)
             raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
         seconds = time.perf_counter() - start
         self._keep(spec, compiled)

@@ -266,7 +266,8 @@ def test_webkit_runs_on_the_cores_it_has_and_on_one_thread_without_shared_memory
     assert claimed <= 2 or "barrier rounds per ms" in stats["wasm"]["threadsWhy"], stats["wasm"]
     if claimed > 2:  # the fewest threads within 10% of the fastest rate measured (threads.ts)
         rates = [float(r) for r in stats["wasm"]["threadsWhy"].rsplit(": ", 1)[1].split(", ")]
-        first = lambda slack: next(i + 1 for i, r in enumerate(rates) if r >= min(0.9 * max(rates) + slack, max(rates)))
+        def first(slack: float) -> int:
+            return next(i + 1 for i, r in enumerate(rates) if r >= min(0.9 * max(rates) + slack, max(rates)))
         assert first(-0.01) <= stats["wasm"]["threads"] <= first(0.01), stats["wasm"]  # rates shown to 0.01
     stats, reply = in_browser("webkit", lambda b: load_and_ask(b, base, {}), shared_memory=False)
     assert stats["device"] == "wasm" and stats["wasm"]["threads"] == 1, stats["wasm"]

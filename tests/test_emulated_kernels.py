@@ -88,7 +88,7 @@ def decode_case(window: int = 0):
     return (f"decode_attention{f'_window{window}' if window else ''}",
             lambda gpu: _bind(emulated.decode_attention(H_KV, H_Q, D, gpu, window=window), scalars),
             [q, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, k_off, q_pos, np.zeros_like(q), np.zeros((2, H_Q), np.float32)],
-            [7, 8], [np.array([o for o, _ in expected]).reshape(2, H_Q, D), np.array([l for _, l in expected]).reshape(2, H_Q)])
+            [7, 8], [np.array([o for o, _ in expected]).reshape(2, H_Q, D), np.array([m for _, m in expected]).reshape(2, H_Q)])
 
 
 Q_INDPTR = np.array([0, 3, 5], np.int32)  # 3 new tokens of sequence 0, 2 of sequence 1
@@ -106,9 +106,9 @@ def prefill_case(causal: int, window: int = 0):
         for h in range(H_Q):
             keys, values = cached_kv(seq, h)
             seen = len(keys) - qo + row + 1 if causal else len(keys)
-            o, l = attention_ref(q[t, h], *visible(keys[:seen], values[:seen], q_pos[t], k_off[seq], window))
+            o, m = attention_ref(q[t, h], *visible(keys[:seen], values[:seen], q_pos[t], k_off[seq], window))
             out.append(o)
-            lse.append(l)
+            lse.append(m)
     scalars = {"causal": causal, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4,
                "sm_scale": -SM if window else SM}
     return (f"prefill_attention_causal{causal}{f'_window{window}' if window else ''}",
@@ -128,10 +128,10 @@ def ragged_case(window: int = 0):
         seq, start, row = (0, 0, t) if t < 3 else (1, 3, t - 3)
         for h in range(H_Q):
             kvh = h // (H_Q // H_KV)
-            o, l = attention_ref(q[t, h], *visible(k[start:start + row + 1, kvh], v[start:start + row + 1, kvh],
+            o, m = attention_ref(q[t, h], *visible(k[start:start + row + 1, kvh], v[start:start + row + 1, kvh],
                                                    q_pos[t], k_off[seq], window))
             out.append(o)
-            lse.append(l)
+            lse.append(m)
     scalars = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": -SM if window else SM}
     return (f"ragged_attention{f'_window{window}' if window else ''}",
             lambda gpu: _bind(emulated.ragged_attention(H_KV, H_Q, D, gpu, window=window), scalars),

@@ -165,7 +165,7 @@ def test_llama_cpp_tokenizes_like_the_artifact_and_answers_like_its_cpu_library(
 
 
 @pytest.mark.slow
-def test_the_gguf_keeps_the_librarys_perplexity_and_gptq_beats_llama_cpp_q4_0(smollm2_q4, q0, shakespeare_text,
+def test_the_gguf_keeps_the_librarys_perplexity_and_gptq_beats_llama_cpp_q4_0(smollm2_q4, q0, shakespeare_text,  # noqa: F811
                                                                              report):
     """Fidelity of the GGUF the wasm device runs: the held-out perplexity of its weights (split parts read
     back by Lantern's GGUF importer and the gguf package) against the webgpu library's (the artifact's

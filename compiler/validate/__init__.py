@@ -256,7 +256,7 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))
         timeout = FIREFOX_HANG_S if name == "firefox" else 600
         data = once_more_if_firefox_hangs(
-            name, lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout),
+            name, lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout),  # noqa: B023 (run now)
             FIREFOX_HANG_S, say)
         runs[name] = (data, _browser_metrics(data, prompts, text_ids, cpu_greedy, cpu_logits, cpu_nll))
     data, (first_metrics, greedy) = runs[opts.browsers[0]]

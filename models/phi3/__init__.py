@@ -64,7 +64,7 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: Phi3Config) -> Tensors:
             first = 0
             for part, count in parts.items():
                 name = f"{p}.{part}.weight"
-                loaders[name] = lambda load=hf.loader(fused), a=first, b=first + count: load()[a:b]
+                loaders[name] = lambda load=hf.loader(fused), a=first, b=first + count: load()[a:b]  # noqa: B008 (bound now)
                 shapes[name] = (count, *rest)
                 first += count
             fused_names.append(fused)

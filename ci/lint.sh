@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The checks that run before the test suite (ci/test.sh), in seconds: ruff on the Python (rules in
+# pyproject.toml's [tool.ruff]) and TypeScript's strict compiler on the browser runtime and its workers.
+# Needs the setup (ci/setup.sh: .venv with the test extra, webruntime/node_modules). The same tools
+# run from .pre-commit-config.yaml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== ruff check"
+.venv/bin/ruff check .
+echo "== tsc (webruntime, worker)"
+(cd webruntime && npm run --silent typecheck)
