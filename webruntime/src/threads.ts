@@ -29,12 +29,12 @@ export async function chooseThreads(requested: number | undefined, shared: boole
 }
 
 /** The fewest threads within 10% of the best rate (a thread that adds nothing measurable costs a core). */
-export function bestThreads(rates: number[]): number {
+function bestThreads(rates: number[]): number {
   const top = Math.max(...rates);
   return Math.max(1, rates.findIndex((r) => r >= 0.9 * top) + 1);
 }
 
-// A probe worker: rounds of WORK / n steps of arithmetic each, then a barrier that spins on shared
+// A probe worker: rounds of BARRIER_WORK / n steps of arithmetic each, then a barrier that spins on shared
 // memory (cells: 0 the round, 1 the count arrived, 2 stop), until told to stop.
 const BARRIER_WORKER = `onmessage = (e) => {
   const [cells, n, steps] = e.data, a = new Int32Array(cells);
@@ -50,7 +50,7 @@ const BARRIER_WORKER = `onmessage = (e) => {
 const BARRIER_WORK = 40_000;  // steps per round in all: about 40 us on one core, an operation's length
 
 /** Barrier rounds per ms that 1..``upTo`` workers complete, splitting the same work (about 0.5 s in all). */
-export async function barrierRates(upTo: number, ms = 100): Promise<number[]> {
+async function barrierRates(upTo: number, ms = 100): Promise<number[]> {
   const url = URL.createObjectURL(new Blob([BARRIER_WORKER], { type: "text/javascript" }));
   const workers = Array.from({ length: upTo }, () => new Worker(url));
   const sleep = (t: number) => new Promise((done) => setTimeout(done, t));
