@@ -263,12 +263,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from .validate import CannotRun, ValidateOptions, validate, write_junit
 
+    if args.threads is not None and args.threads < 1:
+        raise LanternError(f"--threads must be at least 1 (got {args.threads})")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     opts = ValidateOptions(
         artifact=Path(args.artifact), budget=Path(args.budget) if args.budget else None,
         prompts=Path(args.prompts) if args.prompts else None,
         baseline=Path(args.baseline) if args.baseline else None, max_tokens=args.max_tokens,
-        ppl_tokens=args.ppl_tokens, text=Path(args.text) if args.text else None, browsers=_browsers(args.browser))
+        ppl_tokens=args.ppl_tokens, text=Path(args.text) if args.text else None, browsers=_browsers(args.browser),
+        threads=args.threads)
     try:
         if console.is_terminal:
             with console.status("validating") as status:
@@ -410,6 +413,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="browser engines to run in: chromium, firefox, webkit (comma-separated), or all; each "
                         "must be installed (Debian: chromium, firefox-esr, webkit2gtk-driver and xvfb). "
                         "Checks are then named <browser>:<budget key> (default: chromium)")
+    v.add_argument("--threads", type=int, metavar="N",
+                   help="llama.cpp threads on the wasm device (the browsers without WebGPU here) (default: the "
+                        "runtime's choice, as a page gets it)")
     v.set_defaults(func=cmd_validate)
     return parser
 

@@ -181,12 +181,13 @@ class Server:
             slot.finished.append(time.monotonic())
 
     @staticmethod
-    def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields) -> list[int]:
+    def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields, raw: bool = False) -> list[int]:
+        """The prompt's tokens (``raw``: a completion's prompt, see ModelEngine.encode)."""
         try:
             slot.engine.sampling(req)  # reject bad sampling fields before queueing
         except InvalidRequest as err:
             raise ApiError(400, str(err)) from None
-        return slot.engine.encode(prompt_text)
+        return slot.engine.encode(prompt_text, raw=raw)
 
     async def respond(self, request: Request, req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk,
                       make_final, **constraint):
@@ -570,7 +571,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
 async def completions(req: CompletionRequest, request: Request):
     server = _server(request)
     slot = server.slot_for(req)
-    prompt = server.prepare(slot, req.prompt, req)
+    prompt = server.prepare(slot, req.prompt, req, raw=True)
     cid, created = new_id("cmpl"), int(time.time())
 
     def make_chunk(step: Step, first: bool) -> Completion:

@@ -67,7 +67,9 @@ async function load() {
   try {
     router = await createRouter({
       // shared: every tab of this site uses one loaded model (where the device allows; see stats().host)
-      local: { model: url, shared: true, onProgress: progressReporter() },
+      // ?threads=N: llama.cpp's threads on the CPU device (default: the runtime's choice)
+      local: { model: url, shared: true, threads: Number(new URLSearchParams(location.search).get("threads")) || undefined,
+               onProgress: progressReporter() },
       cloud: { baseURL: new URL("/v1", location.href).href, model: name },
       onEvent: (e) => {
         if (e.type === "fallback") showRoute("cloud", `${e.reason}: ${e.error}`);

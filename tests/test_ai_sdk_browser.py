@@ -48,7 +48,9 @@ def server(tiny_q4, site):
 def page(request, browser, server, tiny_q4):
     context = browser.new_context()
     p = open_page(context, server)
-    p.evaluate("(s) => setup(s)", {"model": f"/models/{tiny_q4.path.name}/", "engine": {"device": request.param}})
+    # one llama.cpp thread on wasm: the suite runs a test file per core (see test_wasm_device.py's session)
+    p.evaluate("(s) => setup(s)", {"model": f"/models/{tiny_q4.path.name}/",
+                                   "engine": {"device": request.param, "threads": 1}})
     p.device = request.param
     yield p
     context.close()

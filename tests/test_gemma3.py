@@ -4,6 +4,8 @@ CPU library, in headless Chromium (WebGPU on SwiftShader) and in llama.cpp from 
 GGUF (the ``llamacpp`` engine and the ``wasm`` device run that file). The network itself is held to
 transformers' on tiny random models (test_families.py)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -93,6 +95,48 @@ def test_q4_completes_the_fact_in_llama_cpp_from_the_builds_own_gguf(gemma3_q4, 
     assert "Paris" in text
     assert out == art.cpu_model().greedy(ids, 4)
 
+
+RAW_PROMPTS = [FACT, "Q: What is the capital of France?\nA:", "The three primary colors are"]
+
+
+def test_raw_prompt_completions_begin_with_bos_on_both_engines(gemma3_q4, gemma3_tokenizer_dir, report):
+    """`/v1/completions` tokenizes a raw prompt as transformers and llama.cpp do: with the `<bos>` that
+    Gemma's tokenizer config asks for (without it the model answers "\nA\nA..."). Each engine's greedy
+    answer equals its own library's on llama.cpp's tokens: llama.cpp's on the build's GGUF for the
+    llamacpp engine, the CPU library's for tvm (issue 48)."""
+    from llama_cpp import Llama
+    from test_server import raw, served
+    from transformers import AutoTokenizer
+
+    art, n = gemma3_q4, 6
+    gguf = art.path / art.manifest["gguf"]["files"][0]
+    llm = Llama(str(gguf), n_ctx=256, flash_attn=True, logits_all=True, verbose=False)
+    theirs = AutoTokenizer.from_pretrained(gemma3_tokenizer_dir)
+    cpu, tok = art.cpu_model(), art.tokenizer()
+    expected = {"llamacpp": [], "tvm": []}
+    for prompt in RAW_PROMPTS:
+        ids = llm.tokenize(prompt.encode(), add_bos=True)
+        assert ids[0] == 2 and ids == theirs(prompt).input_ids, prompt  # <bos>, in both tokenizers
+        llm.reset()
+        llm.eval(ids)
+        steps = []
+        for _ in range(n):
+            steps.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([steps[-1]])
+        expected["llamacpp"].append((len(ids), tok.decode(steps)))
+        expected["tvm"].append((len(ids), tok.decode(cpu.greedy(ids, n))))
+    for engine, want in expected.items():
+        with served(art, engine=engine) as (base, _):
+            got = []
+            for prompt in RAW_PROMPTS:
+                status, body = raw(base, "POST", "/v1/completions", json.dumps(
+                    {"prompt": prompt, "max_tokens": n, "temperature": 0}).encode())
+                assert status == 200, body
+                reply = json.loads(body)
+                got.append((reply["usage"]["prompt_tokens"], reply["choices"][0]["text"]))
+        assert got == want, engine
+    report(f"Gemma 3 270M q4f32_1, raw completions with <bos>: {[t for _, t in expected['llamacpp']]} (llamacpp), "
+           f"{[t for _, t in expected['tvm']]} (tvm)")
 
 def test_past_the_512_token_window_the_cpu_library_scores_text_as_llama_cpp_does(gemma3_q4, shakespeare_text,
                                                                                  report):

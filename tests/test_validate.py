@@ -171,8 +171,9 @@ def test_firefox_and_webkit_validate_the_gguf_and_a_corrupt_part_cannot_run(smol
     # (ci/bench_browsers.py), and test_an_impossible_speed_floor covers the check
     budget = tmp_path / "budget.toml"
     budget.write_text(re.sub(r"\n\[speed\].*?(?=\n\[)", "\n", (root / "ci" / "budget.toml").read_text(), flags=re.S))
+    # one llama.cpp thread each: the suite runs a test file per core (see test_wasm_device.py's session)
     run = validate(smollm2.path, "--browser", "firefox,webkit", "--budget", budget,
-                   "--prompts", prompts, *QUICK, "--json", out)
+                   "--prompts", prompts, *QUICK, "--threads", "1", "--json", out)
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads(out.read_text())
     for name in ("firefox", "webkit"):

@@ -91,6 +91,7 @@ class ValidateOptions:
     ppl_tokens: int = 256
     text: Path | None = None
     browsers: tuple[str, ...] = ("chromium",)
+    threads: int | None = None  # llama.cpp's threads on the wasm device (None: the runtime's choice)
 
 
 @dataclass
@@ -256,7 +257,7 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))
         timeout = FIREFOX_HANG_S if name == "firefox" else 600
         data = once_more_if_firefox_hangs(
-            name, lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout),  # noqa: B023 (run now)
+            name, lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout, opts.threads),  # noqa: B023 (run now)
             FIREFOX_HANG_S, say)
         runs[name] = (data, _browser_metrics(data, prompts, text_ids, cpu_greedy, cpu_logits, cpu_nll))
     data, (first_metrics, greedy) = runs[opts.browsers[0]]
@@ -303,7 +304,8 @@ FIREFOX_HANG_S = 180
 
 
 def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
-                 step: Callable[[str], None], name: str = "chromium", timeout: float = 600) -> dict:
+                 step: Callable[[str], None], name: str = "chromium", timeout: float = 600,
+                 threads: int | None = None) -> dict:
     """The browser-side measurements in ``name``: Chromium on the webgpu device; an engine without
     WebGPU here (Firefox, WebKitGTK) on the wasm device, which measures no logits, perplexity or pipelines."""
     from ..browsers import BrowserError, open_browser
@@ -331,7 +333,7 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
 
         step("browser: cold load")
         call("(m) => lanternValidate.clearCache(m)", model_url)
-        cold = call("([m, d]) => lanternValidate.load(m, d)", [model_url, device])
+        cold = call("([m, d, t]) => lanternValidate.load(m, d, t)", [model_url, device, threads])
         out["metrics"].update(load_s_cold=cold["seconds"], peak_gpu_bytes=cold["stats"]["peakGpuBytes"],
                               library=cold["stats"]["library"], adapter=cold["stats"]["adapter"],
                               device=cold["stats"]["deviceLabel"])
@@ -358,7 +360,7 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
         call("() => lanternValidate.unload()")
         step("browser: cached load")
         page = open_page()  # a second visit: weights from the cache
-        cached = call("([m, d]) => lanternValidate.load(m, d)", [model_url, device])
+        cached = call("([m, d, t]) => lanternValidate.load(m, d, t)", [model_url, device, threads])
         out["metrics"]["load_s_cached"] = cached["seconds"]
         call("() => lanternValidate.unload()")
         if device == "webgpu":

@@ -181,7 +181,8 @@ export interface EngineOptions {
   retries?: number;  // HTTP retries per file, default 3
   // "auto" (default): WebGPU on a real GPU, else the CPU (wasm) when the artifact has a GGUF
   device?: "auto" | DeviceName;
-  // wasm device: llama.cpp threads (default: as many as run at once, up to 4, where SharedArrayBuffer is; else 1)
+  // wasm device: llama.cpp threads (default, where SharedArrayBuffer is: navigator.hardwareConcurrency up to 4,
+  // measured by threads.ts where more than 2 are claimed; without it, 1)
   threads?: number;
   // tokens of context (prompt + answer) to allocate; default: the model's on webgpu, at most 4096 on wasm
   contextWindow?: number;
