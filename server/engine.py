@@ -173,15 +173,10 @@ class ModelEngine:
         else:
             self.context_window = self.art.context_window("cpu")
             self.decoder = TvmDecoder(self.art)
-        self.tokenizer = self.art.tokenizer()
-        cfg = self.art.tokenizer_config()
-        self.template = cfg.get("chat_template")
-        tok = lambda t: t.get("content", "") if isinstance(t, dict) else (t or "")  # noqa: E731
-        self.bos, self.eos = tok(cfg.get("bos_token")), tok(cfg.get("eos_token"))
-        # a raw prompt starts with the BOS token where the tokenizer config asks for it, as transformers'
-        # and llama.cpp's tokenizers add it (a chat template writes its own)
-        bos_id = self.tokenizer.token_to_id(self.bos) if self.bos else None
-        self.raw_prefix = [bos_id] if cfg.get("add_bos_token") and bos_id is not None else []
+        self.prompts = self.art.prompt_tokens()
+        self.tokenizer = self.prompts.tokenizer
+        self.template = self.art.tokenizer_config().get("chat_template")
+        self.bos, self.eos = self.prompts.bos, self.prompts.eos
         chat = json.loads((path / "mlc-chat-config.json").read_text())
         self.stop_ids = request_rules.stop_token_ids(chat)
         self.vocab_size = self.art.manifest["model"]["vocab_size"]
@@ -226,10 +221,8 @@ class ModelEngine:
         return None if spec is None else self.grammars.compile(spec)
 
     def encode(self, text: str, raw: bool = False) -> list[int]:
-        """``text``'s tokens; ``raw`` (a completion's prompt, not a rendered chat): with the BOS token
-        the tokenizer config asks for, unless the text already starts with it."""
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return self.raw_prefix + ids if raw and ids[:1] != self.raw_prefix else ids
+        """``text``'s tokens; ``raw``: a completion's prompt, not a rendered chat (PromptTokens)."""
+        return self.prompts.encode(text, raw)
 
     def sampling(self, req: SamplingFields) -> SamplingParams:
         return sampling_params(req, self.vocab_size, self.generation)

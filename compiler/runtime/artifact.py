@@ -12,6 +12,29 @@ from ..errors import LanternError
 from ..package import MANIFEST, choose_library, sha256_file
 
 
+class PromptTokens:
+    """Prompt text to token ids, the one way every path that reads an artifact makes them: a rendered
+    chat as written (its template writes the special tokens it wants, given ``bos`` and ``eos``), a
+    raw prompt with the tokens transformers' and llama.cpp's tokenizers put first, unless the text
+    already starts with them: those tokenizer.json's post-processor adds, else the BOS token where
+    the tokenizer config asks for it (``add_bos_token``)."""
+
+    def __init__(self, tokenizer, config: dict):
+        def text(token) -> str:  # a config's special token: a string or {"content": ...}
+            return token.get("content", "") if isinstance(token, dict) else (token or "")
+
+        self.tokenizer = tokenizer
+        self.bos, self.eos = text(config.get("bos_token")), text(config.get("eos_token"))
+        plain, full = (tokenizer.encode("a", add_special_tokens=special).ids for special in (False, True))
+        start = next((i for i in range(len(full)) if full[i:i + len(plain)] == plain), 0)
+        bos_id = tokenizer.token_to_id(self.bos) if self.bos else None
+        self.raw_prefix: list[int] = full[:start] or ([bos_id] if config.get("add_bos_token") and bos_id is not None else [])
+
+    def encode(self, text: str, raw: bool = False) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.raw_prefix + ids if raw and ids[:len(self.raw_prefix)] != self.raw_prefix else ids
+
+
 @dataclass
 class Artifact:
     path: Path
@@ -91,3 +114,6 @@ class Artifact:
 
     def tokenizer_config(self) -> dict:
         return json.loads((self.path / "tokenizer_config.json").read_text())
+
+    def prompt_tokens(self) -> PromptTokens:
+        return PromptTokens(self.tokenizer(), self.tokenizer_config())

@@ -212,16 +212,16 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         raise CannotRun(f"{art.path.name} has no cpu library: build it with --targets webgpu,cpu to validate")
     prompts = load_prompts(opts.prompts)
     text = (opts.text or DATA / "heldout.txt").read_text()
-    tok = art.tokenizer()
     cfg = art.tokenizer_config()
-    stop_ids = [tok.token_to_id(cfg["eos_token"] if isinstance(cfg.get("eos_token"), str)
-                                else cfg["eos_token"]["content"])]
+    tokens = art.prompt_tokens()  # as `lantern serve` makes them: a raw prompt gets the BOS its config asks for
+    tok = tokens.tokenizer
+    stop_ids = [tok.token_to_id(tokens.eos)]
 
     def ids_of(item: dict) -> list[int]:
         if "messages" in item:
             from ..chat_template import render
-            return tok.encode(render(cfg["chat_template"], item["messages"]), add_special_tokens=False).ids
-        return tok.encode(item["prompt"], add_special_tokens=False).ids
+            return tokens.encode(render(cfg["chat_template"], item["messages"], bos_token=tokens.bos, eos_token=tokens.eos))
+        return tokens.encode(item["prompt"], raw=True)
 
     prompt_ids = [ids_of(p) for p in prompts]
     text_ids = tok.encode(text, add_special_tokens=False).ids[: opts.ppl_tokens]
