@@ -2,7 +2,14 @@
 // route and device the router would take for each served model (the same device choice, llama.cpp build
 // choice, library choice and memory check the runtime makes).
 import {
-  autoDevice, chooseLibrary, chooseLlamaBuild, deviceLabel, isSoftwareAdapter, wasmFeatures, wasmLabel, wasmThreads,
+  autoDevice,
+  chooseLibrary,
+  chooseLlamaBuild,
+  deviceLabel,
+  isSoftwareAdapter,
+  wasmFeatures,
+  wasmLabel,
+  wasmThreads,
 } from "/runtime/lantern.js";
 
 const facts = document.querySelector("#facts tbody");
@@ -20,15 +27,24 @@ async function main() {
   row(facts, "WebGPU", gpu ? (adapter ? "available" : "present, but no adapter") : "not available");
   const features = new Set(adapter ? [...adapter.features] : []);
   const info = adapter?.info ?? {};
-  const emulated = isSoftwareAdapter({ vendor: info.vendor, architecture: info.architecture,
-    description: info.description, isFallbackAdapter: info.isFallbackAdapter ?? adapter?.isFallbackAdapter });
+  const emulated = isSoftwareAdapter({
+    vendor: info.vendor,
+    architecture: info.architecture,
+    description: info.description,
+    isFallbackAdapter: info.isFallbackAdapter ?? adapter?.isFallbackAdapter,
+  });
   if (adapter) {
     row(facts, "adapter", `${info.vendor || "?"} ${info.architecture || ""} ${info.description || ""}`.trim());
     row(facts, "WebGPU device", deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated }));
     row(facts, "software adapter", emulated ? "yes (CPU-emulated WebGPU: no GPU found, so models answer slowly)" : "no");
     row(facts, "shader-f16", features.has("shader-f16") ? "yes" : "no (f16 models use their f32 library)");
-    for (const key of ["maxBufferSize", "maxStorageBufferBindingSize", "maxComputeWorkgroupStorageSize",
-      "maxComputeInvocationsPerWorkgroup", "maxStorageBuffersPerShaderStage"]) {
+    for (const key of [
+      "maxBufferSize",
+      "maxStorageBufferBindingSize",
+      "maxComputeWorkgroupStorageSize",
+      "maxComputeInvocationsPerWorkgroup",
+      "maxStorageBuffersPerShaderStage",
+    ]) {
       row(limitsTable, key, String(adapter.limits[key]));
     }
   }
@@ -57,10 +73,18 @@ async function main() {
   row(facts, "device memory", navigator.deviceMemory ? `${navigator.deviceMemory} GiB (rounded)` : "not reported");
   row(facts, "storage backends", await storageBackends());
   const quota = await navigator.storage?.estimate?.().catch(() => null);
-  row(facts, "storage quota", quota ? `${(quota.usage / 2 ** 20).toFixed(0)} MiB used of ${(quota.quota / 2 ** 20).toFixed(0)} MiB` : "not reported");
+  row(
+    facts,
+    "storage quota",
+    quota ? `${(quota.usage / 2 ** 20).toFixed(0)} MiB used of ${(quota.quota / 2 ** 20).toFixed(0)} MiB` : "not reported",
+  );
 
   let models = [];
-  try { models = (await (await fetch("/models/index.json")).json()).models; } catch { /* no index */ }
+  try {
+    models = (await (await fetch("/models/index.json")).json()).models;
+  } catch {
+    /* no index */
+  }
   const verdicts = [];
   const gpuLabel = deviceLabel({ vendor: info.vendor, architecture: info.architecture, fallback: emulated });
   let slow = false;
@@ -100,20 +124,48 @@ async function main() {
     verdicts.push(`${m.name} would run ${route === "local" ? `locally on ${where}` : "on the cloud"}`);
   }
   const note = slow ? " This adapter emulates a GPU on the CPU; the server (cloud route) answers faster." : "";
-  document.getElementById("verdict").textContent = (verdicts.length ? verdicts.join("; ") + "." :
-    adapter ? "WebGPU works here." : "No WebGPU here: models with a GGUF run on the CPU (wasm), others on the cloud.") + note;
+  document.getElementById("verdict").textContent =
+    (verdicts.length
+      ? `${verdicts.join("; ")}.`
+      : adapter
+        ? "WebGPU works here."
+        : "No WebGPU here: models with a GGUF run on the CPU (wasm), others on the cloud.") + note;
   document.body.dataset.ready = "true";
 }
 /** Which of the runtime's storage backends work on this page (the runtime loads into memory without them). */
 async function storageBackends() {
-  const works = async (probe) => { try { return Boolean(await probe()); } catch { return false; } };
+  const works = async (probe) => {
+    try {
+      return Boolean(await probe());
+    } catch {
+      return false;
+    }
+  };
   const found = [];
-  if (await works(() => caches.open("lantern-probe").then(() => caches.delete("lantern-probe")).then(() => true))) found.push("Cache API");
-  if (await works(() => new Promise((ok, fail) => {
-    const req = indexedDB.open("lantern-probe");
-    req.onsuccess = () => { req.result.close(); indexedDB.deleteDatabase("lantern-probe"); ok(true); };
-    req.onerror = () => fail(req.error);
-  }))) found.push("IndexedDB");
+  if (
+    await works(() =>
+      caches
+        .open("lantern-probe")
+        .then(() => caches.delete("lantern-probe"))
+        .then(() => true),
+    )
+  )
+    found.push("Cache API");
+  if (
+    await works(
+      () =>
+        new Promise((ok, fail) => {
+          const req = indexedDB.open("lantern-probe");
+          req.onsuccess = () => {
+            req.result.close();
+            indexedDB.deleteDatabase("lantern-probe");
+            ok(true);
+          };
+          req.onerror = () => fail(req.error);
+        }),
+    )
+  )
+    found.push("IndexedDB");
   if (await works(() => navigator.storage.getDirectory())) found.push("OPFS");
   return found.length ? found.join(", ") : "none (model files load into memory on every visit)";
 }

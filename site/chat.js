@@ -4,18 +4,35 @@ import { createRouter, deleteModelFromCache } from "/runtime/lantern.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
-  model: $("model"), load: $("load"), clear: $("clear"), route: $("route"), progress: $("progress"),
-  progressText: $("progress-text"), log: $("log"), form: $("ask"), prompt: $("prompt"), send: $("send"),
-  stop: $("stop"), stats: $("stats"), jsonOn: $("json-on"), schema: $("schema"), newChat: $("new-chat"),
-  seed: $("seed"), slowNote: $("slow-note"), slowWhy: $("slow-why"), preferCloud: $("prefer-cloud"),
+  model: $("model"),
+  load: $("load"),
+  clear: $("clear"),
+  route: $("route"),
+  progress: $("progress"),
+  progressText: $("progress-text"),
+  log: $("log"),
+  form: $("ask"),
+  prompt: $("prompt"),
+  send: $("send"),
+  stop: $("stop"),
+  stats: $("stats"),
+  jsonOn: $("json-on"),
+  schema: $("schema"),
+  newChat: $("new-chat"),
+  seed: $("seed"),
+  slowNote: $("slow-note"),
+  slowWhy: $("slow-why"),
+  preferCloud: $("prefer-cloud"),
 };
 let router = null;
-let device = "";  // the local engine's device label ("CPU (wasm, 2 threads)"), once loaded
-let library = "";  // the model library it runs
+let device = ""; // the local engine's device label ("CPU (wasm, 2 threads)"), once loaded
+let library = ""; // the model library it runs
 let messages = [];
 let abort = null;
 
-function mib(bytes) { return (bytes / 2 ** 20).toFixed(1); }
+function mib(bytes) {
+  return (bytes / 2 ** 20).toFixed(1);
+}
 
 function showRoute(route, reason) {
   ui.route.dataset.route = route;
@@ -25,7 +42,8 @@ function showRoute(route, reason) {
 /** On WebGPU through a software adapter, say why answers are slow and offer the faster route this page has. */
 function explainDevice({ device: kind, adapter }) {
   ui.slowNote.hidden = !(kind === "webgpu" && adapter.fallback);
-  ui.slowWhy.textContent = "This browser found no GPU, so WebGPU runs on the CPU through a software adapter " +
+  ui.slowWhy.textContent =
+    "This browser found no GPU, so WebGPU runs on the CPU through a software adapter " +
     `(${adapter.vendor || "?"} ${adapter.architecture || ""}): answers come slowly.`.replace(" )", ")");
 }
 
@@ -34,7 +52,9 @@ async function listModels() {
   let models = [];
   try {
     models = (await (await fetch("/models/index.json")).json()).models;
-  } catch { /* a static host without an index: ?model=URL names the model */ }
+  } catch {
+    /* a static host without an index: ?model=URL names the model */
+  }
   if (wanted && !models.some((m) => m.url === wanted)) models.unshift({ name: wanted, url: wanted });
   for (const m of models) ui.model.add(new Option(m.name, m.url));
   ui.progressText.textContent = models.length ? "Pick a model and press Load." : "No models are served.";
@@ -49,7 +69,8 @@ function progressReporter() {
       const seconds = (performance.now() - started) / 1000;
       const speed = p.loadedBytes / seconds;
       const eta = (p.totalBytes - p.loadedBytes) / speed;
-      ui.progressText.textContent = `${what}Downloading ${p.file}: ${mib(p.loadedBytes)} / ${mib(p.totalBytes)} MiB, ` +
+      ui.progressText.textContent =
+        `${what}Downloading ${p.file}: ${mib(p.loadedBytes)} / ${mib(p.totalBytes)} MiB, ` +
         `${mib(speed)} MiB/s, ${Math.max(0, eta).toFixed(0)} s left`;
     } else {
       ui.progressText.textContent = `${what}${p.phase}${p.file ? ` ${p.file}` : ""}${p.fromCache ? " (from cache)" : ""}: ${Math.round(p.progress * 100)}%`;
@@ -68,8 +89,12 @@ async function load() {
     router = await createRouter({
       // shared: every tab of this site uses one loaded model (where the device allows; see stats().host)
       // ?threads=N: llama.cpp's threads on the CPU device (default: the runtime's choice)
-      local: { model: url, shared: true, threads: Number(new URLSearchParams(location.search).get("threads")) || undefined,
-               onProgress: progressReporter() },
+      local: {
+        model: url,
+        shared: true,
+        threads: Number(new URLSearchParams(location.search).get("threads")) || undefined,
+        onProgress: progressReporter(),
+      },
       cloud: { baseURL: new URL("/v1", location.href).href, model: name },
       onEvent: (e) => {
         if (e.type === "fallback") showRoute("cloud", `${e.reason}: ${e.error}`);
@@ -82,10 +107,12 @@ async function load() {
       const stats = await router.local.stats();
       ({ library, deviceLabel: device } = stats);
       explainDevice(stats);
-      if (stats.host.kind === "shared" || stats.host.tabs > 1) sharing = ` · shared by ${stats.host.tabs} tab${stats.host.tabs > 1 ? "s" : ""}`;
+      if (stats.host.kind === "shared" || stats.host.tabs > 1)
+        sharing = ` · shared by ${stats.host.tabs} tab${stats.host.tabs > 1 ? "s" : ""}`;
     }
     showRoute(router.local ? "local" : "cloud", router.localUnavailable);
-    ui.progressText.textContent = router.local ? `Ready: 100% · ${library} on ${device}${sharing}`
+    ui.progressText.textContent = router.local
+      ? `Ready: 100% · ${library} on ${device}${sharing}`
       : `Ready (cloud): ${router.localUnavailable}`;
     ui.send.disabled = false;
     ui.prompt.focus();
@@ -128,7 +155,7 @@ async function send(event) {
     return;
   }
   ui.prompt.value = "";
-  const convo = messages;  // "New chat" may start another while this answer streams
+  const convo = messages; // "New chat" may start another while this answer streams
   convo.push({ role: "user", content: text });
   ui.log.append(Object.assign(document.createElement("div"), { className: "msg-user", textContent: text }));
   const answer = document.createElement("div");
@@ -149,12 +176,14 @@ async function send(event) {
     const route = ui.preferCloud.checked && !ui.slowNote.hidden ? { route: "cloud" } : {};
     const stream = await router.chat.completions.create(
       { messages: convo, stream: true, max_tokens: 256, stream_options: { include_usage: true }, ...format, ...seed },
-      { signal: abort.signal, ...route });
+      { signal: abort.signal, ...route },
+    );
     for await (const chunk of stream) {
       const delta = chunk.choices[0]?.delta?.content ?? "";
       const thought = chunk.choices[0]?.delta?.reasoning_content ?? "";
       if ((delta || thought) && !firstAt) firstAt = performance.now();
-      if (thought) {  // a reasoning model's <think> block, shown folded above its answer
+      if (thought) {
+        // a reasoning model's <think> block, shown folded above its answer
         if (!thinking) {
           thinking = Object.assign(document.createElement("details"), { className: "msg-thinking" });
           thinking.append(Object.assign(document.createElement("summary"), { textContent: "Thinking" }));

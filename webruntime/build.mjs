@@ -4,20 +4,29 @@ import { copyFileSync } from "node:fs";
 import * as esbuild from "esbuild";
 import { defines, LLAMA_BUILDS } from "./defines.mjs";
 
-const common = { bundle: true, format: "esm", platform: "browser", target: "es2022", logLevel: "warning",
+const common = {
+  bundle: true,
+  format: "esm",
+  platform: "browser",
+  target: "es2022",
+  logLevel: "warning",
   // tvmjs and web-tokenizers probe for Node modules they never use in a browser
   external: ["fs", "path", "perf_hooks", "ws", "url", "crypto", "module"],
   // The schema keywords and the request rules: one file each, read by the Python server too.
-  define: defines };
+  define: defines,
+};
 await esbuild.build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/lantern.js" });
 await esbuild.build({ ...common, entryPoints: ["../worker/worker.ts"], outfile: "dist/worker.js" });
 // The origin's SharedWorker: one engine per model for every tab (createEngine's `shared`).
 await esbuild.build({ ...common, entryPoints: ["../worker/shared.ts"], outfile: "dist/shared-worker.js" });
 // The AI SDK provider (`@lantern-llm/webruntime/ai-sdk`): its own small module over the runtime, which
 // it imports from ./lantern.js beside it, so the main bundle does not grow and the page loads one runtime.
-const runtimeBeside = { name: "runtime-beside", setup(build) {
-  build.onResolve({ filter: /^\.\/index$/ }, () => ({ path: "./lantern.js", external: true }));
-} };
+const runtimeBeside = {
+  name: "runtime-beside",
+  setup(build) {
+    build.onResolve({ filter: /^\.\/index$/ }, () => ({ path: "./lantern.js", external: true }));
+  },
+};
 await esbuild.build({ ...common, entryPoints: ["src/ai-sdk.ts"], outfile: "dist/ai-sdk.js", plugins: [runtimeBeside] });
 // Not part of the npm package: ajv for the site's JSON mode and the tests (/runtime/schema-check.js).
 await esbuild.build({ ...common, entryPoints: ["src/schema-check.mjs"], outfile: "dist/schema-check.js" });

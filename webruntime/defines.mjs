@@ -20,8 +20,12 @@ const fileEntry = (path) => {
   const bytes = readFileSync(new URL(path, import.meta.url));
   return { size: bytes.length, sha256: createHash("sha256").update(bytes).digest("hex") };
 };
-const llamaBuilds = Object.fromEntries(Object.entries(LLAMA_BUILDS).map(([build, files]) =>
-  [build, Object.fromEntries(Object.entries(files).map(([name, path]) => [name, fileEntry(path)]))]));
+const llamaBuilds = Object.fromEntries(
+  Object.entries(LLAMA_BUILDS).map(([build, files]) => [
+    build,
+    Object.fromEntries(Object.entries(files).map(([name, path]) => [name, fileEntry(path)])),
+  ]),
+);
 export const defines = {
   // the schema keywords both engines accept (webruntime/src/structured.ts)
   __SCHEMA_SUPPORT__: read("server/schema_support.json"),

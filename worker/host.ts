@@ -3,7 +3,14 @@
 // how a page reaches its engine (an Attachment).
 import type { Engine } from "../webruntime/src/engine";
 import { EngineNotLoadedError, serializeError } from "../webruntime/src/errors";
-import type { ChatCompletionChunk, EngineHost, LoadOptions, LoadProgress, WorkerRequest, WorkerResponse } from "../webruntime/src/protocol";
+import type {
+  ChatCompletionChunk,
+  EngineHost,
+  LoadOptions,
+  LoadProgress,
+  WorkerRequest,
+  WorkerResponse,
+} from "../webruntime/src/protocol";
 
 export interface Attachment {
   /** This page's engine for ``options``, loading it if needed. */
@@ -24,7 +31,10 @@ export class PageSession {
   private engine: Engine | null = null;
   private readonly aborts = new Map<number, AbortController>();
 
-  constructor(private readonly send: (msg: WorkerResponse) => void, private readonly attachment: Attachment) {}
+  constructor(
+    private readonly send: (msg: WorkerResponse) => void,
+    private readonly attachment: Attachment,
+  ) {}
 
   handle(msg: WorkerRequest): void {
     this.run(msg).then(
@@ -49,7 +59,9 @@ export class PageSession {
         this.attachment.hello?.(msg.tab);
         return null;
       case "load":
-        this.engine = await this.attachment.load(msg.options, (progress) => this.send({ kind: "progress", id: msg.id, progress }));
+        this.engine = await this.attachment.load(msg.options, (progress) =>
+          this.send({ kind: "progress", id: msg.id, progress }),
+        );
         return null;
       case "create": {
         const engine = this.loaded();
@@ -57,7 +69,8 @@ export class PageSession {
         this.aborts.set(msg.id, ctrl);
         const done = await this.attachment.turn(ctrl.signal);
         try {
-          if (!msg.request.stream) return await engine.chat.completions.create({ ...msg.request, stream: false }, { signal: ctrl.signal });
+          if (!msg.request.stream)
+            return await engine.chat.completions.create({ ...msg.request, stream: false }, { signal: ctrl.signal });
           const stream = await engine.chat.completions.create({ ...msg.request, stream: true }, { signal: ctrl.signal });
           for await (const chunk of stream as AsyncIterable<ChatCompletionChunk>) this.send({ kind: "chunk", id: msg.id, chunk });
           return null;
@@ -83,10 +96,14 @@ export class PageSession {
       case "debug-lose-device":
         this.engine?.debugLoseDevice();
         return null;
-      case "debug-crash":  // an uncaught error, as a wasm abort in a callback throws one
-        setTimeout(() => { throw new Error("debug-crash: an uncaught error in the engine worker"); });
+      case "debug-crash": // an uncaught error, as a wasm abort in a callback throws one
+        setTimeout(() => {
+          throw new Error("debug-crash: an uncaught error in the engine worker");
+        });
         return null;
-      case "host": case "join": case "attach":  // taken by the house (house.ts) before a session sees them
+      case "host":
+      case "join":
+      case "attach": // taken by the house (house.ts) before a session sees them
         throw new Error(`"${msg.kind}" is a request about tabs, not for an engine`);
       case "unload":
         this.cancelAll();

@@ -8,7 +8,14 @@
 // unloads it at once.
 import { Engine } from "../webruntime/src/engine";
 import { EngineNotLoadedError } from "../webruntime/src/errors";
-import { type EngineHost, engineKey, type LoadOptions, type LoadProgress, type WorkerRequest, type WorkerResponse } from "../webruntime/src/protocol";
+import {
+  type EngineHost,
+  engineKey,
+  type LoadOptions,
+  type LoadProgress,
+  type WorkerRequest,
+  type WorkerResponse,
+} from "../webruntime/src/protocol";
 import { type Attachment, PageSession } from "./host";
 
 const GRACE_MS = 20000;
@@ -95,15 +102,31 @@ class Model {
   private graceMs: number;
 
   /** ``progress``: the first page's, heard from the load's first report on. */
-  constructor(private readonly house: House, private readonly key: string, options: LoadOptions,
-              progress: (p: LoadProgress) => void) {
+  constructor(
+    private readonly house: House,
+    private readonly key: string,
+    options: LoadOptions,
+    progress: (p: LoadProgress) => void,
+  ) {
     this.graceMs = house.kind === "shared" ? GRACE_MS : 0;
     this.listeners.add(progress);
-    this.engine = Engine.load({ ...options, onProgress: (p) => this.listeners.forEach((tell) => tell(p)) });
-    this.engine.then((engine) => { this.loaded = engine; }, (err: Error) => {
-      house.models.delete(this.key);
-      if (err?.name === "SharedEngineUnavailableError") house.refused.set(this.key, err);
+    this.engine = Engine.load({
+      ...options,
+      onProgress: (p) => {
+        this.listeners.forEach((tell) => {
+          tell(p);
+        });
+      },
     });
+    this.engine.then(
+      (engine) => {
+        this.loaded = engine;
+      },
+      (err: Error) => {
+        house.models.delete(this.key);
+        if (err?.name === "SharedEngineUnavailableError") house.refused.set(this.key, err);
+      },
+    );
   }
 
   join(page: Page, options: LoadOptions): void {
@@ -120,7 +143,10 @@ class Model {
     if (this.pages.size) return;
     const unload = () => {
       this.house.models.delete(this.key);
-      return this.engine.then((engine) => engine.unload(), () => {});
+      return this.engine.then(
+        (engine) => engine.unload(),
+        () => {},
+      );
     };
     if (!this.graceMs) return unload();
     this.timer = setTimeout(unload, this.graceMs);
@@ -135,7 +161,10 @@ export class Page implements Attachment {
   private model: Model | null = null;
   readonly session: PageSession;
 
-  constructor(private readonly house: House, readonly send: Send) {
+  constructor(
+    private readonly house: House,
+    readonly send: Send,
+  ) {
     this.session = new PageSession((msg) => send(msg), this);
     house.pages.add(this);
   }
@@ -148,7 +177,9 @@ export class Page implements Attachment {
 
   hello(tab: string): void {
     // Granted once the page's own hold on the lock ends: it closed, navigated away or crashed.
-    navigator.locks?.request(tab, () => { this.leave(); });
+    navigator.locks?.request(tab, () => {
+      this.leave();
+    });
   }
 
   async load(options: LoadOptions, progress: (p: LoadProgress) => void): Promise<Engine> {
@@ -157,7 +188,7 @@ export class Page implements Attachment {
     const refused = this.house.refused.get(key);
     if (refused) throw refused;
     let model = this.house.models.get(key);
-    if (!model) this.house.models.set(key, model = new Model(this.house, key, options, progress));
+    if (!model) this.house.models.set(key, (model = new Model(this.house, key, options, progress)));
     model.join(this, options);
     this.model = model;
     this.house.pages.add(this);

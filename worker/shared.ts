@@ -25,7 +25,7 @@ class Broker {
   private host(page: Page, key: string, id: number): void {
     this.forget(page);
     const before = this.hosts.get(key);
-    if (before) this.gone(before);  // its lock has passed on before its own leaving was noticed here
+    if (before) this.gone(before); // its lock has passed on before its own leaving was noticed here
     this.hosts.set(key, page);
     this.attached.set(page, new Set());
     page.send({ kind: "result", id, value: null });

@@ -8,16 +8,39 @@
 // identity, so `APICallError.isInstance` holds for the application's own copy of `ai`. The runtime
 // itself comes from ./index, which the build keeps external (./lantern.js beside this file).
 import {
-  APICallError, InvalidPromptError, UnsupportedFunctionalityError,
-  type LanguageModelV4, type LanguageModelV4CallOptions, type LanguageModelV4Content, type LanguageModelV4FinishReason,
-  type LanguageModelV4GenerateResult, type LanguageModelV4Prompt, type LanguageModelV4StreamPart, type LanguageModelV4StreamResult,
-  type LanguageModelV4ToolResultOutput, type LanguageModelV4Usage, type SharedV4ProviderMetadata, type SharedV4Warning,
+  APICallError,
+  InvalidPromptError,
+  UnsupportedFunctionalityError,
+  type LanguageModelV4,
+  type LanguageModelV4CallOptions,
+  type LanguageModelV4Content,
+  type LanguageModelV4FinishReason,
+  type LanguageModelV4GenerateResult,
+  type LanguageModelV4Prompt,
+  type LanguageModelV4StreamPart,
+  type LanguageModelV4StreamResult,
+  type LanguageModelV4ToolResultOutput,
+  type LanguageModelV4Usage,
+  type SharedV4ProviderMetadata,
+  type SharedV4Warning,
 } from "@ai-sdk/provider";
 import {
-  createEngine, createRouter,
-  type ChatCompletion, type ChatCompletionChunk, type ChatCompletionRequest, type ChatMessage, type CreateChatCompletion,
-  type EngineOptions, type FinishReason, type LanternEngine, type Policy, type Route, type Router, type RouterEvent,
-  type Tool, type Usage,
+  createEngine,
+  createRouter,
+  type ChatCompletion,
+  type ChatCompletionChunk,
+  type ChatCompletionRequest,
+  type ChatMessage,
+  type CreateChatCompletion,
+  type EngineOptions,
+  type FinishReason,
+  type LanternEngine,
+  type Policy,
+  type Route,
+  type Router,
+  type RouterEvent,
+  type Tool,
+  type Usage,
 } from "./index";
 
 /** The router, or the engine alone when there is no cloud: the same create (an engine ignores `route`). */
@@ -53,10 +76,17 @@ export function createLantern(settings: LanternProviderSettings): LanternProvide
   const load = () => {
     backend ??= settings.cloud
       ? createRouter({
-        local: { ...settings.engine, model: settings.model },
-        cloud: { baseURL: settings.cloud.baseURL, apiKey: settings.cloud.apiKey, model: settings.cloud.model ?? modelName(settings.model) },
-        policy: settings.policy, choose: settings.choose, localTimeoutMs: settings.localTimeoutMs, onEvent: settings.onEvent,
-      })
+          local: { ...settings.engine, model: settings.model },
+          cloud: {
+            baseURL: settings.cloud.baseURL,
+            apiKey: settings.cloud.apiKey,
+            model: settings.cloud.model ?? modelName(settings.model),
+          },
+          policy: settings.policy,
+          choose: settings.choose,
+          localTimeoutMs: settings.localTimeoutMs,
+          onEvent: settings.onEvent,
+        })
       : createEngine({ ...settings.engine, model: settings.model });
     return backend;
   };
@@ -76,15 +106,18 @@ export class LanternLanguageModel implements LanguageModelV4 {
   // and toRequest refuses them by name (the model takes text only).
   readonly supportedUrls = { "*/*": [/.*/] };
 
-  constructor(readonly modelId: string, private readonly settings: LanternProviderSettings,
-              private readonly backend: () => Promise<Router | LanternEngine>) {}
+  constructor(
+    readonly modelId: string,
+    private readonly settings: LanternProviderSettings,
+    private readonly backend: () => Promise<Router | LanternEngine>,
+  ) {}
 
   async doGenerate(options: LanguageModelV4CallOptions): Promise<LanguageModelV4GenerateResult> {
     const { request, warnings, route } = toRequest(options, this.modelId);
     const body = { ...request, stream: false as const };
     let reply: ChatCompletion;
     try {
-      const backend = await this.backend() as Backend;
+      const backend = (await this.backend()) as Backend;
       reply = await backend.chat.completions.create(body, { signal: options.abortSignal, ...(route ? { route } : {}) });
     } catch (err) {
       throw this.sdkError(err, body);
@@ -118,9 +151,11 @@ export class LanternLanguageModel implements LanguageModelV4 {
     let chunks: AsyncIterator<ChatCompletionChunk>;
     let first: IteratorResult<ChatCompletionChunk>;
     try {
-      const backend = await this.backend() as Backend;
-      chunks = (await backend.chat.completions.create(body, { signal: ctrl.signal, ...(route ? { route } : {}) }))[Symbol.asyncIterator]();
-      first = await chunks.next();  // the first chunk carries the schema's warnings, for stream-start
+      const backend = (await this.backend()) as Backend;
+      chunks = (await backend.chat.completions.create(body, { signal: ctrl.signal, ...(route ? { route } : {}) }))[
+        Symbol.asyncIterator
+      ]();
+      first = await chunks.next(); // the first chunk carries the schema's warnings, for stream-start
     } catch (err) {
       throw this.sdkError(err, body);
     }
@@ -130,7 +165,13 @@ export class LanternLanguageModel implements LanguageModelV4 {
       async start(controller) {
         const head = first.done ? undefined : first.value;
         controller.enqueue({ type: "stream-start", warnings: [...warnings, ...lanternWarnings(head?.lantern_warnings)] });
-        if (head) controller.enqueue({ type: "response-metadata", id: head.id, modelId: head.model, timestamp: new Date(head.created * 1000) });
+        if (head)
+          controller.enqueue({
+            type: "response-metadata",
+            id: head.id,
+            modelId: head.model,
+            timestamp: new Date(head.created * 1000),
+          });
         try {
           for (let next = first; !next.done; next = await chunks.next()) {
             for (const part of parts.push(next.value)) controller.enqueue(part);
@@ -168,9 +209,13 @@ export class LanternLanguageModel implements LanguageModelV4 {
     const onCloud = name === "CloudError" || (name === "NetworkError" && !!this.settings.cloud);
     const url = onCloud ? `${this.settings.cloud!.baseURL.replace(/\/$/, "")}/chat/completions` : this.settings.model;
     return new APICallError({
-      message: `${name}: ${e?.message ?? String(err)}`, url, requestBodyValues: body, statusCode: status,
+      message: `${name}: ${e?.message ?? String(err)}`,
+      url,
+      requestBodyValues: body,
+      statusCode: status,
       isRetryable: status !== undefined ? status === 408 || status === 429 || status >= 500 : name === "NetworkError",
-      data: { error: { type: name, message: e?.message ?? String(err) } }, cause: err,
+      data: { error: { type: name, message: e?.message ?? String(err) } },
+      cause: err,
     });
   }
 }
@@ -226,8 +271,12 @@ class StreamParts {
       out.push({ type: "tool-input-end", id: call.id });
       out.push({ type: "tool-call", toolCallId: call.id, toolName: call.name, input: call.args });
     }
-    out.push({ type: "finish", finishReason: finishReason(this.finish ?? undefined), usage: usageOf(this.usage),
-      providerMetadata: metadata(this.route, this.device, this.usage, this.warnings) });
+    out.push({
+      type: "finish",
+      finishReason: finishReason(this.finish ?? undefined),
+      usage: usageOf(this.usage),
+      providerMetadata: metadata(this.route, this.device, this.usage, this.warnings),
+    });
     return out;
   }
 
@@ -252,8 +301,10 @@ class StreamParts {
 
 // ---- the call options and the prompt -> one OpenAI-style request ----------------------------------
 
-function toRequest(options: LanguageModelV4CallOptions, modelId: string):
-  { request: ChatCompletionRequest; warnings: SharedV4Warning[]; route?: Route } {
+function toRequest(
+  options: LanguageModelV4CallOptions,
+  modelId: string,
+): { request: ChatCompletionRequest; warnings: SharedV4Warning[]; route?: Route } {
   const warnings: SharedV4Warning[] = [];
   const request: ChatCompletionRequest = { messages: toMessages(options.prompt, modelId) };
   const set = <K extends keyof ChatCompletionRequest>(key: K, value: ChatCompletionRequest[K] | undefined) => {
@@ -270,22 +321,42 @@ function toRequest(options: LanguageModelV4CallOptions, modelId: string):
   if (options.responseFormat?.type === "json") {
     const { schema, name, description } = options.responseFormat;
     request.response_format = schema
-      ? { type: "json_schema", json_schema: { name: name ?? "response", schema: schema as Record<string, unknown>, strict: true, ...(description ? { description } : {}) } }
+      ? {
+          type: "json_schema",
+          json_schema: {
+            name: name ?? "response",
+            schema: schema as Record<string, unknown>,
+            strict: true,
+            ...(description ? { description } : {}),
+          },
+        }
       : { type: "json_object" };
   }
   const tools: Tool[] = [];
   for (const t of options.tools ?? []) {
     if (t.type !== "function") {
-      warnings.push({ type: "unsupported", feature: `provider-defined tool ${t.name}`, details: "Lantern runs function tools only" });
+      warnings.push({
+        type: "unsupported",
+        feature: `provider-defined tool ${t.name}`,
+        details: "Lantern runs function tools only",
+      });
       continue;
     }
-    tools.push({ type: "function", function: { name: t.name, ...(t.description ? { description: t.description } : {}),
-      parameters: t.inputSchema as Record<string, unknown>, ...(t.strict !== undefined ? { strict: t.strict } : {}) } });
+    tools.push({
+      type: "function",
+      function: {
+        name: t.name,
+        ...(t.description ? { description: t.description } : {}),
+        parameters: t.inputSchema as Record<string, unknown>,
+        ...(t.strict !== undefined ? { strict: t.strict } : {}),
+      },
+    });
   }
   if (tools.length) {
     request.tools = tools;
     const choice = options.toolChoice;
-    if (choice) request.tool_choice = choice.type === "tool" ? { type: "function", function: { name: choice.toolName } } : choice.type;
+    if (choice)
+      request.tool_choice = choice.type === "tool" ? { type: "function", function: { name: choice.toolName } } : choice.type;
   }
   // Reasoning is on or off (Qwen3's enable_thinking); the template ignores it for other models.
   const extra = (options.providerOptions?.lantern ?? {}) as Record<string, unknown>;
@@ -293,21 +364,25 @@ function toRequest(options: LanguageModelV4CallOptions, modelId: string):
   const kwargs: Record<string, unknown> = { ...(extra.chat_template_kwargs as object | undefined) };
   if (reasoning && reasoning !== "provider-default") {
     kwargs.enable_thinking ??= reasoning !== "none";
-    if (reasoning !== "none") warnings.push({ type: "unsupported", feature: `reasoning effort "${reasoning}"`, details: "thinking is only on or off" });
+    if (reasoning !== "none")
+      warnings.push({ type: "unsupported", feature: `reasoning effort "${reasoning}"`, details: "thinking is only on or off" });
   }
   if (Object.keys(kwargs).length) request.chat_template_kwargs = kwargs;
   if (Object.values(options.headers ?? {}).some((v) => v !== undefined)) {
     warnings.push({ type: "unsupported", feature: "headers", details: "the router sends its own headers to the cloud" });
   }
-  for (const key of PASSED_THROUGH) if (extra[key] !== undefined) (request as unknown as Record<string, unknown>)[key] = extra[key];
+  for (const key of PASSED_THROUGH)
+    if (extra[key] !== undefined) (request as unknown as Record<string, unknown>)[key] = extra[key];
   const route = extra.route === "local" || extra.route === "cloud" ? extra.route : undefined;
   return { request, warnings, route };
 }
 
 function toMessages(prompt: LanguageModelV4Prompt, modelId: string): ChatMessage[] {
-  const unsupported = (what: string) => new UnsupportedFunctionalityError({
-    functionality: what, message: `${what}: the Lantern model ${modelId} takes text only`,
-  });
+  const unsupported = (what: string) =>
+    new UnsupportedFunctionalityError({
+      functionality: what,
+      message: `${what}: the Lantern model ${modelId} takes text only`,
+    });
   const out: ChatMessage[] = [];
   for (const [i, message] of prompt.entries()) {
     switch (message.role) {
@@ -330,20 +405,33 @@ function toMessages(prompt: LanguageModelV4Prompt, modelId: string): ChatMessage
           if (part.type === "text") text += part.text;
           else if (part.type === "reasoning") reasoning += part.text;
           else if (part.type === "tool-call") {
-            calls.push({ id: part.toolCallId, type: "function", function: { name: part.toolName, arguments: JSON.stringify(part.input) } });
+            calls.push({
+              id: part.toolCallId,
+              type: "function",
+              function: { name: part.toolName, arguments: JSON.stringify(part.input) },
+            });
           } else if (part.type === "file" || part.type === "reasoning-file") {
             throw unsupported(`a ${part.type} part (${part.mediaType}) in assistant message ${i}`);
           }
           // provider-executed tool results and custom parts: nothing for the model's template
         }
-        out.push({ role: "assistant", content: text || (calls.length ? null : ""),
-          ...(reasoning ? { reasoning_content: reasoning } : {}), ...(calls.length ? { tool_calls: calls } : {}) });
+        out.push({
+          role: "assistant",
+          content: text || (calls.length ? null : ""),
+          ...(reasoning ? { reasoning_content: reasoning } : {}),
+          ...(calls.length ? { tool_calls: calls } : {}),
+        });
         break;
       }
       case "tool":
         for (const part of message.content) {
-          if (part.type !== "tool-result") continue;  // approvals are the SDK's business
-          out.push({ role: "tool", tool_call_id: part.toolCallId, name: part.toolName, content: toolOutput(part.output, i, unsupported) });
+          if (part.type !== "tool-result") continue; // approvals are the SDK's business
+          out.push({
+            role: "tool",
+            tool_call_id: part.toolCallId,
+            name: part.toolName,
+            content: toolOutput(part.output, i, unsupported),
+          });
         }
         break;
     }
@@ -363,10 +451,12 @@ function toolOutput(output: LanguageModelV4ToolResultOutput, i: number, unsuppor
     case "execution-denied":
       return output.reason ?? "The tool call was denied.";
     case "content":
-      return output.value.map((p) => {
-        if (p.type === "text") return p.text;
-        throw unsupported(`a ${p.type} part in the tool result of message ${i}`);
-      }).join("\n");
+      return output.value
+        .map((p) => {
+          if (p.type === "text") return p.text;
+          throw unsupported(`a ${p.type} part in the tool result of message ${i}`);
+        })
+        .join("\n");
   }
 }
 
@@ -380,8 +470,12 @@ function finishReason(raw: FinishReason | null | undefined): LanguageModelV4Fini
 function usageOf(usage: Usage | undefined): LanguageModelV4Usage {
   const cached = usage?.prompt_tokens_details?.cached_tokens ?? usage?.cached_prompt_tokens;
   return {
-    inputTokens: { total: usage?.prompt_tokens, noCache: usage && cached !== undefined ? usage.prompt_tokens - cached : undefined,
-      cacheRead: cached, cacheWrite: undefined },
+    inputTokens: {
+      total: usage?.prompt_tokens,
+      noCache: usage && cached !== undefined ? usage.prompt_tokens - cached : undefined,
+      cacheRead: cached,
+      cacheWrite: undefined,
+    },
     outputTokens: { total: usage?.completion_tokens, text: undefined, reasoning: undefined },
     ...(usage ? { raw: { ...usage } } : {}),
   };
@@ -392,13 +486,20 @@ function lanternWarnings(list: string[] | undefined): SharedV4Warning[] {
 }
 
 /** `providerMetadata.lantern`: where the answer was computed, and Lantern's timings when the route sends them. */
-function metadata(route: Route | undefined, device: ChatCompletion["lantern_device"], usage: Usage | undefined,
-                  warnings: string[] | undefined): SharedV4ProviderMetadata {
+function metadata(
+  route: Route | undefined,
+  device: ChatCompletion["lantern_device"],
+  usage: Usage | undefined,
+  warnings: string[] | undefined,
+): SharedV4ProviderMetadata {
   const lantern: Record<string, string | number | string[]> = { route: route ?? "local" };
   if (device) lantern.device = device;
   if (warnings?.length) lantern.warnings = warnings;
-  const timings = { ttftMs: usage?.ttft_ms, prefillTokensPerSecond: usage?.prefill_tokens_per_s,
-    decodeTokensPerSecond: usage?.decode_tokens_per_s };
+  const timings = {
+    ttftMs: usage?.ttft_ms,
+    prefillTokensPerSecond: usage?.prefill_tokens_per_s,
+    decodeTokensPerSecond: usage?.decode_tokens_per_s,
+  };
   for (const [key, value] of Object.entries(timings)) if (typeof value === "number") lantern[key] = value;
   return { lantern };
 }

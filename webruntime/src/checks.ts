@@ -5,7 +5,7 @@ import { detectGpu } from "./device";
 
 export interface PipelineCheck {
   file: string;
-  checked: boolean;  // false when the adapter lacks a feature the library needs
+  checked: boolean; // false when the adapter lacks a feature the library needs
   ok: boolean;
   kernels: number;
   seconds: number;
@@ -33,8 +33,14 @@ export async function checkLibraryPipelines(modelUrl: string, file: string, requ
     if (invalid) throw new Error(invalid.message);
     return { file, checked: true, ok: true, kernels, seconds: (performance.now() - started) / 1000 };
   } catch (err) {
-    return { file, checked: true, ok: false, kernels, seconds: (performance.now() - started) / 1000,
-      error: err instanceof Error ? err.message : String(err) };
+    return {
+      file,
+      checked: true,
+      ok: false,
+      kernels,
+      seconds: (performance.now() - started) / 1000,
+      error: err instanceof Error ? err.message : String(err),
+    };
   } finally {
     tvm.dispose();
   }

@@ -5,8 +5,17 @@ import { deserializeError, WorkerCrashedError } from "./errors";
 import { holdCache } from "./storage";
 import { PushStream } from "./stream";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, EngineOptions, EngineStats, LoadOptions,
-  WorkerRequest, WorkerResponse,
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  CreateChatCompletion,
+  DebugOp,
+  DebugResult,
+  EngineOptions,
+  EngineStats,
+  LoadOptions,
+  WorkerRequest,
+  WorkerResponse,
 } from "./protocol";
 
 interface Pending {
@@ -15,7 +24,7 @@ interface Pending {
   onChunk?: (c: ChatCompletionChunk) => void;
 }
 
-type Outgoing = WorkerRequest extends infer R ? R extends { id: number } ? Omit<R, "id"> : never : never;
+type Outgoing = WorkerRequest extends infer R ? (R extends { id: number } ? Omit<R, "id"> : never) : never;
 
 /** The engine's end of the line: a dedicated Worker, this page's port of the SharedWorker, or a port to
  * another tab's dedicated worker (tabs.ts). */
@@ -32,7 +41,8 @@ export const SHARED_NAME = `lantern-engine-${__LANTERN_VERSION__}`;
 export class WorkerEngine {
   readonly chat = {
     completions: {
-      create: ((req: ChatCompletionRequest, opts?: CreateOptions) => this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
+      create: ((req: ChatCompletionRequest, opts?: CreateOptions) =>
+        this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
     },
   };
 
@@ -92,8 +102,13 @@ export class WorkerEngine {
    * wait for it. Rejects where ``channel`` or the load fails; a later link supersedes this one.
    * ``kind``: whose worker is at the other end (stats().host.kind: this tab's, or another's).
    */
-  link(channel: Promise<Channel>, options: LoadOptions, tab: string, kind: "dedicated" | "tab",
-       lost?: WorkerCrashedError): Promise<void> {
+  link(
+    channel: Promise<Channel>,
+    options: LoadOptions,
+    tab: string,
+    kind: "dedicated" | "tab",
+    lost?: WorkerCrashedError,
+  ): Promise<void> {
     if (lost) {
       for (const p of this.pending.values()) p.reject(lost);
       this.pending.clear();
@@ -115,11 +130,16 @@ export class WorkerEngine {
         await this.call({ kind: "load", options }, undefined, line);
         if (!superseded()) this.across = { kind, handovers: this.across ? this.across.handovers + 1 : 0 };
       } catch (err) {
-        if (!superseded()) throw err;  // a later link has taken over, and its outcome counts
+        if (!superseded()) throw err; // a later link has taken over, and its outcome counts
       }
     })();
     this.gate = gate;
-    gate.then(() => { if (this.gate === gate) this.gate = null; }, () => {});
+    gate.then(
+      () => {
+        if (this.gate === gate) this.gate = null;
+      },
+      () => {},
+    );
     return gate;
   }
 
@@ -145,12 +165,18 @@ export class WorkerEngine {
     const port = worker.port;
     engine.channel = {
       post: (msg) => port.postMessage(msg),
-      close: () => { port.close(); release(); },
+      close: () => {
+        port.close();
+        release();
+      },
     };
     port.onmessage = (ev: MessageEvent<WorkerResponse>) => engine.receive(ev.data);
-    worker.onerror = (ev) => {  // the script itself failed to load or start
+    worker.onerror = (ev) => {
+      // the script itself failed to load or start
       ev.preventDefault();
-      engine.crash(new WorkerCrashedError(`the shared engine worker failed to start: ${(ev as ErrorEvent).message || "an error"}`));
+      engine.crash(
+        new WorkerCrashedError(`the shared engine worker failed to start: ${(ev as ErrorEvent).message || "an error"}`),
+      );
     };
     try {
       await engine.call({ kind: "hello", tab });
@@ -174,7 +200,7 @@ export class WorkerEngine {
       this.workerFailed(msg.message);
       return;
     }
-    if (msg.kind === "connect" || msg.kind === "host-gone" || msg.kind === "port") return;  // the SharedWorker's, to tabs.ts
+    if (msg.kind === "connect" || msg.kind === "host-gone" || msg.kind === "port") return; // the SharedWorker's, to tabs.ts
     const p = this.pending.get(msg.id);
     if (msg.kind === "progress") {
       this.onProgress?.(msg.progress);
@@ -193,8 +219,12 @@ export class WorkerEngine {
   }
 
   /** Send ``msg`` (on ``via``: at once, on that line; else on the engine's line, after any move). */
-  private call(msg: Outgoing, onChunk?: (c: ChatCompletionChunk) => void, via?: Channel,
-               transfer?: Transferable[]): Promise<unknown> & { id: number } {
+  private call(
+    msg: Outgoing,
+    onChunk?: (c: ChatCompletionChunk) => void,
+    via?: Channel,
+    transfer?: Transferable[],
+  ): Promise<unknown> & { id: number } {
     const id = this.nextId++;
     const crashed = this.crashed;
     const promise = new Promise((resolve, reject) => {
@@ -211,7 +241,11 @@ export class WorkerEngine {
 
   /** On the engine's line, in order; while it moves (link), once it has. */
   private post(msg: WorkerRequest, transfer?: Transferable[]): void {
-    if (this.gate) this.gate.then(() => this.channel?.post(msg, transfer), () => {});
+    if (this.gate)
+      this.gate.then(
+        () => this.channel?.post(msg, transfer),
+        () => {},
+      );
     else this.channel?.post(msg, transfer);
   }
 
@@ -220,16 +254,23 @@ export class WorkerEngine {
     return this.call({ kind: "attach" }, undefined, line, [port]);
   }
 
-  private async create(request: ChatCompletionRequest, opts: CreateOptions = {}):
-    Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
+  private async create(
+    request: ChatCompletionRequest,
+    opts: CreateOptions = {},
+  ): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     const chunks = new PushStream<ChatCompletionChunk>();
     const call = this.call({ kind: "create", request }, request.stream ? (c) => chunks.push(c) : undefined);
-    const onAbort = () => { if (!this.crashed) this.post({ kind: "abort", id: this.nextId++, target: call.id }); };
+    const onAbort = () => {
+      if (!this.crashed) this.post({ kind: "abort", id: this.nextId++, target: call.id });
+    };
     if (opts.signal?.aborted) onAbort();
     opts.signal?.addEventListener("abort", onAbort);
     const finished = call.finally(() => opts.signal?.removeEventListener("abort", onAbort));
     if (!request.stream) return (await finished) as ChatCompletion;
-    finished.then(() => chunks.end(), (e) => chunks.fail(e));
+    finished.then(
+      () => chunks.end(),
+      (e) => chunks.fail(e),
+    );
     return chunks;
   }
 
@@ -255,7 +296,7 @@ export class WorkerEngine {
   }
 
   async stats(): Promise<EngineStats> {
-    const stats = await this.call({ kind: "stats" }) as EngineStats;
+    const stats = (await this.call({ kind: "stats" })) as EngineStats;
     if (this.fallback) stats.host.fallback = this.fallback;
     if (this.across) stats.host = { ...stats.host, kind: this.across.kind, handovers: this.across.handovers };
     return stats;
@@ -282,7 +323,7 @@ export function dedicatedWorker(workerUrl: URL, engine: WorkerEngine): Channel {
 
 /** Hold the Web Lock ``name`` until the returned function is called or the page goes away. */
 export function holdLock(name: string): Promise<() => void> {
-  if (!navigator.locks) return Promise.resolve(() => {});  // no lock: a closed tab is noticed only by its unload
+  if (!navigator.locks) return Promise.resolve(() => {}); // no lock: a closed tab is noticed only by its unload
   return new Promise((held) => {
     navigator.locks.request(name, () => new Promise<void>((release) => held(release)));
   });

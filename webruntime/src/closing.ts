@@ -17,7 +17,10 @@ const VALUES = new Set(["0", '""', "[]", "{}", "null", "true", "false"]);
 const NUMBER = "0123456789.eE+-";
 /** Where a JSON text is: where a value (or key) may start, elsewhere outside a string, inside a
  * string, after a backslash in one (closing.py's VALUE, AFTER, INSIDE, ESCAPED). */
-export const VALUE = 0, AFTER = 1, INSIDE = 2, ESCAPED = 3;
+export const VALUE = 0,
+  AFTER = 1,
+  INSIDE = 2,
+  ESCAPED = 3;
 
 /** Where a JSON text is after `text`, from `state`. */
 export function lex(state: number, text: string): number {
@@ -36,17 +39,17 @@ const only = (text: string, chars: string) => [...text].every((c) => chars.inclu
 
 /** A token's class and its place in the class (lower first) at `where` (VALUE, AFTER or INSIDE). */
 function rank(text: string, where: number): [number, number] {
-  if (text.includes("\ufffd")) return [9, 0];  // a piece of a character
+  if (text.includes("\ufffd")) return [9, 0]; // a piece of a character
   const size = utf8.encode(text).length;
   const blank = !text.replace(/[ \t\n\r]/g, "");
   if (where === INSIDE) {
-    if (text[0] === '"' && only(text, '"]}')) return [0, -size];  // ends the string, and maybe more
+    if (text[0] === '"' && only(text, '"]}')) return [0, -size]; // ends the string, and maybe more
     return blank ? [3, size] : [2, -size];
   }
   if (only(text, "]}")) return [0, -size];
   if (where === VALUE && VALUES.has(text.startsWith(" ") ? text.slice(1) : text)) return [1, 0];
   if (blank) return [3, size];
-  if (where === AFTER && NUMBER.includes(text[0])) return [4, -size];  // a number goes on
+  if (where === AFTER && NUMBER.includes(text[0])) return [4, -size]; // a number goes on
   return [2, -size];
 }
 
@@ -55,7 +58,9 @@ function rank(text: string, where: number): [number, number] {
 export function closingOrder(texts: string[], left: Iterable<number>, where: number): number[] {
   const skip = new Set(left);
   const keys: [number, number, number][] = [];
-  texts.forEach((text, i) => { if (text && !skip.has(i)) keys.push([...rank(text, where), i]); });
+  texts.forEach((text, i) => {
+    if (text && !skip.has(i)) keys.push([...rank(text, where), i]);
+  });
   keys.sort((a, b) => a[0] - b[0] || a[1] - b[1] || a[2] - b[2]);
   return keys.map((k) => k[2]);
 }
@@ -77,7 +82,11 @@ export class Closer {
   private readonly enders: number[];
 
   /** `texts`: each token decoded alone; `left`: tokens the policy never writes (stop and added tokens). */
-  constructor(private readonly texts: string[], left: number[], private readonly stopIds: number[]) {
+  constructor(
+    private readonly texts: string[],
+    left: number[],
+    private readonly stopIds: number[],
+  ) {
     this.orders = [closingOrder(texts, left, VALUE), closingOrder(texts, left, AFTER), closingOrder(texts, left, INSIDE)];
     this.enders = this.orders[INSIDE].filter((i) => rank(texts[i], INSIDE)[0] === 0);
   }
@@ -93,8 +102,7 @@ export class Closer {
   /** The policy's tokens from `matcher`'s state (and the text's `state`, see lex) to where the
    * grammar may end, or null when that takes more than `limit` tokens, the grammar allows no token,
    * or the masks left in `work` (shared by a close()) are spent. `matcher` is left as it was. */
-  async path(matcher: XGrammar.GrammarMatcher, limit: number, state: number, work = { left: WORK }):
-    Promise<number[] | null> {
+  async path(matcher: XGrammar.GrammarMatcher, limit: number, state: number, work = { left: WORK }): Promise<number[] | null> {
     const path: number[] = [];
     try {
       for (;;) {
@@ -102,7 +110,7 @@ export class Closer {
         const allowed = await matcher.getNextTokenBitmask();
         if (this.stopIds.some((id) => allowedBit(allowed, id))) return path;
         if (path.length >= limit) return null;
-        const hits: number[] = [];  // the first allowed tokens in order, as many as a lookahead tries
+        const hits: number[] = []; // the first allowed tokens in order, as many as a lookahead tries
         for (const id of this.orders[Math.min(state, INSIDE)]) {
           if (allowedBit(allowed, id) && hits.push(id) === LOOKAHEAD) break;
         }
@@ -121,8 +129,11 @@ export class Closer {
   }
 
   /** Of a string's candidate tokens, the first after which the string may end, if any. */
-  private async towardEnd(matcher: XGrammar.GrammarMatcher, candidates: number[], work: { left: number }):
-    Promise<number | null> {
+  private async towardEnd(
+    matcher: XGrammar.GrammarMatcher,
+    candidates: number[],
+    work: { left: number },
+  ): Promise<number | null> {
     for (const token of candidates) {
       matcher.acceptToken(token);
       work.left--;
@@ -140,8 +151,12 @@ export class Closer {
    * `hold` of them dropped. null when no such point exists, or none was found within WORK masks.
    * `matcher` starts fresh and is used up.
    */
-  async close(matcher: XGrammar.GrammarMatcher, steps: string[], maxTokens: number, hold = HOLD):
-    Promise<{ kept: number; path: number[] } | null> {
+  async close(
+    matcher: XGrammar.GrammarMatcher,
+    steps: string[],
+    maxTokens: number,
+    hold = HOLD,
+  ): Promise<{ kept: number; path: number[] } | null> {
     const n = steps.length;
     const work = { left: WORK };
     const first = n - Math.min(hold, n);
@@ -153,7 +168,7 @@ export class Closer {
     const states = [state];
     for (let i = first; i < n; i++) {
       accept(steps[i]);
-      states.push(state = lex(state, steps[i]));
+      states.push((state = lex(state, steps[i])));
     }
     for (let kept = n; kept >= first; kept--) {
       const path = await this.path(matcher, maxTokens - kept, states[kept - first], work);

@@ -21,8 +21,10 @@ export async function createEngine(options: EngineOptions): Promise<LanternEngin
       try {
         // on the wasm device, threads decide between a shared engine and a faster dedicated one
         const requireThreads = options.requireThreads ?? (options.threads !== 1 && wasmFeatures().threads);
-        return await WorkerEngine.startShared({ ...options, model, requireThreads },
-          new URL("./shared-worker.js", import.meta.url));
+        return await WorkerEngine.startShared(
+          { ...options, model, requireThreads },
+          new URL("./shared-worker.js", import.meta.url),
+        );
       } catch (err) {
         if ((err as Error)?.name !== "SharedEngineUnavailableError") throw err;
         fallback = (err as Error).message;
@@ -32,9 +34,10 @@ export async function createEngine(options: EngineOptions): Promise<LanternEngin
   }
   const workerUrl = new URL("./worker.js", import.meta.url);
   // the SharedWorker could not run it: one tab's dedicated worker runs it for every tab (tabs.ts)
-  const engine = fallback && canShareAcrossTabs()
-    ? await startAcrossTabs({ ...options, model }, workerUrl, new URL("./shared-worker.js", import.meta.url))
-    : await WorkerEngine.start({ ...options, model }, workerUrl);
+  const engine =
+    fallback && canShareAcrossTabs()
+      ? await startAcrossTabs({ ...options, model }, workerUrl, new URL("./shared-worker.js", import.meta.url))
+      : await WorkerEngine.start({ ...options, model }, workerUrl);
   engine.fallback = fallback;
   return engine;
 }

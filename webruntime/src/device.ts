@@ -40,12 +40,14 @@ export function checkFits(manifest: Manifest, largestTensorBytes: number, device
   if (largestTensorBytes > limit) {
     throw new OutOfMemoryError(
       `the largest weight tensor is ${largestTensorBytes} bytes but this adapter binds at most ${limit} bytes ` +
-      "(maxStorageBufferBindingSize, maxBufferSize)");
+        "(maxStorageBufferBindingSize, maxBufferSize)",
+    );
   }
   const gib = (globalThis.navigator as Navigator & { deviceMemory?: number })?.deviceMemory;
   // deviceMemory is rounded down and capped at 8 GiB, so only a clear shortfall is an error.
   if (gib && gib < 8 && manifest.memory.estimated_gpu_bytes > gib * 2 ** 30) {
     throw new OutOfMemoryError(
-      `the model needs about ${(manifest.memory.estimated_gpu_bytes / 2 ** 30).toFixed(2)} GiB and this device reports ${gib} GiB`);
+      `the model needs about ${(manifest.memory.estimated_gpu_bytes / 2 ** 30).toFixed(2)} GiB and this device reports ${gib} GiB`,
+    );
   }
 }

@@ -10,14 +10,14 @@ import type { GrammarSpec } from "./structured";
 export interface DeviceStep {
   token: number;
   text: string;
-  logprob: TokenLogprob | null;  // when the request asked for logprobs
+  logprob: TokenLogprob | null; // when the request asked for logprobs
 }
 
 export interface GenerationRequest {
-  prompt: number[];  // the prompt's tokens, by Lantern's tokenizer
-  promptText: string;  // the same prompt as text
+  prompt: number[]; // the prompt's tokens, by Lantern's tokenizer
+  promptText: string; // the same prompt as text
   params: SamplingParams;
-  grammar: unknown;  // what the device's prepare() made of the request's grammar, or null
+  grammar: unknown; // what the device's prepare() made of the request's grammar, or null
   maxTokens: number;
   stopTokenIds: Set<number>;
 }
@@ -34,13 +34,15 @@ export interface Generation {
   readonly cachedTokens: number;
 }
 
-export type DeviceStats = Pick<EngineStats,
-  "kvSequences" | "kvAvailablePages" | "kvTotalPages" | "cachedTokens" | "peakGpuBytes" | "adapter" | "grammarCache" | "wasm">;
+export type DeviceStats = Pick<
+  EngineStats,
+  "kvSequences" | "kvAvailablePages" | "kvTotalPages" | "cachedTokens" | "peakGpuBytes" | "adapter" | "grammarCache" | "wasm"
+>;
 
 export interface Device {
   readonly kind: DeviceName;
-  readonly label: string;  // what a page shows its user: "WebGPU (NVIDIA hopper)", "CPU (wasm, 2 threads)"
-  readonly library: string;  // the artifact file(s) it runs
+  readonly label: string; // what a page shows its user: "WebGPU (NVIDIA hopper)", "CPU (wasm, 2 threads)"
+  readonly library: string; // the artifact file(s) it runs
   readonly contextWindow: number;
   /** Check and compile a request's grammar before it is queued (InvalidRequestError when bad). */
   prepare(spec: GrammarSpec): Promise<unknown>;

@@ -3,12 +3,30 @@
 // The device generates tokens (devices.ts); the engine owns everything a request sees around them.
 import { detectGpu, type Gpu } from "./device";
 import type { Device, Generation } from "./devices";
-import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, WebGPUUnavailableError } from "./errors";
+import {
+  ArtifactError,
+  EngineNotLoadedError,
+  InvalidRequestError,
+  LanternError,
+  OutOfMemoryError,
+  WebGPUUnavailableError,
+} from "./errors";
 import { autoDevice } from "./library";
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, DebugOp, DebugResult, DeviceName, EngineOptions, EngineStats,
-  FinishReason, LoadProgress, TokenLogprob, Usage,
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  CreateChatCompletion,
+  DebugOp,
+  DebugResult,
+  DeviceName,
+  EngineOptions,
+  EngineStats,
+  FinishReason,
+  LoadProgress,
+  TokenLogprob,
+  Usage,
 } from "./protocol";
 import { samplingParams } from "./sampler";
 import { openStore, type FileStore } from "./storage";
@@ -27,7 +45,9 @@ const NEXT: Record<RequestState, RequestState[]> = {
   queued: ["prefill", "cancelled", "failed"],
   prefill: ["decode", "completed", "cancelled", "failed"],
   decode: ["completed", "cancelled", "failed"],
-  completed: [], cancelled: [], failed: [],
+  completed: [],
+  cancelled: [],
+  failed: [],
 };
 
 class Job {
@@ -36,8 +56,12 @@ class Job {
   readonly id = `chatcmpl-${crypto.randomUUID()}`;
   readonly created = Math.floor(Date.now() / 1000);
 
-  constructor(readonly request: ChatCompletionRequest, readonly grammar: PreparedGrammar | null, readonly prompt: PromptPlan,
-              readonly onEvent: (e: StepEvent) => void) {}
+  constructor(
+    readonly request: ChatCompletionRequest,
+    readonly grammar: PreparedGrammar | null,
+    readonly prompt: PromptPlan,
+    readonly onEvent: (e: StepEvent) => void,
+  ) {}
 
   move(to: RequestState): void {
     if (!NEXT[this.state].includes(to)) throw new Error(`internal: request went ${this.state} -> ${to}`);
@@ -59,16 +83,18 @@ export interface PromptPlan {
 }
 
 interface StepEvent {
-  delta: string;  // content
-  reasoning: string;  // reasoning_content ("" for models without reasoning)
-  raw: string;  // the generated text of this step, before the split
-  tokens: number;  // completion tokens so far
+  delta: string; // content
+  reasoning: string; // reasoning_content ("" for models without reasoning)
+  raw: string; // the generated text of this step, before the split
+  tokens: number; // completion tokens so far
   logprobs: TokenLogprob[] | null;
   finish: FinishReason | null;
   usage?: Usage;
 }
 
-export interface CreateOptions { signal?: AbortSignal }
+export interface CreateOptions {
+  signal?: AbortSignal;
+}
 
 const DEVICES = ["auto", "webgpu", "wasm"];
 
@@ -77,8 +103,11 @@ const DEVICES = ["auto", "webgpu", "wasm"];
  * (wasm) also when WebGPU fails to load with WebGPUUnavailableError or OutOfMemoryError (the model
  * does not fit the GPU) and the artifact has a GGUF.
  */
-async function openDevice(want: string, open: { webgpu: (gpu: Gpu) => Promise<Device>; wasm: () => Promise<Device> },
-                          hasGguf: boolean): Promise<Device> {
+async function openDevice(
+  want: string,
+  open: { webgpu: (gpu: Gpu) => Promise<Device>; wasm: () => Promise<Device> },
+  hasGguf: boolean,
+): Promise<Device> {
   if (!DEVICES.includes(want)) throw new InvalidRequestError(`device must be one of ${DEVICES.join(", ")}, got '${want}'`);
   if (want === "wasm") return open.wasm();
   if (want === "webgpu") return open.webgpu(await detectGpu());
@@ -108,7 +137,8 @@ async function openDevice(want: string, open: { webgpu: (gpu: Gpu) => Promise<De
 export class Engine {
   readonly chat = {
     completions: {
-      create: ((req: ChatCompletionRequest, opts?: CreateOptions) => this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
+      create: ((req: ChatCompletionRequest, opts?: CreateOptions) =>
+        this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
     },
   };
 
@@ -120,37 +150,66 @@ export class Engine {
 
   private closer: Closer | null = null;
 
-  private constructor(device: Device, private readonly codec: TextCodec, readonly manifest: Manifest,
-                      private readonly stopTokenIds: Set<number>, private readonly grammars: LazyGrammars,
-                      private readonly store: FileStore) {
+  private constructor(
+    device: Device,
+    private readonly codec: TextCodec,
+    readonly manifest: Manifest,
+    private readonly stopTokenIds: Set<number>,
+    private readonly grammars: LazyGrammars,
+    private readonly store: FileStore,
+  ) {
     this.device = device;
   }
 
   static async load(options: EngineOptions): Promise<Engine> {
     const report = options.onProgress ?? (() => {});
     const cw = options.contextWindow;
-    if (cw !== undefined && !(Number.isInteger(cw) && cw > 0)) throw new InvalidRequestError(`contextWindow must be a positive integer, got ${cw}`);
+    if (cw !== undefined && !(Number.isInteger(cw) && cw > 0))
+      throw new InvalidRequestError(`contextWindow must be a positive integer, got ${cw}`);
     const modelUrl = new URL(options.model, globalThis.location?.href).href.replace(/\/?$/, "/");
     const store: FileStore = openStore(options.cache ?? "cache-api");
     report({ phase: "manifest", loadedBytes: 0, totalBytes: 0, progress: 0 });
     const manifest = await fetchManifest(modelUrl, store);
     const config = ["tokenizer.json", "tokenizer_config.json", "mlc-chat-config.json"];
-    const small = await fetchFiles(modelUrl, manifest, config, { store, parallel: 3, retries: options.retries ?? 3, onProgress: () => {} });
+    const small = await fetchFiles(modelUrl, manifest, config, {
+      store,
+      parallel: 3,
+      retries: options.retries ?? 3,
+      onProgress: () => {},
+    });
     const json = (name: string) => JSON.parse(new TextDecoder().decode(small.get(name)!));
     // the tokenizer starts while the device loads (the wasm device loads in llama.cpp's own worker)
     const codecReady = TextCodec.create(small.get("tokenizer.json")!, json("tokenizer_config.json") as TokenizerConfig);
-    codecReady.catch(() => {});  // awaited below
+    codecReady.catch(() => {}); // awaited below
     const chatConfig = json("mlc-chat-config.json");
     const stops = stopTokenIds(chatConfig);
     if (!stops.size) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
-    const grammars = new LazyGrammars(small.get("tokenizer.json")!, chatConfig.tokenizer_info?.token_postproc_method ?? "raw",
-      manifest.model.vocab_size, [...stops].sort((a, b) => a - b));
+    const grammars = new LazyGrammars(
+      small.get("tokenizer.json")!,
+      chatConfig.tokenizer_info?.token_postproc_method ?? "raw",
+      manifest.model.vocab_size,
+      [...stops].sort((a, b) => a - b),
+    );
 
-    const device = await openDevice(options.device ?? "auto", {
-      webgpu: async (gpu) => WebGpuDevice.open({ modelUrl, manifest, gpu, store, options, codec: await codecReady,
-        grammars, stopTokenIds: stops, report }),
-      wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report, chatConfig.model_config ?? {}),
-    }, Boolean(manifest.gguf?.files.length));
+    const device = await openDevice(
+      options.device ?? "auto",
+      {
+        webgpu: async (gpu) =>
+          WebGpuDevice.open({
+            modelUrl,
+            manifest,
+            gpu,
+            store,
+            options,
+            codec: await codecReady,
+            grammars,
+            stopTokenIds: stops,
+            report,
+          }),
+        wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report, chatConfig.model_config ?? {}),
+      },
+      Boolean(manifest.gguf?.files.length),
+    );
     return new Engine(device, await codecReady, manifest, stops, grammars, store);
   }
 
@@ -164,8 +223,10 @@ export class Engine {
     return this.loaded().kind;
   }
 
-  private async create(request: ChatCompletionRequest, opts: CreateOptions = {}):
-    Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
+  private async create(
+    request: ChatCompletionRequest,
+    opts: CreateOptions = {},
+  ): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     const device = this.loaded();
     const req = this.validate(request);
     // Bad schemas, grammars and template variables fail here, before the request is queued.
@@ -189,7 +250,9 @@ export class Engine {
       if (e.usage) usage = e.usage;
     });
     const message: ChatCompletion["choices"][0]["message"] = {
-      role: "assistant", content: text, ...(plan.reasoning ? { reasoning_content: reasoning } : {}),
+      role: "assistant",
+      content: text,
+      ...(plan.reasoning ? { reasoning_content: reasoning } : {}),
     };
     if (callsTools(req)) {
       const { content, calls } = parseToolCalls(text);
@@ -199,22 +262,34 @@ export class Engine {
       }
     }
     return {
-      id: job.id, object: "chat.completion", created: job.created, model: this.manifest.model.name, lantern_device: device.kind,
+      id: job.id,
+      object: "chat.completion",
+      created: job.created,
+      model: this.manifest.model.name,
+      lantern_device: device.kind,
       choices: [{ index: 0, message, finish_reason: finish, logprobs: req.logprobs ? { content: logprobs } : null }],
-      usage: usage!, ...warnings,
+      usage: usage!,
+      ...warnings,
     };
   }
 
-  private stream(req: CheckedRequest, grammar: PreparedGrammar | null, plan: PromptPlan, opts: CreateOptions,
-                 warnings: { lantern_warnings?: string[] }): AsyncIterable<ChatCompletionChunk> {
+  private stream(
+    req: CheckedRequest,
+    grammar: PreparedGrammar | null,
+    plan: PromptPlan,
+    opts: CreateOptions,
+    warnings: { lantern_warnings?: string[] },
+  ): AsyncIterable<ChatCompletionChunk> {
     const chunks = new PushStream<ChatCompletionChunk>();
     let first = true;
     const includeUsage = req.stream_options.include_usage;
     const kind = this.loaded().kind;
     let jobRef: Job | null = null;
-    let sent = "";  // content streamed so far (tool calls are held back for the last chunk)
+    let sent = ""; // content streamed so far (tool calls are held back for the last chunk)
     const chunk = (job: Job, e: StepEvent): ChatCompletionChunk => {
-      const delta: ChatCompletionChunk["choices"][0]["delta"] = first ? { role: "assistant", content: e.delta } : { content: e.delta };
+      const delta: ChatCompletionChunk["choices"][0]["delta"] = first
+        ? { role: "assistant", content: e.delta }
+        : { content: e.delta };
       if (e.reasoning) delta.reasoning_content = e.reasoning;
       const opening = first ? warnings : {};
       first = false;
@@ -229,16 +304,32 @@ export class Engine {
       }
       sent += e.delta;
       const c: ChatCompletionChunk = {
-        id: job.id, object: "chat.completion.chunk", created: job.created, model: this.manifest.model.name, lantern_device: kind,
+        id: job.id,
+        object: "chat.completion.chunk",
+        created: job.created,
+        model: this.manifest.model.name,
+        lantern_device: kind,
         choices: [{ index: 0, delta, finish_reason: finish, logprobs: e.logprobs ? { content: e.logprobs } : null }],
         lantern_completion_tokens: e.tokens,
-        ...(plan.reasoning ? { lantern_text: e.raw } : {}), ...opening,
+        ...(plan.reasoning ? { lantern_text: e.raw } : {}),
+        ...opening,
       };
       if (e.usage && includeUsage) c.usage = e.usage;
       return c;
     };
-    this.run(req, grammar, plan, opts, (e) => chunks.push(chunk(jobRef!, e)), (job) => { jobRef = job; })
-      .then(() => chunks.end(), (err) => chunks.fail(err instanceof Error ? err : new Error(String(err))));
+    this.run(
+      req,
+      grammar,
+      plan,
+      opts,
+      (e) => chunks.push(chunk(jobRef!, e)),
+      (job) => {
+        jobRef = job;
+      },
+    ).then(
+      () => chunks.end(),
+      (err) => chunks.fail(err instanceof Error ? err : new Error(String(err))),
+    );
     return chunks;
   }
 
@@ -253,11 +344,19 @@ export class Engine {
   }
 
   /** Queue a request and run it when its turn comes; resolves when it reached a terminal state. */
-  private run(req: ChatCompletionRequest, grammar: PreparedGrammar | null, plan: PromptPlan, opts: CreateOptions,
-              onEvent: (e: StepEvent) => void, onJob: (job: Job) => void = () => {}): Promise<Job> {
+  private run(
+    req: ChatCompletionRequest,
+    grammar: PreparedGrammar | null,
+    plan: PromptPlan,
+    opts: CreateOptions,
+    onEvent: (e: StepEvent) => void,
+    onJob: (job: Job) => void = () => {},
+  ): Promise<Job> {
     const job = new Job(req, grammar, plan, onEvent);
     onJob(job);
-    const abort = () => { job.cancelled = true; };
+    const abort = () => {
+      job.cancelled = true;
+    };
     opts.signal?.addEventListener("abort", abort);
     if (opts.signal?.aborted) abort();
     this.queued++;
@@ -271,7 +370,10 @@ export class Engine {
       }
       return job;
     });
-    this.tail = turn.then(() => {}, () => {});
+    this.tail = turn.then(
+      () => {},
+      () => {},
+    );
     return turn;
   }
 
@@ -284,9 +386,9 @@ export class Engine {
     const holds = callsTools(req) ? [...stops, TOOL_OPEN] : stops;
     // a JSON answer cut by max_tokens is closed (closing.ts): its last HOLD tokens wait for the end
     const closable = job.grammar !== null && closesCutAnswers(req, callsTools(req));
-    const steps: string[] = [];  // with closable: each token's text
-    let exact = true;  // every step came with its token id (the wasm device's come without, unless asked)
-    let held = 0;  // with closable: the text's length before the tokens that may be rewound
+    const steps: string[] = []; // with closable: each token's text
+    let exact = true; // every step came with its token id (the wasm device's come without, unless asked)
+    let held = 0; // with closable: the text's length before the tokens that may be rewound
     const started = performance.now();
     let promptTokens = 0;
     let completion = 0;
@@ -297,7 +399,9 @@ export class Engine {
       const cachedTokens = gen?.cachedTokens ?? 0;
       const prefillMs = firstTokenAt - started;
       return {
-        prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion,
+        prompt_tokens: promptTokens,
+        completion_tokens: completion,
+        total_tokens: promptTokens + completion,
         ttft_ms: firstTokenAt ? prefillMs : 0,
         prefill_tokens_per_s: firstTokenAt ? (promptTokens - cachedTokens) / (prefillMs / 1000) : 0,
         decode_tokens_per_s: completion > 1 ? (completion - 1) / (decodeMs / 1000) : 0,
@@ -315,8 +419,15 @@ export class Engine {
       }
       job.move("prefill");
       const promptText = job.prompt.text;
-      const split = job.prompt.reasoning ? new ReasoningSplitter(job.prompt.reasoning.tags, job.prompt.reasoning.inReasoning) : null;
-      const emit = (raw: string, finish: FinishReason | null, logprobs: TokenLogprob[] | null, extra: Partial<StepEvent> = {}) => {
+      const split = job.prompt.reasoning
+        ? new ReasoningSplitter(job.prompt.reasoning.tags, job.prompt.reasoning.inReasoning)
+        : null;
+      const emit = (
+        raw: string,
+        finish: FinishReason | null,
+        logprobs: TokenLogprob[] | null,
+        extra: Partial<StepEvent> = {},
+      ) => {
         let parts = split ? split.push(raw) : { reasoning: "", content: raw };
         if (split && finish) {
           const rest = split.finish();
@@ -331,19 +442,31 @@ export class Engine {
         throw new InvalidRequestError(message("prompt_too_long", { tokens: prompt.length, window: device.contextWindow }));
       }
       const maxTokens = Math.min(tokenLimit(req) ?? room, room);
-      gen = await device.start({ prompt, promptText, params, grammar: job.grammar?.prepared ?? null, maxTokens,
-        stopTokenIds: new Set([...this.stopTokenIds, ...(req.stop_token_ids ?? [])]) });
+      gen = await device.start({
+        prompt,
+        promptText,
+        params,
+        grammar: job.grammar?.prepared ?? null,
+        maxTokens,
+        stopTokenIds: new Set([...this.stopTokenIds, ...(req.stop_token_ids ?? [])]),
+      });
 
-      let text = "";  // decoded so far (full characters only)
-      let sent = 0;  // chars of text already handed out
+      let text = ""; // decoded so far (full characters only)
+      let sent = 0; // chars of text already handed out
       let finish: FinishReason | null = null;
       let pendingLogprobs: TokenLogprob[] = [];
       for (;;) {
-        if (job.cancelled) { finish = "abort"; break; }
+        if (job.cancelled) {
+          finish = "abort";
+          break;
+        }
         const step = await gen.next();
         if (!firstTokenAt) firstTokenAt = performance.now();
         if (job.state === "prefill") job.move("decode");
-        if (!step) { finish = "stop"; break; }
+        if (!step) {
+          finish = "stop";
+          break;
+        }
         completion++;
         if (step.logprob) pendingLogprobs.push(step.logprob);
         text += step.text;
@@ -387,8 +510,12 @@ export class Engine {
 
   /** A cut JSON answer closed within maxTokens (closing.ts), or null where it cannot be. `steps`: each
    * generated token's text; `exact`: whether their boundaries are the model's own. */
-  private async closeAnswer(spec: GrammarSpec, steps: string[], exact: boolean, maxTokens: number):
-    Promise<{ text: string; tokens: number } | null> {
+  private async closeAnswer(
+    spec: GrammarSpec,
+    steps: string[],
+    exact: boolean,
+    maxTokens: number,
+  ): Promise<{ text: string; tokens: number } | null> {
     if (!exact) {
       // Without ids a chunk's text comes with its last token: the answer is tokenized again, so that
       // it may be rewound token by token. What comes back is then at most maxTokens of these tokens.
@@ -400,8 +527,12 @@ export class Engine {
     const mask = await compiler.matcher(await compiler.compile(spec));
     try {
       const closed = await this.closer.close(mask.matcher, steps, maxTokens);
-      return closed && { text: steps.slice(0, closed.kept).join("") + this.codec.decode(closed.path),
-                         tokens: closed.kept + closed.path.length };
+      return (
+        closed && {
+          text: steps.slice(0, closed.kept).join("") + this.codec.decode(closed.path),
+          tokens: closed.kept + closed.path.length,
+        }
+      );
     } catch (err) {
       // on the wasm device llama.cpp wrote the text under gbnf.ts's translation of this grammar: were
       // the two ever to differ, the answer comes back cut, as it would without closing
@@ -424,9 +555,10 @@ export class Engine {
     const tags = this.manifest.model.reasoning_tags ?? null;
     const kwargs = templateKwargs(req.chat_template_kwargs, tags, strict);
     const messages = templateMessages(req.messages);
-    const text = tools && this.codec.knowsTools
-      ? this.codec.renderChat(messages, tools, kwargs)
-      : this.codec.renderChat(toolMessages(messages, tools), null, kwargs);
+    const text =
+      tools && this.codec.knowsTools
+        ? this.codec.renderChat(messages, tools, kwargs)
+        : this.codec.renderChat(toolMessages(messages, tools), null, kwargs);
     return { text, reasoning: tags && !strict ? { tags, inReasoning: opensInPrompt(text, tags) } : null };
   }
 
@@ -437,7 +569,8 @@ export class Engine {
 
   private webgpu(what: string): WebGpuDevice {
     const device = this.loaded();
-    if (!(device instanceof WebGpuDevice)) throw new InvalidRequestError(`${what} needs the webgpu device; this engine runs on ${device.kind}`);
+    if (!(device instanceof WebGpuDevice))
+      throw new InvalidRequestError(`${what} needs the webgpu device; this engine runs on ${device.kind}`);
     return device;
   }
 
@@ -449,7 +582,10 @@ export class Engine {
     const device = this.loaded();
     const op = req.op === "greedy" && device.kind === "wasm" ? { ...req, text: this.codec.decode(req.prompt) } : req;
     const turn = this.tail.then(() => device.debug(op));
-    this.tail = turn.then(() => {}, () => {});
+    this.tail = turn.then(
+      () => {},
+      () => {},
+    );
     return turn;
   }
 
@@ -465,8 +601,16 @@ export class Engine {
 
   stats(): EngineStats {
     const device = this.loaded();
-    return { device: device.kind, deviceLabel: device.label, library: device.library, queued: this.queued,
-      requests: { ...this.counts }, ...device.stats(), storage: this.store.state(), host: { kind: "page", tabs: 1, models: 1 } };
+    return {
+      device: device.kind,
+      deviceLabel: device.label,
+      library: device.library,
+      queued: this.queued,
+      requests: { ...this.counts },
+      ...device.stats(),
+      storage: this.store.state(),
+      host: { kind: "page", tabs: 1, models: 1 },
+    };
   }
 
   async unload(): Promise<void> {

@@ -10,14 +10,20 @@ export class LanternError extends Error {
 
 /** A file's bytes do not match the artifact manifest (size or sha256). */
 export class IntegrityError extends LanternError {
-  constructor(readonly file: string, detail: string) {
+  constructor(
+    readonly file: string,
+    detail: string,
+  ) {
     super(`integrity check failed for ${file}: ${detail}`);
   }
 }
 
 /** The network failed after all retries, or the server answered with an error status. */
 export class NetworkError extends LanternError {
-  constructor(readonly file: string, detail: string) {
+  constructor(
+    readonly file: string,
+    detail: string,
+  ) {
     super(`download of ${file} failed: ${detail}`);
   }
 }
@@ -52,9 +58,19 @@ export class CapabilityError extends LanternError {}
 export class SharedEngineUnavailableError extends LanternError {}
 
 const KNOWN = {
-  LanternError, IntegrityError, NetworkError, QuotaError, WebGPUUnavailableError, DeviceLostError,
-  OutOfMemoryError, ArtifactError, InvalidRequestError, EngineNotLoadedError, WorkerCrashedError,
-  SharedEngineUnavailableError, CapabilityError,
+  LanternError,
+  IntegrityError,
+  NetworkError,
+  QuotaError,
+  WebGPUUnavailableError,
+  DeviceLostError,
+  OutOfMemoryError,
+  ArtifactError,
+  InvalidRequestError,
+  EngineNotLoadedError,
+  WorkerCrashedError,
+  SharedEngineUnavailableError,
+  CapabilityError,
 } as const;
 
 export function serializeError(err: unknown): SerializedError {

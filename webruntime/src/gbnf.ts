@@ -33,10 +33,10 @@ export interface LlamaGrammar {
 
 type Tok =
   | { t: "name"; v: string }
-  | { t: "str"; v: number[] }  // code points
+  | { t: "str"; v: number[] } // code points
   | { t: "class"; neg: boolean; v: [number, number][] }
-  | { t: "op"; v: string }  // ::= ( ) | * + ? = , {m,n}
-  | { t: "word"; v: string };  // true/false/identifiers inside TagDispatch
+  | { t: "op"; v: string } // ::= ( ) | * + ? = , {m,n}
+  | { t: "word"; v: string }; // true/false/identifiers inside TagDispatch
 
 const ESCAPES: Record<string, number> = { n: 10, r: 13, t: 9, "0": 0, a: 7, b: 8, f: 12, v: 11, e: 27 };
 
@@ -61,9 +61,19 @@ function tokenize(src: string): Tok[] {
   let i = 0;
   while (i < src.length) {
     const c = src[i];
-    if (/\s/.test(c)) { i++; continue; }
-    if (c === "#") { while (i < src.length && src[i] !== "\n") i++; continue; }
-    if (src.startsWith("::=", i)) { out.push({ t: "op", v: "::=" }); i += 3; continue; }
+    if (/\s/.test(c)) {
+      i++;
+      continue;
+    }
+    if (c === "#") {
+      while (i < src.length && src[i] !== "\n") i++;
+      continue;
+    }
+    if (src.startsWith("::=", i)) {
+      out.push({ t: "op", v: "::=" });
+      i += 3;
+      continue;
+    }
     if (c === '"') {
       const v: number[] = [];
       i++;
@@ -104,7 +114,11 @@ function tokenize(src: string): Tok[] {
       i = end + 1;
       continue;
     }
-    if ("()|*+?=,".includes(c)) { out.push({ t: "op", v: c }); i++; continue; }
+    if ("()|*+?=,".includes(c)) {
+      out.push({ t: "op", v: c });
+      i++;
+      continue;
+    }
     const m = /^[A-Za-z_][A-Za-z0-9_.-]*/.exec(src.slice(i, i + 256));
     if (!m) throw new Error(`unexpected '${c}'`);
     out.push({ t: "name", v: m[0] });
@@ -137,7 +151,10 @@ function classLiteral(neg: boolean, ranges: [number, number][]): string {
   return `[${neg ? "^" : ""}${ranges.map(([lo, hi]) => (lo === hi ? classChar(lo) : `${classChar(lo)}-${classChar(hi)}`)).join("")}]`;
 }
 
-interface Rule { name: string; body: Tok[] }
+interface Rule {
+  name: string;
+  body: Tok[];
+}
 
 function splitRules(toks: Tok[]): Rule[] {
   const rules: Rule[] = [];
@@ -166,7 +183,10 @@ function closeParen(body: Tok[], open: number): number {
   throw new Error("unbalanced parentheses");
 }
 
-interface Dispatch { pairs: [number[], string][]; loop: boolean }
+interface Dispatch {
+  pairs: [number[], string][];
+  loop: boolean;
+}
 
 /** TagDispatch(("trigger", rule), ..., stop_eos=true, stop_str=(), loop_after_dispatch=b) */
 function readDispatch(body: Tok[]): Dispatch {
@@ -221,7 +241,7 @@ export function toLlamaGrammar(xgrammarText: string, root: string): LlamaGrammar
   // A structural tag's root is a chain of one-reference rules down to its TagDispatch.
   let triggers: string[] | null = null;
   let dispatchRule: string | null = null;
-  for (let name = root; ;) {
+  for (let name = root; ; ) {
     const body = byName.get(name)!.body;
     if (body[0]?.t === "name" && body[0].v === "TagDispatch") {
       dispatchRule = name;
@@ -239,8 +259,9 @@ export function toLlamaGrammar(xgrammarText: string, root: string): LlamaGrammar
     const body = r.body;
     if (body[0]?.t === "name" && body[0].v === "TagDispatch") {
       if (r.name !== dispatchRule) {
-        throw new InvalidRequestError("this structural tag is not supported on the wasm device: " +
-          "free text with triggered tags must be the whole output");
+        throw new InvalidRequestError(
+          "this structural tag is not supported on the wasm device: " + "free text with triggered tags must be the whole output",
+        );
       }
       let d: Dispatch;
       try {
@@ -282,7 +303,7 @@ export function toLlamaGrammar(xgrammarText: string, root: string): LlamaGrammar
         if (it.op === null) return it.node.k === "tok" ? emitTok(it.node.tok) : `( ${emitAlts(it.node.alts)} )`;
         const x = it.node.k === "tok" ? emitTok(it.node.tok) : newRule(emitAlts(it.node.alts));
         const bounds = /^\{(\d*)(,(\d*))?\}$/.exec(it.op);
-        if (!bounds) return `${x}${it.op}`;  // * + ?
+        if (!bounds) return `${x}${it.op}`; // * + ?
         const min = Number(bounds[1] || 0);
         const max = bounds[2] === undefined ? min : bounds[3] ? Number(bounds[3]) : null;
         return repeat(x, min, max, newRule);
@@ -297,8 +318,11 @@ export function toLlamaGrammar(xgrammarText: string, root: string): LlamaGrammar
 // ---- rule bodies as trees: flattened, repetitions within llama.cpp's limits -----------------------
 
 type Node = { k: "tok"; tok: Tok } | { k: "group"; alts: Alts };
-interface Item { node: Node; op: string | null }  // op: a postfix * + ? {m,n}, or none
-type Alts = Item[][];  // alternatives of sequences
+interface Item {
+  node: Node;
+  op: string | null;
+} // op: a postfix * + ? {m,n}, or none
+type Alts = Item[][]; // alternatives of sequences
 
 const isOp = (tok: Tok | undefined, v: string): boolean => tok?.t === "op" && tok.v === v;
 
@@ -344,13 +368,17 @@ function parseAlts(body: Tok[]): Alts {
 function flatten(alts: Alts): Alts {
   const out: Alts = [];
   for (const seq of alts) {
-    const items = seq.map((it): Item => (it.node.k === "group" ? { node: { k: "group", alts: flatten(it.node.alts) }, op: it.op } : it));
+    const items = seq.map(
+      (it): Item => (it.node.k === "group" ? { node: { k: "group", alts: flatten(it.node.alts) }, op: it.op } : it),
+    );
     const only = items[0];
     if (items.length === 1 && only.op === null && only.node.k === "group") {
       out.push(...only.node.alts);
       continue;
     }
-    out.push(items.flatMap((it) => (it.op === null && it.node.k === "group" && it.node.alts.length === 1 ? it.node.alts[0] : [it])));
+    out.push(
+      items.flatMap((it) => (it.op === null && it.node.k === "group" && it.node.alts.length === 1 ? it.node.alts[0] : [it])),
+    );
   }
   return out;
 }
@@ -369,7 +397,8 @@ function repeat(x: string, min: number, max: number | null, newRule: (body: stri
   let chunk: string | null = null;
   const c = () => (chunk ??= newRule(`${x}{${CHUNK}}`));
   const exactly = (n: number): string[] => {
-    const whole = Math.floor(n / CHUNK), rest = n % CHUNK;
+    const whole = Math.floor(n / CHUNK),
+      rest = n % CHUNK;
     return [...(whole ? [repeat(c(), whole, whole, newRule)] : []), ...(rest ? [repeat(x, rest, rest, newRule)] : [])];
   };
   const head = exactly(min);
@@ -377,7 +406,8 @@ function repeat(x: string, min: number, max: number | null, newRule: (body: stri
   const span = max - min;
   if (span < REPEAT_LIMIT) return [...head, ...(span ? [`${x}{0,${span}}`] : [])].join(" ");
   // 0..span: fewer than q whole chunks and a partial one, or q chunks and at most the rest
-  const q = Math.floor(span / CHUNK), rest = span % CHUNK;
+  const q = Math.floor(span / CHUNK),
+    rest = span % CHUNK;
   const below = `${repeat(c(), 0, q - 1, newRule)} ${x}{0,${CHUNK - 1}}`;
   const at = [repeat(c(), q, q, newRule), ...(rest ? [`${x}{0,${rest}}`] : [])].join(" ");
   return [...head, `( ${below} | ${at} )`].join(" ");

@@ -26,11 +26,12 @@ export function chooseLibrary(manifest: Pick<Manifest, "libraries">, adapter: Ad
   });
   const usable = known.filter((lib) => lib.required_features.every((f) => adapter.features.has(f)));
   if (!usable.length) {
-    const needs = candidates.map((lib) => (lib.required_features.length
-      ? `${lib.file} needs ${lib.required_features.join(" + ")}`
-      : `${lib.file} has the unknown schedule '${lib.schedule}'`));
-    throw new WebGPUUnavailableError(
-      `no webgpu library runs here (${needs.join("; ") || "none was built"})`);
+    const needs = candidates.map((lib) =>
+      lib.required_features.length
+        ? `${lib.file} needs ${lib.required_features.join(" + ")}`
+        : `${lib.file} has the unknown schedule '${lib.schedule}'`,
+    );
+    throw new WebGPUUnavailableError(`no webgpu library runs here (${needs.join("; ") || "none was built"})`);
   }
   const want = adapter.emulated ? "cpu-emulated" : "gpu";
   const rank = (lib: LibraryEntry) => (lib.param_upcast ? 2 : 0) + ((lib.schedule ?? "gpu") === want ? 0 : 1);
@@ -38,14 +39,26 @@ export function chooseLibrary(manifest: Pick<Manifest, "libraries">, adapter: Ad
 }
 
 /** A software adapter by what it says of itself: Chrome's isFallbackAdapter, or its name. */
-export function isSoftwareAdapter(info: { vendor?: string; architecture?: string; description?: string;
-                                          isFallbackAdapter?: boolean }): boolean {
+export function isSoftwareAdapter(info: {
+  vendor?: string;
+  architecture?: string;
+  description?: string;
+  isFallbackAdapter?: boolean;
+}): boolean {
   const text = `${info.vendor ?? ""} ${info.architecture ?? ""} ${info.description ?? ""}`.toLowerCase();
   return Boolean(info.isFallbackAdapter) || /swiftshader|llvmpipe|lavapipe|warp|microsoft basic render/.test(text);
 }
 
-const VENDOR_NAMES: Record<string, string> = { nvidia: "NVIDIA", amd: "AMD", intel: "Intel", apple: "Apple",
-  qualcomm: "Qualcomm", arm: "Arm", "img-tec": "Imagination", microsoft: "Microsoft" };
+const VENDOR_NAMES: Record<string, string> = {
+  nvidia: "NVIDIA",
+  amd: "AMD",
+  intel: "Intel",
+  apple: "Apple",
+  qualcomm: "Qualcomm",
+  arm: "Arm",
+  "img-tec": "Imagination",
+  microsoft: "Microsoft",
+};
 
 /**
  * The device a page names to its user: "WebGPU (software adapter, slow)" for an adapter that runs on

@@ -18,31 +18,61 @@ declare const __LLAMA_BUILDS__: Record<LlamaBuild, Record<string, ManifestFile>>
 /** What this context's WebAssembly can do, as far as choosing and running llama.cpp goes. */
 export interface WasmFeatures {
   webassembly: boolean;
-  simd: boolean;  // 128-bit SIMD: both builds need it
-  memory64: boolean;  // the default build is 64-bit
-  exceptions: boolean;  // the default build throws C++ exceptions as wasm exceptions
-  jspi: boolean;  // JS promise integration: the default build reads files asynchronously with it (optional)
-  threads: boolean;  // SharedArrayBuffer in a cross-origin isolated context: llama.cpp may use several threads
+  simd: boolean; // 128-bit SIMD: both builds need it
+  memory64: boolean; // the default build is 64-bit
+  exceptions: boolean; // the default build throws C++ exceptions as wasm exceptions
+  jspi: boolean; // JS promise integration: the default build reads files asynchronously with it (optional)
+  threads: boolean; // SharedArrayBuffer in a cross-origin isolated context: llama.cpp may use several threads
 }
 
 // (func (result v128) i32.const 0  i8x16.splat  i8x16.popcnt): valid only where SIMD is
 const SIMD_PROBE = new Uint8Array([
-  0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,  // "\0asm", version 1
-  0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b,  // type section: () -> v128
-  0x03, 0x02, 0x01, 0x00,  // function section: one function of that type
-  0x0a, 0x0a, 0x01, 0x08, 0x00, 0x41, 0x00, 0xfd, 0x0f, 0xfd, 0x62, 0x0b,  // its code
+  0x00,
+  0x61,
+  0x73,
+  0x6d,
+  0x01,
+  0x00,
+  0x00,
+  0x00, // "\0asm", version 1
+  0x01,
+  0x05,
+  0x01,
+  0x60,
+  0x00,
+  0x01,
+  0x7b, // type section: () -> v128
+  0x03,
+  0x02,
+  0x01,
+  0x00, // function section: one function of that type
+  0x0a,
+  0x0a,
+  0x01,
+  0x08,
+  0x00,
+  0x41,
+  0x00,
+  0xfd,
+  0x0f,
+  0xfd,
+  0x62,
+  0x0b, // its code
 ]);
 
 export function wasmFeatures(): WasmFeatures {
   const wasm = typeof WebAssembly === "object" && typeof WebAssembly.validate === "function";
-  const memory64 = wasm && (() => {
-    try {  // an engine without memory64 rejects the BigInt size, or the address type
-      new WebAssembly.Memory({ address: "i64", initial: 1n } as unknown as WebAssembly.MemoryDescriptor);
-      return true;
-    } catch {
-      return false;
-    }
-  })();
+  const memory64 =
+    wasm &&
+    (() => {
+      try {
+        // an engine without memory64 rejects the BigInt size, or the address type
+        new WebAssembly.Memory({ address: "i64", initial: 1n } as unknown as WebAssembly.MemoryDescriptor);
+        return true;
+      } catch {
+        return false;
+      }
+    })();
   const api = WebAssembly as unknown as Record<string, unknown>;
   return {
     webassembly: wasm,
@@ -60,12 +90,15 @@ export function chooseLlamaBuild(f: WasmFeatures): { build: LlamaBuild; why: str
   if (!f.simd) throw new CapabilityError("this browser's WebAssembly has no SIMD, which llama.cpp's builds need");
   const missing = [!f.memory64 && "memory64", !f.exceptions && "wasm exceptions"].filter(Boolean);
   if (missing.length) return { build: "compat", why: `no ${missing.join(" or ")}: llama.cpp's compat build` };
-  return { build: "default", why: f.jspi ? "memory64, wasm exceptions and JSPI" : "memory64 and wasm exceptions (no JSPI: the GGUF is read into memory)" };
+  return {
+    build: "default",
+    why: f.jspi ? "memory64, wasm exceptions and JSPI" : "memory64 and wasm exceptions (no JSPI: the GGUF is read into memory)",
+  };
 }
 
 /** A build's files as wllama takes them: the wasm's URL and, for the compat build, its glue's code. */
 export interface LlamaFiles {
-  wasm: string;  // an object URL of the verified wasm: release() revokes it
+  wasm: string; // an object URL of the verified wasm: release() revokes it
   glue: string | null;
   release(): void;
 }

@@ -6,7 +6,10 @@ import type { LoadProgress } from "./protocol";
 import type { GenerationDefaults } from "./sampler";
 import { checkRoom, type FileStore } from "./storage";
 
-export interface ManifestFile { sha256: string; size: number }
+export interface ManifestFile {
+  sha256: string;
+  size: number;
+}
 
 export interface LibraryEntry {
   file: string;
@@ -23,7 +26,10 @@ export interface LibraryEntry {
 export interface Manifest {
   format: string;
   model: {
-    name: string; context_window: number; prefill_chunk_size: number; vocab_size: number;
+    name: string;
+    context_window: number;
+    prefill_chunk_size: number;
+    vocab_size: number;
     // a reasoning model's [open, close] tags (the answer's <think> block is reasoning_content); null or absent: none
     reasoning_tags?: string[] | null;
   };
@@ -36,8 +42,13 @@ export interface Manifest {
   // context_window: the tokens llama.cpp runs it exactly for (its sliding window, where llama.cpp ignores
   // the architecture's windows); kv_overrides: integer GGUF keys llama.cpp is told at load, so it runs
   // what the libraries run (Phi-3.5's longrope factors). Both absent in artifacts built before them.
-  gguf?: { files: string[]; tensor_type: string; bytes: number; context_window?: number;
-           kv_overrides?: Record<string, number> } | null;
+  gguf?: {
+    files: string[];
+    tensor_type: string;
+    bytes: number;
+    context_window?: number;
+    kv_overrides?: Record<string, number>;
+  } | null;
   // sampling defaults for requests that omit the field (older artifacts have none)
   generation?: GenerationDefaults;
 }
@@ -55,7 +66,7 @@ async function sha256Hex(data: ArrayBuffer): Promise<string> {
   return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-async function checkFile(name: string, data: ArrayBuffer, want: ManifestFile): Promise<string | null> {
+async function checkFile(data: ArrayBuffer, want: ManifestFile): Promise<string | null> {
   if (data.byteLength !== want.size) return `size ${data.byteLength} bytes, manifest says ${want.size}`;
   const got = await sha256Hex(data);
   return got === want.sha256 ? null : `sha256 ${got.slice(0, 16)}..., manifest says ${want.sha256.slice(0, 16)}...`;
@@ -88,8 +99,14 @@ export async function fetchManifest(modelUrl: string, store: FileStore): Promise
 }
 
 /** Download one file, resuming with Range after a cut; throws NetworkError after ``retries``. */
-async function download(url: string, name: string, size: number, retries: number,
-                        onBytes: (n: number) => void, fetchImpl: typeof fetch): Promise<ArrayBuffer> {
+async function download(
+  url: string,
+  name: string,
+  size: number,
+  retries: number,
+  onBytes: (n: number) => void,
+  fetchImpl: typeof fetch,
+): Promise<ArrayBuffer> {
   const buf = new Uint8Array(size);
   let have = 0;
   let lastError = "";
@@ -99,7 +116,7 @@ async function download(url: string, name: string, size: number, retries: number
       const headers: HeadersInit = have > 0 ? { Range: `bytes=${have}-` } : {};
       const resp = await fetchImpl(url, { headers, cache: "no-store" });
       if (resp.status === 200 && have > 0) {
-        onBytes(-have);  // the server ignored Range: start over
+        onBytes(-have); // the server ignored Range: start over
         have = 0;
       } else if (!resp.ok) {
         lastError = `HTTP ${resp.status}`;
@@ -129,8 +146,12 @@ async function download(url: string, name: string, size: number, retries: number
  * Get ``names`` from the artifact at ``modelUrl``: from the store when the cached copy still
  * matches the manifest, else from the network. Returns verified bytes by file name.
  */
-export async function fetchFiles(modelUrl: string, manifest: Manifest, names: string[],
-                                 opts: FetchOptions): Promise<Map<string, ArrayBuffer>> {
+export async function fetchFiles(
+  modelUrl: string,
+  manifest: Manifest,
+  names: string[],
+  opts: FetchOptions,
+): Promise<Map<string, ArrayBuffer>> {
   const out = new Map<string, ArrayBuffer>();
   await fetchEach(modelUrl, manifest, names, opts, (name, data) => out.set(name, data));
   return out;
@@ -142,11 +163,21 @@ export async function fetchFiles(modelUrl: string, manifest: Manifest, names: st
  * order they are ready, and nothing is kept here. A 1.5B model's 920 MB of shards are then never all
  * in memory at once.
  */
-export async function fetchEach(modelUrl: string, manifest: Manifest, names: string[], opts: FetchOptions,
-                                use: (name: string, data: ArrayBuffer) => void): Promise<void> {
-  await fetchVerified(modelUrl, manifest, names, opts,
-    async (hit, name) => use(name, hit.data ?? await hit.blob!.arrayBuffer()),
-    async (data, _url, name) => use(name, data));
+export async function fetchEach(
+  modelUrl: string,
+  manifest: Manifest,
+  names: string[],
+  opts: FetchOptions,
+  use: (name: string, data: ArrayBuffer) => void,
+): Promise<void> {
+  await fetchVerified(
+    modelUrl,
+    manifest,
+    names,
+    opts,
+    async (hit, name) => use(name, hit.data ?? (await hit.blob!.arrayBuffer())),
+    async (data, _url, name) => use(name, data),
+  );
 }
 
 /**
@@ -155,10 +186,20 @@ export async function fetchEach(modelUrl: string, manifest: Manifest, names: str
  * stores' bytes are verified and copied into a Blob once: for a 1.5B model's 834 MB GGUF a cached
  * load took twice wllama's while Lantern copied every part into a new Blob.
  */
-export async function fetchBlobs(modelUrl: string, manifest: Pick<Manifest, "files">, names: string[],
-                                 opts: FetchOptions): Promise<Map<string, Blob>> {
-  return fetchVerified(modelUrl, manifest, names, opts, async (hit) => hit.blob ?? new Blob([hit.data!]),
-    async (data, url) => (await storedBlob(opts.store, url, data.byteLength)) ?? new Blob([data]));
+export async function fetchBlobs(
+  modelUrl: string,
+  manifest: Pick<Manifest, "files">,
+  names: string[],
+  opts: FetchOptions,
+): Promise<Map<string, Blob>> {
+  return fetchVerified(
+    modelUrl,
+    manifest,
+    names,
+    opts,
+    async (hit) => hit.blob ?? new Blob([hit.data!]),
+    async (data, url) => (await storedBlob(opts.store, url, data.byteLength)) ?? new Blob([data]),
+  );
 }
 
 /**
@@ -197,15 +238,22 @@ async function lookUp(store: FileStore, url: string, want: ManifestFile): Promis
 
 /** ``cached`` makes what is returned of a verified cached file; ``stored`` of bytes just verified and
  * stored at ``url`` (downloaded, or an older cache entry verified now). */
-async function fetchVerified<T>(modelUrl: string, manifest: Pick<Manifest, "files">, names: string[], opts: FetchOptions,
-                                cached: (hit: CachedFile, name: string) => Promise<T>,
-                                stored: (data: ArrayBuffer, url: string, name: string) => Promise<T>
-                                ): Promise<Map<string, T>> {
+async function fetchVerified<T>(
+  modelUrl: string,
+  manifest: Pick<Manifest, "files">,
+  names: string[],
+  opts: FetchOptions,
+  cached: (hit: CachedFile, name: string) => Promise<T>,
+  stored: (data: ArrayBuffer, url: string, name: string) => Promise<T>,
+): Promise<Map<string, T>> {
   const fetchImpl = opts.fetchImpl ?? fetch.bind(globalThis);
   for (const name of names) {
     if (!manifest.files[name]) throw new ArtifactError(`lantern.json lists no file ${name}`);
   }
-  await checkRoom(opts.store, names.map((n) => ({ url: new URL(n, modelUrl).href, size: manifest.files[n].size })));
+  await checkRoom(
+    opts.store,
+    names.map((n) => ({ url: new URL(n, modelUrl).href, size: manifest.files[n].size })),
+  );
   const total = names.reduce((s, n) => s + manifest.files[n].size, 0);
   let done = 0;
   const report = (phase: LoadProgress["phase"], file: string, fromCache: boolean) =>
@@ -218,7 +266,7 @@ async function fetchVerified<T>(modelUrl: string, manifest: Pick<Manifest, "file
       const want = manifest.files[name];
       const url = new URL(name, modelUrl).href;
       const hit = await lookUp(opts.store, url, want);
-      if (hit && (hit.data === null || (await checkFile(name, hit.data, want)) === null)) {
+      if (hit && (hit.data === null || (await checkFile(hit.data, want)) === null)) {
         // verified now, not when stored (an older entry of a store that records hashes): record it, so
         // that later loads skip the hash; what is returned is then made from the new entry (a Blob of
         // the replaced one may not read)
@@ -229,12 +277,19 @@ async function fetchVerified<T>(modelUrl: string, manifest: Pick<Manifest, "file
         out.set(name, record ? await stored(hit.data!, url, name) : await cached(hit, name));
         continue;
       }
-      if (hit) await opts.store.delete(url);  // corrupted in the cache: fetch it again
-      const data = await download(url, name, want.size, opts.retries, (n) => {
-        done += n;
-        report("download", name, false);
-      }, fetchImpl);
-      const problem = await checkFile(name, data, want);
+      if (hit) await opts.store.delete(url); // corrupted in the cache: fetch it again
+      const data = await download(
+        url,
+        name,
+        want.size,
+        opts.retries,
+        (n) => {
+          done += n;
+          report("download", name, false);
+        },
+        fetchImpl,
+      );
+      const problem = await checkFile(data, want);
       if (problem) throw new IntegrityError(name, problem);
       await opts.store.put(url, data, want.sha256);
       report("verify", name, false);

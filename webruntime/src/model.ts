@@ -4,8 +4,16 @@ import * as tvmjs from "@mlc-ai/web-runtime";
 import { ArtifactError, DeviceLostError, OutOfMemoryError } from "./errors";
 import type { Gpu } from "./device";
 
-interface TensorRecord { name: string; shape: number[]; dtype: string; nbytes: number; byteOffset: number }
-export interface TensorCacheIndex { records: { dataPath: string; records: TensorRecord[] }[] }
+interface TensorRecord {
+  name: string;
+  shape: number[];
+  dtype: string;
+  nbytes: number;
+  byteOffset: number;
+}
+export interface TensorCacheIndex {
+  records: { dataPath: string; records: TensorRecord[] }[];
+}
 
 interface LibraryMetadata {
   params: { name: string }[];
@@ -42,9 +50,14 @@ export class TvmModel {
   readonly prefillChunk: number;
   private readonly sequences = new Set<number>();
 
-  private constructor(private readonly tvm: tvmjs.Instance, private readonly vm: tvmjs.VirtualMachine,
-                      private readonly params: tvmjs.TVMObject, readonly metadata: LibraryMetadata,
-                      private readonly gpu: Gpu, contextWindow: number) {
+  private constructor(
+    private readonly tvm: tvmjs.Instance,
+    private readonly vm: tvmjs.VirtualMachine,
+    private readonly params: tvmjs.TVMObject,
+    readonly metadata: LibraryMetadata,
+    private readonly gpu: Gpu,
+    contextWindow: number,
+  ) {
     this.contextWindow = contextWindow;
     this.prefillChunk = Math.min(metadata.prefill_chunk_size, contextWindow);
     gpu.device.lost.then((info) => {
@@ -54,13 +67,25 @@ export class TvmModel {
     for (const name of ["embed", "prefill", "decode", "batch_prefill", "create_tir_paged_kv_cache"]) {
       this.fn[name] = tvm.detachFromCurrentScope(vm.getFunction(name));
     }
-    for (const name of ["kv_state_add_sequence", "kv_state_remove_sequence", "kv_state_popn",
-      "kv_state_begin_forward", "kv_state_end_forward", "attention_kv_cache_get_num_available_pages"]) {
+    for (const name of [
+      "kv_state_add_sequence",
+      "kv_state_remove_sequence",
+      "kv_state_popn",
+      "kv_state_begin_forward",
+      "kv_state_end_forward",
+      "attention_kv_cache_get_num_available_pages",
+    ]) {
       this.builtin[name] = tvm.detachFromCurrentScope(tvm.getGlobalFunc(`vm.builtin.${name}`));
     }
-    this.kv = tvm.detachFromCurrentScope(this.fn.create_tir_paged_kv_cache(
-      tvm.makeShapeTuple([1]), tvm.makeShapeTuple([contextWindow]), tvm.makeShapeTuple([this.prefillChunk]),
-      tvm.makeShapeTuple([PAGE_SIZE]), tvm.makeShapeTuple([0])));
+    this.kv = tvm.detachFromCurrentScope(
+      this.fn.create_tir_paged_kv_cache(
+        tvm.makeShapeTuple([1]),
+        tvm.makeShapeTuple([contextWindow]),
+        tvm.makeShapeTuple([this.prefillChunk]),
+        tvm.makeShapeTuple([PAGE_SIZE]),
+        tvm.makeShapeTuple([0]),
+      ),
+    );
     tvm.endScope();
     this.totalPages = this.availablePages();
   }
@@ -70,10 +95,13 @@ export class TvmModel {
    * weight shards that ``index`` names and hands each to its ``upload`` as it comes (in any order),
    * so a shard's bytes can go once it is on the GPU.
    */
-  static async load(wasm: ArrayBuffer, gpu: Gpu, index: TensorCacheIndex,
-                    fetchShards: (upload: (name: string, bytes: ArrayBuffer) => void) => Promise<void>,
-                    opts: { upcast: boolean; contextWindow?: number;
-                            onCompile: (done: number, total: number) => void }): Promise<TvmModel> {
+  static async load(
+    wasm: ArrayBuffer,
+    gpu: Gpu,
+    index: TensorCacheIndex,
+    fetchShards: (upload: (name: string, bytes: ArrayBuffer) => void) => Promise<void>,
+    opts: { upcast: boolean; contextWindow?: number; onCompile: (done: number, total: number) => void },
+  ): Promise<TvmModel> {
     const tvm = await tvmjs.instantiate(wasm, tvmjs.createPolyfillWASI(), () => {});
     tvm.initWebGPU(gpu.device);
     const dev = tvm.webgpu();
@@ -116,8 +144,14 @@ export class TvmModel {
       opts.onCompile(compiled, kernels);
     });
     await tvm.asyncLoadWebGPUPipelines(vm.getInternalModule());
-    const model = new TvmModel(tvm, vm, params, metadata, gpu,
-      Math.min(opts.contextWindow ?? metadata.context_window_size, metadata.context_window_size));
+    const model = new TvmModel(
+      tvm,
+      vm,
+      params,
+      metadata,
+      gpu,
+      Math.min(opts.contextWindow ?? metadata.context_window_size, metadata.context_window_size),
+    );
     await tvm.webgpu().sync();
     const oom = await gpu.device.popErrorScope();
     if (oom) throw new OutOfMemoryError(`the GPU ran out of memory while loading the model: ${oom.message}`);
@@ -217,8 +251,12 @@ export class TvmModel {
    * One chunk through ``entry`` (prefill/decode: last position's logits; batch_prefill: every
    * position's). With ``read``, the logits are copied to the host.
    */
-  private async step(seq: number, chunk: number[], entry: "prefill" | "decode" | "batch_prefill",
-                     read: boolean): Promise<{ data: Float32Array; vocab: number } | null> {
+  private async step(
+    seq: number,
+    chunk: number[],
+    entry: "prefill" | "decode" | "batch_prefill",
+    read: boolean,
+  ): Promise<{ data: Float32Array; vocab: number } | null> {
     const { tvm } = this;
     tvm.beginScope();
     try {
@@ -227,6 +265,7 @@ export class TvmModel {
       const emb = this.fn.embed(ids, this.params);
       const input = emb.view([1, chunk.length, emb.shape[1]]);
       this.builtin.kv_state_begin_forward(this.kv, tvm.makeShapeTuple([seq]), tvm.makeShapeTuple([chunk.length]));
+      // biome-ignore lint/suspicious/noImplicitAnyLet: what a tvmjs PackedFunc returns is typed any
       let ret;
       if (entry === "batch_prefill") {
         const positions = tvm.empty([chunk.length], "int32", tvm.webgpu());

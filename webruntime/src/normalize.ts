@@ -7,8 +7,13 @@ import * as strings from "./strings";
 import * as unique from "./unique";
 
 declare const __SCHEMA_SUPPORT__: {
-  keywords: string[]; annotations: string[]; refused: string[]; formats: string[]; format_patterns: Record<string, string>;
-  validator_formats: string[]; format_numbers: Record<string, Record<string, unknown>>;
+  keywords: string[];
+  annotations: string[];
+  refused: string[];
+  formats: string[];
+  format_patterns: Record<string, string>;
+  validator_formats: string[];
+  format_numbers: Record<string, Record<string, unknown>>;
   normalize_limits: { nodes: number; branches: number; names: number };
 };
 const SUPPORT = __SCHEMA_SUPPORT__;
@@ -22,7 +27,7 @@ const MAX_NODES = SUPPORT.normalize_limits.nodes;
 const MAX_BRANCHES = SUPPORT.normalize_limits.branches;
 const MAX_NAMES = SUPPORT.normalize_limits.names;
 const MAX_DEPTH = 64;
-const ANY_NAME = ["", ".*", "^.*", "^"];  // patterns every property name matches
+const ANY_NAME = ["", ".*", "^.*", "^"]; // patterns every property name matches
 
 type Obj = Record<string, unknown>;
 type Schema = boolean | Obj;
@@ -40,8 +45,24 @@ export class Contradiction extends SchemaError {}
 
 const MAPS = ["properties", "patternProperties", "$defs", "definitions", "dependentSchemas"];
 const LISTS = ["anyOf", "oneOf", "allOf", "prefixItems"];
-const ONE = ["items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames", "not", "if", "then", "else"];
-const DRAFTS: [string, number][] = [["draft-04", 4], ["draft-06", 6], ["draft-07", 7], ["2019-09", 2019], ["2020-12", 2020]];
+const ONE = [
+  "items",
+  "additionalProperties",
+  "unevaluatedProperties",
+  "unevaluatedItems",
+  "propertyNames",
+  "not",
+  "if",
+  "then",
+  "else",
+];
+const DRAFTS: [string, number][] = [
+  ["draft-04", 4],
+  ["draft-06", 6],
+  ["draft-07", 7],
+  ["2019-09", 2019],
+  ["2020-12", 2020],
+];
 const NUMBER_KEYWORDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"];
 const SCALARS = ["string", "number", "integer", "boolean", "null"];
 const TYPES = [...SCALARS, "array", "object"];
@@ -78,7 +99,11 @@ function typesOf(schema: Obj): unknown[] | null {
 /** JSON with sorted keys and numbers by value: equal JSON values give equal texts (1 and 1.0 too). */
 function canon(v: unknown): string {
   if (Array.isArray(v)) return `[${v.map(canon).join(",")}]`;
-  if (isObject(v)) return `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canon(v[k])}`).join(",")}}`;
+  if (isObject(v))
+    return `{${Object.keys(v)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canon(v[k])}`)
+      .join(",")}}`;
   return JSON.stringify(v);
 }
 const same = (a: unknown, b: unknown): boolean => canon(a) === canon(b);
@@ -86,7 +111,10 @@ const same = (a: unknown, b: unknown): boolean => canon(a) === canon(b);
 /** JSON as Python's json.dumps writes it (the twin's messages quote values so). */
 function pyJson(v: unknown): string {
   if (Array.isArray(v)) return `[${v.map(pyJson).join(", ")}]`;
-  if (isObject(v)) return `{${Object.keys(v).map((k) => `${JSON.stringify(k)}: ${pyJson(v[k])}`).join(", ")}}`;
+  if (isObject(v))
+    return `{${Object.keys(v)
+      .map((k) => `${JSON.stringify(k)}: ${pyJson(v[k])}`)
+      .join(", ")}}`;
   return JSON.stringify(v);
 }
 const pyList = (xs: unknown[]): string => `[${xs.map((x) => `'${x}'`).join(", ")}]`;
@@ -121,7 +149,10 @@ class Normalizer {
   private readonly merging: string[] = [];
   private nodes = 0;
 
-  constructor(private readonly root: unknown, private readonly where: string) {
+  constructor(
+    private readonly root: unknown,
+    private readonly where: string,
+  ) {
     this.draft = draftOf(root);
   }
 
@@ -132,15 +163,17 @@ class Normalizer {
   }
 
   warnings(): string[] {
-    return [...this.ignored].map(([what, places]) =>
-      `${what} at ${places[0]}` + (places.length > 1 ? ` and ${places.length - 1} more places` : ""));
+    return [...this.ignored].map(
+      ([what, places]) => `${what} at ${places[0]}${places.length > 1 ? ` and ${places.length - 1} more places` : ""}`,
+    );
   }
 
   // ---- one node ---------------------------------------------------------------------------------
 
   node(schema: unknown, where: string): Schema {
     this.nodes++;
-    if (this.nodes > MAX_NODES) throw new SchemaError(`schema at ${this.where}: more than ${MAX_NODES} subschemas after resolving allOf and $ref`);
+    if (this.nodes > MAX_NODES)
+      throw new SchemaError(`schema at ${this.where}: more than ${MAX_NODES} subschemas after resolving allOf and $ref`);
     if (typeof schema === "boolean") return schema;
     if (!isObject(schema)) throw new SchemaError(`schema at ${where} must be an object or a boolean, not ${typeOf(schema)}`);
     const spelled = this.draftSpellings(schema, where);
@@ -152,11 +185,18 @@ class Normalizer {
     const out: Obj = {};
     let doubled: Schema | undefined;
     for (const [key, value] of Object.entries(spelled)) {
-      if (key === "not" && isObject(value) && Object.keys(value).filter((k) => !ANNOTATIONS.has(k)).join() === "not") {
-        doubled = this.node(value.not, `${where}/not/not`);  // a double negation: its schema, merged below
+      if (
+        key === "not" &&
+        isObject(value) &&
+        Object.keys(value)
+          .filter((k) => !ANNOTATIONS.has(k))
+          .join() === "not"
+      ) {
+        doubled = this.node(value.not, `${where}/not/not`); // a double negation: its schema, merged below
         continue;
       }
-      if (REFUSED.has(key)) throw new SchemaError(`schema keyword '${key}' at ${where} is not supported: Lantern cannot enforce it in a grammar`);
+      if (REFUSED.has(key))
+        throw new SchemaError(`schema keyword '${key}' at ${where} is not supported: Lantern cannot enforce it in a grammar`);
       if (ANNOTATIONS.has(key)) continue;
       if (!KEYWORDS.has(key)) {
         this.warn(`ignored the unknown keyword '${key}'`, where);
@@ -210,7 +250,9 @@ class Normalizer {
     let out: Obj = {};
     for (const [key, value] of Object.entries(schema)) {
       if (MAPS.includes(key) && isObject(value)) {
-        out[key] = Object.fromEntries(Object.entries(value).map(([k, v]) => [k, this.close(v as Schema, `${where}/${key}/${k}`)]));
+        out[key] = Object.fromEntries(
+          Object.entries(value).map(([k, v]) => [k, this.close(v as Schema, `${where}/${key}/${k}`)]),
+        );
       } else if (LISTS.includes(key) && Array.isArray(value)) {
         out[key] = value.map((v, i) => this.close(v as Schema, `${where}/${key}/${i}`));
       } else if (ONE.includes(key)) {
@@ -230,7 +272,10 @@ class Normalizer {
   }
 
   private numberFormat(schema: Obj, where: string): Schema {
-    const lowered = typeof schema.format === "string" && Object.hasOwn(FORMAT_NUMBERS, schema.format) ? FORMAT_NUMBERS[schema.format] : undefined;
+    const lowered =
+      typeof schema.format === "string" && Object.hasOwn(FORMAT_NUMBERS, schema.format)
+        ? FORMAT_NUMBERS[schema.format]
+        : undefined;
     const types = typesOf(schema);
     if (lowered === undefined || !types || !types.length) return schema;
     const rest = without(schema, "format");
@@ -244,7 +289,8 @@ class Normalizer {
 
   private uniqueItems(schema: Obj, where: string): Obj {
     let items = schema.items;
-    if (isObject(items) && has(items, "$ref") && !this.resolving.includes(items.$ref as string)) items = this.deref(items as Obj, where);
+    if (isObject(items) && has(items, "$ref") && !this.resolving.includes(items.$ref as string))
+      items = this.deref(items as Obj, where);
     try {
       unique.itemValues(items === undefined ? null : items);
       return has(schema, "items") ? { ...schema, items } : schema;
@@ -262,11 +308,18 @@ class Normalizer {
     const out: Obj = { ...schema, patternProperties: without(pats, ...ANY_NAME) };
     if (!Object.keys(out.patternProperties as Obj).length) delete out.patternProperties;
     for (const p of Object.keys(pats).filter((k) => ANY_NAME.includes(k))) {
-      const props = Object.fromEntries(Object.entries((out.properties as Obj) ?? {}).map(([n, v]) =>
-        [n, this.tryMerge(v as Schema, pats[p] as Schema, `${where}/properties/${n}`)]));
+      const props = Object.fromEntries(
+        Object.entries((out.properties as Obj) ?? {}).map(([n, v]) => [
+          n,
+          this.tryMerge(v as Schema, pats[p] as Schema, `${where}/properties/${n}`),
+        ]),
+      );
       if (Object.keys(props).length) out.properties = props;
-      out.additionalProperties = this.tryMerge(has(out, "additionalProperties") ? out.additionalProperties as Schema : true,
-        pats[p] as Schema, `${where}/patternProperties/${p}`);
+      out.additionalProperties = this.tryMerge(
+        has(out, "additionalProperties") ? (out.additionalProperties as Schema) : true,
+        pats[p] as Schema,
+        `${where}/patternProperties/${p}`,
+      );
     }
     return out;
   }
@@ -289,7 +342,8 @@ class Normalizer {
       for (const [name, dep] of Object.entries(deps)) {
         const target = Array.isArray(dep) ? "dependentRequired" : "dependentSchemas";
         const current = (s[target] as Obj) ?? {};
-        if (has(current, name)) throw new SchemaError(`schema keywords 'dependencies' and '${target}' at ${where} both name '${name}'`);
+        if (has(current, name))
+          throw new SchemaError(`schema keywords 'dependencies' and '${target}' at ${where} both name '${name}'`);
         s[target] = { ...current, [name]: dep };
       }
     }
@@ -305,7 +359,10 @@ class Normalizer {
     } else if (has(s, "additionalItems")) {
       delete s.additionalItems;
     }
-    for (const [exclusive, bound] of [["exclusiveMinimum", "minimum"], ["exclusiveMaximum", "maximum"]]) {
+    for (const [exclusive, bound] of [
+      ["exclusiveMinimum", "minimum"],
+      ["exclusiveMaximum", "maximum"],
+    ]) {
       if (typeof s[exclusive] === "boolean") {
         const on = s[exclusive];
         delete s[exclusive];
@@ -316,7 +373,8 @@ class Normalizer {
       }
     }
     if (typeof s.id === "string") delete s.id;
-    if (has(s, "definitions") && has(s, "$defs")) throw new SchemaError(`schema at ${where} has both 'definitions' and '$defs': use one`);
+    if (has(s, "definitions") && has(s, "$defs"))
+      throw new SchemaError(`schema at ${where} has both 'definitions' and '$defs': use one`);
     return s;
   }
 
@@ -325,8 +383,10 @@ class Normalizer {
     const keep = only(schema, ["$ref", ...DEFS]);
     if (!Object.keys(rest).length) return schema;
     if (this.draft !== null && this.draft <= 7) {
-      this.warn(`applied ${Object.keys(rest).map((k) => `'${k}'`).join(", ")} beside '$ref', which draft-0${this.draft} ` +
-        "ignores (ajv applies them)", where);
+      const names = Object.keys(rest)
+        .map((k) => `'${k}'`)
+        .join(", ");
+      this.warn(`applied ${names} beside '$ref', which draft-0${this.draft} ignores (ajv applies them)`, where);
     }
     const target = this.resolve(schema.$ref, where);
     const merged = this.merge(rest, target, where);
@@ -342,7 +402,9 @@ class Normalizer {
     const known = this.refs.get(ref);
     if (known !== undefined) return known;
     if (this.resolving.includes(ref)) {
-      throw new SchemaError(`schema keyword '$ref' at ${where}: '${ref}' refers to itself through allOf or a $ref with siblings, which cannot be merged`);
+      throw new SchemaError(
+        `schema keyword '$ref' at ${where}: '${ref}' refers to itself through allOf or a $ref with siblings, which cannot be merged`,
+      );
     }
     const target = jsonPointer(this.root, ref);
     if (target === undefined) throw new SchemaError(`schema keyword '$ref' at ${where}: '${ref}' points to nothing`);
@@ -369,7 +431,9 @@ class Normalizer {
     if (isEmpty(b)) return a;
     if (same(a, b)) return a;
     if (this.merging.length >= MAX_DEPTH) {
-      throw new SchemaError(`schema at ${where}: allOf and $ref merge deeper than ${MAX_DEPTH} levels (a recursive $ref under allOf?)`);
+      throw new SchemaError(
+        `schema at ${where}: allOf and $ref merge deeper than ${MAX_DEPTH} levels (a recursive $ref under allOf?)`,
+      );
     }
     this.merging.push(where);
     try {
@@ -414,20 +478,28 @@ class Normalizer {
       } else if ((key === "$defs" || key === "definitions" || key === "dependentSchemas") && isObject(mine) && isObject(value)) {
         out[key] = { ...mine, ...value };
       } else if (key === "dependentRequired" && isObject(mine) && isObject(value)) {
-        out[key] = Object.fromEntries(Object.keys({ ...mine, ...value }).map((k) =>
-          [k, unique_([...((mine[k] as string[]) ?? []), ...((value[k] as string[]) ?? [])])]));
+        out[key] = Object.fromEntries(
+          Object.keys({ ...mine, ...value }).map((k) => [
+            k,
+            unique_([...((mine[k] as string[]) ?? []), ...((value[k] as string[]) ?? [])]),
+          ]),
+        );
       } else if ((key === "anyOf" || key === "oneOf") && Array.isArray(mine) && Array.isArray(value)) {
         out[key] = this.cross(mine as Schema[], value as Schema[], `${where}/${key}`);
       } else if (key === "prefixItems" && Array.isArray(mine) && Array.isArray(value)) {
         if (mine.length !== value.length) {
-          throw new SchemaError(`schema keyword 'prefixItems' at ${where}: cannot merge tuples of ${mine.length} and ${value.length} items`);
+          throw new SchemaError(
+            `schema keyword 'prefixItems' at ${where}: cannot merge tuples of ${mine.length} and ${value.length} items`,
+          );
         }
         out[key] = mine.map((x, i) => this.tryMerge(x as Schema, value[i] as Schema, `${where}/prefixItems/${i}`));
       } else if (key === "multipleOf" && numbers) {
         out[key] = this.mergeMultiple(mine, value, where);
       } else if (!same(mine, value)) {
-        throw new SchemaError(`schema keyword '${key}' at ${where}: cannot merge two different values ` +
-          `(${cut(pyJson(mine), 60)} and ${cut(pyJson(value), 60)})`);
+        throw new SchemaError(
+          `schema keyword '${key}' at ${where}: cannot merge two different values ` +
+            `(${cut(pyJson(mine), 60)} and ${cut(pyJson(value), 60)})`,
+        );
       }
     }
     if (["properties", "additionalProperties", "patternProperties"].some((k) => has(a, k) || has(b, k))) {
@@ -444,7 +516,8 @@ class Normalizer {
     if (!a.length || !b.length) return a.length ? a : b;
     const both = a.filter((t) => b.includes(t) || (t === "integer" && b.includes("number")));
     both.push(...b.filter((t) => t === "integer" && a.includes("number") && !both.includes(t)));
-    if (!both.length) throw new Contradiction(`schema keyword 'type' at ${where}: no type is in both ${pyList(a)} and ${pyList(b)}`);
+    if (!both.length)
+      throw new Contradiction(`schema keyword 'type' at ${where}: no type is in both ${pyList(a)} and ${pyList(b)}`);
     return oneOrList(both);
   }
 
@@ -457,13 +530,16 @@ class Normalizer {
 
   private cross(xs: Schema[], ys: Schema[], where: string): Schema[] {
     if (xs.length * ys.length > MAX_BRANCHES) {
-      throw new SchemaError(`schema at ${where}: merging gives ${xs.length * ys.length} branches, over the limit of ${MAX_BRANCHES}`);
+      throw new SchemaError(
+        `schema at ${where}: merging gives ${xs.length * ys.length} branches, over the limit of ${MAX_BRANCHES}`,
+      );
     }
     const out: Schema[] = [];
-    for (const x of xs) for (const y of ys) {
-      const m = this.tryMerge(x, y, where);
-      if (m !== false) out.push(m);
-    }
+    for (const x of xs)
+      for (const y of ys) {
+        const m = this.tryMerge(x, y, where);
+        if (m !== false) out.push(m);
+      }
     if (!out.length) throw new Contradiction(`schema at ${where}: no branch holds with the other's`);
     return out;
   }
@@ -481,13 +557,14 @@ class Normalizer {
     const props = isObject(schema.properties) ? schema.properties : {};
     if (has(props, name)) return props[name] as Schema;
     const matched = Object.entries(isObject(schema.patternProperties) ? schema.patternProperties : {})
-      .filter(([p]) => search(p, name)).map(([, s]) => s as Schema);
+      .filter(([p]) => search(p, name))
+      .map(([, s]) => s as Schema);
     if (matched.length) {
       let out: Schema = true;
       for (const s of matched) out = this.merge(out, s, "#");
       return out;
     }
-    const extra = has(schema, "additionalProperties") ? schema.additionalProperties as Schema : true;
+    const extra = has(schema, "additionalProperties") ? (schema.additionalProperties as Schema) : true;
     return extra === true ? {} : extra;
   }
 
@@ -500,13 +577,15 @@ class Normalizer {
     for (const name of names) {
       const merged = this.tryMerge(this.propertySchema(a, name), this.propertySchema(b, name), `${where}/properties/${name}`);
       if (merged === false && ((out.required as string[]) ?? []).includes(name)) {
-        throw new Contradiction(`schema keyword 'required' at ${where}: '${name}' is required but no value of it holds in every allOf part`);
+        throw new Contradiction(
+          `schema keyword 'required' at ${where}: '${name}' is required but no value of it holds in every allOf part`,
+        );
       }
       props[name] = merged;
     }
     if (Object.keys(props).length) out.properties = props;
-    const extraA = has(a, "additionalProperties") ? a.additionalProperties as Schema : true;
-    const extraB = has(b, "additionalProperties") ? b.additionalProperties as Schema : true;
+    const extraA = has(a, "additionalProperties") ? (a.additionalProperties as Schema) : true;
+    const extraB = has(b, "additionalProperties") ? (b.additionalProperties as Schema) : true;
     const extra = this.tryMerge(extraA, extraB, `${where}/additionalProperties`);
     if (extra === true) delete out.additionalProperties;
     else out.additionalProperties = extra;
@@ -520,12 +599,16 @@ class Normalizer {
     if (neg === false) return schema;
     if (isEmpty(neg)) return false;
     const n = neg as Obj;
-    const keys = Object.keys(n).filter((k) => !ANNOTATIONS.has(k)).sort().join(",");
+    const keys = Object.keys(n)
+      .filter((k) => !ANNOTATIONS.has(k))
+      .sort()
+      .join(",");
     const types = typesOf(schema);
     if (keys === "type") {
       const banned = typesOf(n) ?? [];
-      const allowed = (types ?? ["string", "number", "integer", "boolean", "null", "array", "object"])
-        .filter((t) => !banned.includes(t) && !(t === "integer" && banned.includes("number")));
+      const allowed = (types ?? ["string", "number", "integer", "boolean", "null", "array", "object"]).filter(
+        (t) => !banned.includes(t) && !(t === "integer" && banned.includes("number")),
+      );
       if ((types ?? ["number"]).includes("number") && banned.includes("integer") && !banned.includes("number")) {
         throw new SchemaError(`schema keyword 'not' at ${where}: a number that is not an integer cannot be written exactly`);
       }
@@ -539,9 +622,14 @@ class Normalizer {
       const own = (schema.required as unknown[]) ?? [];
       const absent = [...new Set(n.required as unknown[])].filter((name) => !own.includes(name));
       if (!absent.length) return false;
-      return this.choose(schema, absent.map((name) => ({ properties: { [name as string]: false } })), where);  // one absent
+      return this.choose(
+        schema,
+        absent.map((name) => ({ properties: { [name as string]: false } })),
+        where,
+      ); // one absent
     }
-    if (keys === "anyOf" && Array.isArray(n.anyOf)) {  // none of them: each negated
+    if (keys === "anyOf" && Array.isArray(n.anyOf)) {
+      // none of them: each negated
       let out: Schema = schema;
       for (const [i, part] of (n.anyOf as Schema[]).entries()) {
         out = this.negation({ ...(out as Obj), not: part }, `${where}/not/anyOf/${i}`);
@@ -549,11 +637,13 @@ class Normalizer {
       }
       return out;
     }
-    if (keys === "allOf" && Array.isArray(n.allOf) && n.allOf.length) {  // one of them fails
-      const branches = (n.allOf as Schema[]).map((part, i) => this.negation({ not: part }, `${where}/not/allOf/${i}`))
+    if (keys === "allOf" && Array.isArray(n.allOf) && n.allOf.length) {
+      // one of them fails
+      const branches = (n.allOf as Schema[])
+        .map((part, i) => this.negation({ not: part }, `${where}/not/allOf/${i}`))
         .filter((b) => b !== false);
       if (!branches.length) return false;
-      if (branches.some((b) => isEmpty(b))) return schema;  // a part whose negation always holds
+      if (branches.some((b) => isEmpty(b))) return schema; // a part whose negation always holds
       return this.choose(schema, branches, where);
     }
     if (keys === "enum" || keys === "const") {
@@ -569,8 +659,10 @@ class Normalizer {
       }
       if (types?.length === 1 && types[0] === "null") return banned.some((w) => w === null) ? false : schema;
     }
-    throw new SchemaError(`schema keyword 'not' at ${where}: only 'not' of a type, of required names, of values of a ` +
-      "boolean or listed type, or of anyOf or allOf of those is supported");
+    throw new SchemaError(
+      `schema keyword 'not' at ${where}: only 'not' of a type, of required names, of values of a ` +
+        "boolean or listed type, or of anyOf or allOf of those is supported",
+    );
   }
 
   /** `schema` where one of `branches` holds too (the twin's choose). */
@@ -592,8 +684,8 @@ class Normalizer {
     }
     if (has(schema, "if")) {
       const cond = this.deref(schema.if as Schema, `${where}/if`);
-      const then = has(schema, "then") ? schema.then as Schema : true;
-      const other = has(schema, "else") ? schema.else as Schema : true;
+      const then = has(schema, "then") ? (schema.then as Schema) : true;
+      const other = has(schema, "else") ? (schema.else as Schema) : true;
       schema = without(schema, "if", "then", "else");
       if (isEmpty(cond)) {
         branches.push([then]);
@@ -627,7 +719,8 @@ class Normalizer {
     for (const key of ["anyOf", "oneOf"]) {
       if (!has(schema, key)) continue;
       const list = schema[key];
-      if (!Array.isArray(list) || !list.length) throw new SchemaError(`schema keyword '${key}' at ${where} must be a non-empty list of schemas`);
+      if (!Array.isArray(list) || !list.length)
+        throw new SchemaError(`schema keyword '${key}' at ${where} must be a non-empty list of schemas`);
       const own = without(schema, key, ...DEFS);
       if (!Object.keys(own).length) continue;
       const branches: Schema[] = [];
@@ -635,7 +728,8 @@ class Normalizer {
         const m = this.tryMerge(own, b as Schema, `${where}/${key}/${i}`);
         if (m !== false) branches.push(m);
       });
-      if (!branches.length) throw new Contradiction(`schema keyword '${key}' at ${where}: no branch holds with the keywords beside it`);
+      if (!branches.length)
+        throw new Contradiction(`schema keyword '${key}' at ${where}: no branch holds with the keywords beside it`);
       schema = { ...only(schema, DEFS), [key]: branches };
     }
     if (has(schema, "anyOf") && has(schema, "oneOf")) {
@@ -648,16 +742,22 @@ class Normalizer {
   /** The values of an enum of other types than `type` beside it dropped (the twin's typed_values). */
   private typedValues(schema: Obj, where: string): Obj {
     const types = typesOf(schema);
-    if (types === null || !(has(schema, "enum") || has(schema, "const")) || (has(schema, "enum") && !Array.isArray(schema.enum))) {
+    if (
+      types === null ||
+      !(has(schema, "enum") || has(schema, "const")) ||
+      (has(schema, "enum") && !Array.isArray(schema.enum))
+    ) {
       return schema;
     }
     const values = this.values(schema);
     const kept = values.filter((v) => types.some((t) => typeOf(v) === t || (t === "number" && typeOf(v) === "integer")));
     if (!kept.length) {
-      throw new Contradiction(`schema keyword '${has(schema, "enum") ? "enum" : "const"}' at ${where}: no value is of the ` +
-        `type ${pyJson(schema.type)}`);
+      throw new Contradiction(
+        `schema keyword '${has(schema, "enum") ? "enum" : "const"}' at ${where}: no value is of the ` +
+          `type ${pyJson(schema.type)}`,
+      );
     }
-    return kept.length === values.length ? schema : { ...schema, enum: kept };  // (a const is kept or refused)
+    return kept.length === values.length ? schema : { ...schema, enum: kept }; // (a const is kept or refused)
   }
 
   /**
@@ -673,7 +773,7 @@ class Normalizer {
     const hasPatterns = Object.keys(patterns).length > 0;
     const unlisted = (has(schema, "additionalProperties") ? schema.additionalProperties : true) !== false || hasPatterns;
     const low = schema.minProperties;
-    const counted = typeof low === "number" && low > required.length + 1;  // one unlisted name can always stand in for more
+    const counted = typeof low === "number" && low > required.length + 1; // one unlisted name can always stand in for more
     const own = isObject(schema.properties) ? schema.properties : {};
     const matched = Object.keys(patterns).some((p) => Object.keys(own).some((n) => search(p, n)));
     if (!((hasPatterns && (required.length || matched)) || (unlisted && counted))) return schema;
@@ -682,8 +782,11 @@ class Normalizer {
       const sub = this.propertySchema(schema, name);
       props[name] = has(own, name) ? this.withPatterns(schema, name, sub, where) : sub;
     }
-    this.warn("generated only the listed and required properties (xgrammar enforces neither required nor " +
-      "listed names' schemas beside patternProperties, nor distinct names for minProperties)", where);
+    this.warn(
+      "generated only the listed and required properties (xgrammar enforces neither required nor " +
+        "listed names' schemas beside patternProperties, nor distinct names for minProperties)",
+      where,
+    );
     return { ...without(schema, "patternProperties"), properties: props, additionalProperties: false };
   }
 
@@ -691,7 +794,7 @@ class Normalizer {
   private propertyNames(schema: Obj, where: string): Obj {
     if (!has(schema, "propertyNames")) return schema;
     if (isObject(schema.propertyNames) && !Object.keys(schema.propertyNames).length) return without(schema, "propertyNames");
-    if (!isObject(schema.propertyNames)) return schema;  // false: prune allows no property
+    if (!isObject(schema.propertyNames)) return schema; // false: prune allows no property
     const at = `${where}/propertyNames`;
     const names = this.deref(schema.propertyNames as Schema, at);
     let props: Obj = isObject(schema.properties) ? schema.properties : {};
@@ -708,28 +811,39 @@ class Normalizer {
     const values = has(schema, "additionalProperties") ? schema.additionalProperties : true;
     const patterns = isObject(schema.patternProperties) && Object.keys(schema.patternProperties).length > 0;
     const listedAny = Object.keys(props).length > 0;
-    if ((values === false || listedAny || required.length) && !patterns) return rest;  // only listed names are generated
-    if (!patterns && isEmpty(values) && !listedAny) return schema;  // names alone: xgrammar enforces them exactly
+    if ((values === false || listedAny || required.length) && !patterns) return rest; // only listed names are generated
+    if (!patterns && isEmpty(values) && !listedAny) return schema; // names alone: xgrammar enforces them exactly
     const listed = this.nameList(names, at);
     if (listed !== null) {
       const out = without(rest, "patternProperties");
-      const own = Object.fromEntries(Object.entries(props).map(([n, sub]) => [n, this.withPatterns(schema, n, sub as Schema, where)]));
+      const own = Object.fromEntries(
+        Object.entries(props).map(([n, sub]) => [n, this.withPatterns(schema, n, sub as Schema, where)]),
+      );
       const more = Object.fromEntries(listed.filter((n) => !has(props, n)).map((n) => [n, this.propertySchema(schema, n)]));
       return { ...out, properties: { ...own, ...more }, additionalProperties: false };
     }
     const pattern = isObject(names) ? names.pattern : undefined;
-    if (!patterns && isObject(names) && Object.keys(names).every((k) => k === "type" || k === "pattern")
-      && (names.type ?? "string") === "string" && typeof pattern === "string") {
+    if (
+      !patterns &&
+      isObject(names) &&
+      Object.keys(names).every((k) => k === "type" || k === "pattern") &&
+      (names.type ?? "string") === "string" &&
+      typeof pattern === "string"
+    ) {
       try {
         strings.checkPlainPattern(pattern);
       } catch (err) {
         if (!(err instanceof strings.PatternError)) throw err;
-        throw new SchemaError(`schema keyword 'propertyNames' at ${where}: pattern '${pattern}' beside additionalProperties: ${err.message}`);
+        throw new SchemaError(
+          `schema keyword 'propertyNames' at ${where}: pattern '${pattern}' beside additionalProperties: ${err.message}`,
+        );
       }
       return { ...rest, patternProperties: { [pattern]: values === true ? {} : values }, additionalProperties: false };
     }
-    throw new SchemaError(`schema keyword 'propertyNames' at ${where}: names it allows beside a schema for their values ` +
-      "(additionalProperties or patternProperties) are enforced only as a list of names or one pattern");
+    throw new SchemaError(
+      `schema keyword 'propertyNames' at ${where}: names it allows beside a schema for their values ` +
+        "(additionalProperties or patternProperties) are enforced only as a list of names or one pattern",
+    );
   }
 
   /** A listed property's schema with the patternProperties its name matches merged in. */
@@ -745,21 +859,25 @@ class Normalizer {
     names = this.deref(names, where);
     if (typeof names === "boolean") return names;
     const known = ["type", "enum", "const", "pattern", "minLength", "maxLength", "anyOf", "oneOf", "not"];
-    const unknown = Object.keys(names).filter((k) => !known.includes(k)).sort();
+    const unknown = Object.keys(names)
+      .filter((k) => !known.includes(k))
+      .sort();
     if (unknown.length) {
       throw new SchemaError(`schema keyword 'propertyNames' at ${where}: cannot check a name against keyword '${unknown[0]}'`);
     }
     const types = typesOf(names);
     const length = [...name].length;
-    return (types === null || types.includes("string"))
-      && (!has(names, "enum") || (names.enum as unknown[]).includes(name))
-      && (!has(names, "const") || names.const === name)
-      && (!has(names, "pattern") || search(names.pattern as string, name))
-      && length >= ((names.minLength as number) ?? 0)
-      && (!has(names, "maxLength") || length <= (names.maxLength as number))
-      && (!has(names, "anyOf") || (names.anyOf as Schema[]).some((b) => this.nameAllowed(b, name, where)))
-      && (!has(names, "oneOf") || (names.oneOf as Schema[]).filter((b) => this.nameAllowed(b, name, where)).length === 1)
-      && (!has(names, "not") || !this.nameAllowed(names.not as Schema, name, where));
+    return (
+      (types === null || types.includes("string")) &&
+      (!has(names, "enum") || (names.enum as unknown[]).includes(name)) &&
+      (!has(names, "const") || names.const === name) &&
+      (!has(names, "pattern") || search(names.pattern as string, name)) &&
+      length >= ((names.minLength as number) ?? 0) &&
+      (!has(names, "maxLength") || length <= (names.maxLength as number)) &&
+      (!has(names, "anyOf") || (names.anyOf as Schema[]).some((b) => this.nameAllowed(b, name, where))) &&
+      (!has(names, "oneOf") || (names.oneOf as Schema[]).filter((b) => this.nameAllowed(b, name, where)).length === 1) &&
+      (!has(names, "not") || !this.nameAllowed(names.not as Schema, name, where))
+    );
   }
 
   /** Every name the propertyNames schema `names` allows where they are finitely many; null for a pattern's names. */
@@ -778,10 +896,14 @@ class Normalizer {
     };
     const found = candidates(names);
     if (found === null) return null;
-    const listed = unique_(found.filter((n): n is string => typeof n === "string")).filter((n) => this.nameAllowed(names, n, where));
+    const listed = unique_(found.filter((n): n is string => typeof n === "string")).filter((n) =>
+      this.nameAllowed(names, n, where),
+    );
     if (listed.length > MAX_NAMES) {
-      throw new SchemaError(`schema keyword 'propertyNames' at ${where}: allows ${listed.length} names beside a schema ` +
-        `for their values, over the limit of ${MAX_NAMES}`);
+      throw new SchemaError(
+        `schema keyword 'propertyNames' at ${where}: allows ${listed.length} names beside a schema ` +
+          `for their values, over the limit of ${MAX_NAMES}`,
+      );
     }
     return listed;
   }
@@ -811,7 +933,9 @@ class Normalizer {
     const extra = has(schema, "additionalProperties") ? schema.additionalProperties : true;
     const missing = required.filter((n) => typeof n === "string" && !has(isObject(props) ? props : {}, n)) as string[];
     if (missing.length && extra === false && !has(schema, "patternProperties")) {
-      throw new Contradiction(`schema keyword 'required' at ${where}: '${missing[0]}' is required but not in properties, and additionalProperties is false`);
+      throw new Contradiction(
+        `schema keyword 'required' at ${where}: '${missing[0]}' is required but not in properties, and additionalProperties is false`,
+      );
     }
     if (missing.length && extra !== false) {
       const listed: Obj = { ...((props as Obj) ?? {}) };
@@ -823,21 +947,40 @@ class Normalizer {
       if (has(schema, "additionalProperties")) this.warn("generated only listed properties beside additionalProperties", where);
       schema = { ...schema, additionalProperties: false };
     }
-    if (!(isObject(props) && Object.keys(props).length) && !has(schema, "additionalProperties") && !has(schema, "patternProperties")
-      && (has(schema, "minProperties") || has(schema, "maxProperties"))) {
-      schema = { ...schema, additionalProperties: {} };  // xgrammar reads none as none at all when it counts
+    if (
+      !(isObject(props) && Object.keys(props).length) &&
+      !has(schema, "additionalProperties") &&
+      !has(schema, "patternProperties") &&
+      (has(schema, "minProperties") || has(schema, "maxProperties"))
+    ) {
+      schema = { ...schema, additionalProperties: {} }; // xgrammar reads none as none at all when it counts
     }
     // the names an object can have (a false property only stays listed to be refused)
     const possible = Object.entries((schema.properties as Obj) ?? {}).filter(([, sub]) => sub !== false).length;
-    if (schema.additionalProperties === false && !has(schema, "patternProperties") && typeof schema.minProperties === "number"
-      && schema.minProperties > possible) {
-      throw new Contradiction(`schema keyword 'minProperties' at ${where}: ${schema.minProperties} properties are required and fewer are allowed`);
+    if (
+      schema.additionalProperties === false &&
+      !has(schema, "patternProperties") &&
+      typeof schema.minProperties === "number" &&
+      schema.minProperties > possible
+    ) {
+      throw new Contradiction(
+        `schema keyword 'minProperties' at ${where}: ${schema.minProperties} properties are required and fewer are allowed`,
+      );
     }
-    if (typeof schema.minProperties === "number" && Number.isInteger(schema.minProperties) && schema.minProperties <= new Set(required).size) {
+    if (
+      typeof schema.minProperties === "number" &&
+      Number.isInteger(schema.minProperties) &&
+      schema.minProperties <= new Set(required).size
+    ) {
       schema = without(schema, "minProperties");
     }
-    if (schema.additionalProperties === false && !has(schema, "patternProperties") && typeof schema.maxProperties === "number"
-      && Number.isInteger(schema.maxProperties) && schema.maxProperties >= possible) {
+    if (
+      schema.additionalProperties === false &&
+      !has(schema, "patternProperties") &&
+      typeof schema.maxProperties === "number" &&
+      Number.isInteger(schema.maxProperties) &&
+      schema.maxProperties >= possible
+    ) {
       schema = without(schema, "maxProperties");
     }
     for (const [name, sub] of Object.entries((schema.properties as Obj) ?? {})) {
@@ -874,13 +1017,15 @@ class Normalizer {
       out = this.prune(root);
       const found = new Set<string>();
       if (isObject(out)) {
-        for (const key of DEFS) for (const [name, sub] of Object.entries((out[key] as Obj) ?? {})) if (sub === false) found.add(`#/${key}/${name}`);
+        for (const key of DEFS)
+          for (const [name, sub] of Object.entries((out[key] as Obj) ?? {})) if (sub === false) found.add(`#/${key}/${name}`);
       }
       if ([...found].every((r) => this.falseRefs.has(r))) break;
       this.falseRefs = new Set([...this.falseRefs, ...found]);
     }
     if (isObject(out)) {
-      for (const key of DEFS) if (isObject(out[key])) out[key] = Object.fromEntries(Object.entries(out[key] as Obj).filter(([, v]) => v !== false));
+      for (const key of DEFS)
+        if (isObject(out[key])) out[key] = Object.fromEntries(Object.entries(out[key] as Obj).filter(([, v]) => v !== false));
     }
     return out;
   }
@@ -890,7 +1035,8 @@ class Normalizer {
     if (typeof node.$ref === "string" && this.falseRefs.has(node.$ref)) return false;
     let out: Obj = { ...node };
     for (const key of DEFS) {
-      if (isObject(out[key])) out[key] = Object.fromEntries(Object.entries(out[key] as Obj).map(([k, v]) => [k, this.prune(v as Schema)]));
+      if (isObject(out[key]))
+        out[key] = Object.fromEntries(Object.entries(out[key] as Obj).map(([k, v]) => [k, this.prune(v as Schema)]));
     }
     if (isObject(out.properties)) {
       const props: Obj = {};
@@ -920,7 +1066,7 @@ class Normalizer {
       if (end >= 0) {
         if (((out.minItems as number) ?? 0) > end) return false;
         items = items.slice(0, end);
-        out.maxItems = Math.min(has(out, "maxItems") ? out.maxItems as number : end, end);
+        out.maxItems = Math.min(has(out, "maxItems") ? (out.maxItems as number) : end, end);
       }
       out.prefixItems = items;
     }
@@ -937,14 +1083,23 @@ function refsIn(node: unknown): string[] {
   if (Array.isArray(node)) return node.flatMap(refsIn);
   if (!isObject(node)) return [];
   const own = typeof node.$ref === "string" ? [node.$ref] : [];
-  return [...own, ...Object.entries(node).filter(([k]) => k !== "enum" && k !== "const").flatMap(([, v]) => refsIn(v))];
+  return [
+    ...own,
+    ...Object.entries(node)
+      .filter(([k]) => k !== "enum" && k !== "const")
+      .flatMap(([, v]) => refsIn(v)),
+  ];
 }
 
 function withRefs(node: unknown, moved: Map<string, string>): unknown {
   if (Array.isArray(node)) return node.map((v) => withRefs(v, moved));
   if (!isObject(node)) return node;
-  return Object.fromEntries(Object.entries(node).map(([k, v]) => [k,
-    k === "$ref" && typeof v === "string" ? moved.get(v) ?? v : k === "enum" || k === "const" ? v : withRefs(v, moved)]));
+  return Object.fromEntries(
+    Object.entries(node).map(([k, v]) => [
+      k,
+      k === "$ref" && typeof v === "string" ? (moved.get(v) ?? v) : k === "enum" || k === "const" ? v : withRefs(v, moved),
+    ]),
+  );
 }
 
 /** `schema` in Lantern's dialect (see schema_normalize.py) and the warnings for what it ignored. */

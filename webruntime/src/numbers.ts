@@ -4,12 +4,16 @@
 // same placeholders and the same rules, character for character (tests/test_structured_exact.py).
 
 export const MAX_DIGITS = 15;
-const MAX_MULTIPLE = 250;  // multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder
+const MAX_MULTIPLE = 250; // multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder
 export const PREFIX = "lantern:";
 const SYMBOLS = [..."-.0123456789"];
 
 /** A finite decimal: sign, integer digits (no leading zeros, "" below 1), fraction (no trailing zeros). */
-interface Decimal { negative: boolean; whole: string; fraction: string }
+interface Decimal {
+  negative: boolean;
+  whole: string;
+  fraction: string;
+}
 
 const text = (d: Decimal): string => {
   const body = (d.whole || "0") + (d.fraction ? `.${d.fraction}` : "");
@@ -54,8 +58,13 @@ function roundInwards(d: Decimal, up: boolean): Decimal {
 /** The placeholder string for a bounded `kind` ("number"/"integer") subschema; every bound kept. */
 export function placeholder(kind: string, schema: Record<string, unknown>): string {
   const parts = [PREFIX + kind];
-  for (const [key, op] of [["minimum", "ge"], ["exclusiveMinimum", "gt"], ["maximum", "le"], ["exclusiveMaximum", "lt"],
-    ["multipleOf", "mul"]]) {
+  for (const [key, op] of [
+    ["minimum", "ge"],
+    ["exclusiveMinimum", "gt"],
+    ["maximum", "le"],
+    ["exclusiveMaximum", "lt"],
+    ["multipleOf", "mul"],
+  ]) {
     if (key in schema) parts.push(`${op}=${text(decimalOf(schema[key] as number))}`);
   }
   return parts.join(":");
@@ -70,7 +79,9 @@ export function payloadPlaceholder(kind: string, payload: unknown): string {
 /** The payload of a payloadPlaceholder. */
 export function placeholderPayload(key: string): unknown {
   const hex = key.split(":")[2];
-  return JSON.parse(new TextDecoder().decode(new Uint8Array(hex.length / 2).map((_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16))));
+  return JSON.parse(
+    new TextDecoder().decode(new Uint8Array(hex.length / 2).map((_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16))),
+  );
 }
 
 /** The shortest decimal text of a number, with no exponent (number_grammar.decimal_of(v).text()). */
@@ -83,20 +94,22 @@ export function multipleOf(s: string): [number, number] {
   const m = Number(d.whole + d.fraction);
   const e = d.fraction.length;
   if (m % 5 ** e) {
-    throw new NumberRangeError(`${s} is not a binary fraction, and validators dividing doubles reject exact ` +
-      `multiples of it (0.07 / 0.01 = ${0.07 / 0.01}); use an integer or a power-of-two ` +
-      "fraction such as 0.5 or 0.25, or scale the value (cents as an integer)");
+    throw new NumberRangeError(
+      `${s} is not a binary fraction, and validators dividing doubles reject exact ` +
+        `multiples of it (0.07 / 0.01 = ${0.07 / 0.01}); use an integer or a power-of-two ` +
+        "fraction such as 0.5 or 0.25, or scale the value (cents as an integer)",
+    );
   }
   return [m, e];
 }
 
-type Side = [number, boolean] | null;  // (value, inclusive)
+type Side = [number, boolean] | null; // (value, inclusive)
 type DecimalBound = [Decimal, boolean] | null;
 
 function tighter(a: Side, b: Side, lower: boolean): Side {
   if (a === null || b === null) return a ?? b;
-  if (a[0] !== b[0]) return (a[0] > b[0]) === lower ? a : b;
-  return !a[1] ? a : b;  // the same value: exclusive wins
+  if (a[0] !== b[0]) return a[0] > b[0] === lower ? a : b;
+  return !a[1] ? a : b; // the same value: exclusive wins
 }
 
 function parsePlaceholder(key: string): [string, DecimalBound, DecimalBound, Multiple] {
@@ -157,14 +170,21 @@ function endOf(state: string, bound: Decimal): string {
   return Number(state.split(",")[1]) < bound.fraction.length ? "<" : "=";
 }
 
-interface Bound { value: Decimal; inclusive: boolean }
+interface Bound {
+  value: Decimal;
+  inclusive: boolean;
+}
 type Cmp = [string | null, string | null];
-type Multiple = [number, number] | null;  // multipleOf's [m, e]
-type MagState = [string, number, Cmp, Multiple];  // phase, digits so far, comparators, [remainder, fraction digits]
+type Multiple = [number, number] | null; // multipleOf's [m, e]
+type MagState = [string, number, Cmp, Multiple]; // phase, digits so far, comparators, [remainder, fraction digits]
 
 class Magnitude {
-  constructor(readonly lower: Bound | null, readonly upper: Bound | null, readonly integer: boolean,
-    readonly multiple: Multiple) {}
+  constructor(
+    readonly lower: Bound | null,
+    readonly upper: Bound | null,
+    readonly integer: boolean,
+    readonly multiple: Multiple,
+  ) {}
 
   start(): MagState {
     return ["S", 0, this.settle("i,0,=", "i,0,=")!, this.multiple && [0, 0]];
@@ -191,7 +211,8 @@ class Magnitude {
     const frac = phase === "D" || phase === "F";
     if (rem) {
       const [m, e] = this.multiple!;
-      if (frac && rem[1] === e) {  // past e fraction digits only zeros keep a multiple
+      if (frac && rem[1] === e) {
+        // past e fraction digits only zeros keep a multiple
         if (ch !== "0") return null;
       } else {
         rem = [(rem[0] * 10 + Number(ch)) % m, rem[1] + (frac ? 1 : 0)];
@@ -218,7 +239,11 @@ class Magnitude {
 
 type State = "top" | [string, MagState];
 /** A deterministic automaton given by its start, its step (null: no edge) and its accepting states. */
-export interface Automaton<T, S> { start: T; step(s: T, ch: S): T | null; accepts(s: T): boolean }
+export interface Automaton<T, S> {
+  start: T;
+  step(s: T, ch: S): T | null;
+  accepts(s: T): boolean;
+}
 
 function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound, multiple: Multiple): Automaton<State, string> {
   const integer = kind === "integer";
@@ -229,7 +254,8 @@ function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound,
   }
   if (lower === null || lower[0].negative) {
     const abs = (d: Decimal): Decimal => ({ ...d, negative: false });
-    const lo = upper !== null && upper[0].negative ? { value: abs(upper[0]), inclusive: upper[1] }
+    const lo = upper?.[0].negative
+      ? { value: abs(upper[0]), inclusive: upper[1] }
       : { value: { negative: false, whole: "", fraction: "" }, inclusive: false };
     const hi = lower !== null ? { value: abs(lower[0]), inclusive: lower[1] } : null;
     parts.set("-", new Magnitude(lo, hi, integer, multiple));
@@ -254,7 +280,11 @@ function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound,
  * The minimal DFA (states numbered breadth-first from 0 = start, symbols in `symbols` order), or null if
  * it accepts nothing; past `mergeLimit` live states only trimmed. The twin of number_grammar.minimal_dfa.
  */
-export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[], mergeLimit: number | null = null): [Map<S, number>[], boolean[]] | null {
+export function minimalDfa<T, S>(
+  a: Automaton<T, S>,
+  symbols: S[],
+  mergeLimit: number | null = null,
+): [Map<S, number>[], boolean[]] | null {
   const keyOf = (s: T) => JSON.stringify(s);
   const order: T[] = [a.start];
   const index = new Map([[keyOf(a.start), 0]]);
@@ -275,8 +305,10 @@ export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[], mergeLimit: n
   }
   const final = order.map((s) => a.accepts(s));
   const sources: number[][] = order.map(() => []);
-  edges.forEach((out, i) => { for (const t of out.values()) sources[t].push(i); });
-  const live = new Set(final.flatMap((f, i) => (f ? [i] : [])));  // states that can still reach an end: back from the ends
+  edges.forEach((out, i) => {
+    for (const t of out.values()) sources[t].push(i);
+  });
+  const live = new Set(final.flatMap((f, i) => (f ? [i] : []))); // states that can still reach an end: back from the ends
   const todo = [...live];
   while (todo.length) {
     for (const i of sources[todo.pop()!]) {
@@ -310,7 +342,7 @@ export function minimalDfa<T, S>(a: Automaton<T, S>, symbols: S[], mergeLimit: n
   const accepting: boolean[] = [];
   for (let q = 0; q < queue.length; q++) {
     const c = queue[q];
-    const i = rep.get(c)!;  // the start state for its own class: 0 is the smallest live state
+    const i = rep.get(c)!; // the start state for its own class: 0 is the smallest live state
     const out = new Map<S, number>();
     for (const [ch, t] of edges[i]) {
       if (!live.has(t)) continue;
@@ -332,9 +364,15 @@ const isDigit = (c: string) => c >= "0" && c <= "9";
 function symbolsText(chars: string[]): string {
   if (chars.length === 1) return `"${chars[0]}"`;
   const out: string[] = [];
-  for (let k = 0; k < chars.length;) {
+  for (let k = 0; k < chars.length; ) {
     let j = k;
-    while (j + 1 < chars.length && chars[j + 1].charCodeAt(0) === chars[j].charCodeAt(0) + 1 && isDigit(chars[j + 1]) && isDigit(chars[k])) j++;
+    while (
+      j + 1 < chars.length &&
+      chars[j + 1].charCodeAt(0) === chars[j].charCodeAt(0) + 1 &&
+      isDigit(chars[j + 1]) &&
+      isDigit(chars[k])
+    )
+      j++;
     out.push(j === k ? chars[k] : j > k + 1 ? `${chars[k]}-${chars[j]}` : chars[k] + chars[j]);
     k = j + 1;
   }
@@ -344,7 +382,7 @@ function symbolsText(chars: string[]): string {
 function dfaRules(name: string, trans: Map<string, number>[], accepting: boolean[]): string[] {
   return trans.map((out, i) => {
     const alts = accepting[i] ? ['""'] : [];
-    const targets = new Map<string, [number, string[]]>();  // "-" on its own: never inside a class
+    const targets = new Map<string, [number, string[]]>(); // "-" on its own: never inside a class
     for (const ch of SYMBOLS) {
       if (!out.has(ch)) continue;
       const t = out.get(ch)!;
@@ -369,8 +407,9 @@ const automata = new Map<string, [Map<string, number>[], boolean[]] | null>();
 export function numberRules(key: string, name: string): string[] {
   const [kind, lower, upper, multiple] = parsePlaceholder(key);
   if (multiple && multiple[0] > MAX_MULTIPLE) {
-    throw new NumberRangeError(`a multipleOf whose digits read above ${MAX_MULTIPLE} is not supported (its grammar ` +
-      "keeps a rule per remainder)");
+    throw new NumberRangeError(
+      `a multipleOf whose digits read above ${MAX_MULTIPLE} is not supported (its grammar keeps a rule per remainder)`,
+    );
   }
   if (!automata.has(key)) {
     if (automata.size >= 512) automata.clear();

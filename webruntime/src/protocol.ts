@@ -7,7 +7,7 @@ export type Role = "system" | "developer" | "user" | "assistant" | "tool";
 export interface ToolCall {
   id: string;
   type: "function";
-  function: { name: string; arguments: string };  // arguments: a JSON text, as OpenAI sends it
+  function: { name: string; arguments: string }; // arguments: a JSON text, as OpenAI sends it
 }
 
 export interface ChatMessage {
@@ -16,7 +16,7 @@ export interface ChatMessage {
   name?: string;
   tool_call_id?: string;
   tool_calls?: ToolCall[];
-  reasoning_content?: string | null;  // an earlier answer's reasoning, for templates that render it (Qwen3)
+  reasoning_content?: string | null; // an earlier answer's reasoning, for templates that render it (Qwen3)
 }
 
 export interface Tool {
@@ -30,7 +30,10 @@ export type ToolChoice = "none" | "auto" | "required" | { type: "function"; func
 export type ResponseFormat =
   | { type: "text" }
   | { type: "json_object"; schema?: string | Record<string, unknown> }
-  | { type: "json_schema"; json_schema: { name: string; schema: Record<string, unknown> | boolean; strict?: boolean; description?: string } }
+  | {
+      type: "json_schema";
+      json_schema: { name: string; schema: Record<string, unknown> | boolean; strict?: boolean; description?: string };
+    }
   | { type: "grammar"; grammar: string }
   | { type: "regex"; pattern: string };
 
@@ -40,14 +43,14 @@ export interface ChatCompletionRequest {
   stream?: boolean;
   stream_options?: { include_usage?: boolean };
   max_tokens?: number;
-  max_completion_tokens?: number;  // OpenAI's newer name for max_tokens; it wins when both are set
+  max_completion_tokens?: number; // OpenAI's newer name for max_tokens; it wins when both are set
   temperature?: number;
   top_p?: number;
   top_k?: number;
   repetition_penalty?: number;
   frequency_penalty?: number;
   presence_penalty?: number;
-  dry_multiplier?: number;  // absent: schema_defaults.dryMultiplier under a JSON response_format, else 0
+  dry_multiplier?: number; // absent: schema_defaults.dryMultiplier under a JSON response_format, else 0
   dry_base?: number;
   dry_allowed_length?: number;
   dry_penalty_last_n?: number;
@@ -174,11 +177,11 @@ export interface StorageState {
 }
 
 export interface EngineOptions {
-  model: string;  // URL of an artifact folder (ends with "/")
-  worker?: boolean;  // default true
-  cache?: CacheBackend;  // default "cache-api"
-  parallelDownloads?: number;  // default 3
-  retries?: number;  // HTTP retries per file, default 3
+  model: string; // URL of an artifact folder (ends with "/")
+  worker?: boolean; // default true
+  cache?: CacheBackend; // default "cache-api"
+  parallelDownloads?: number; // default 3
+  retries?: number; // HTTP retries per file, default 3
   // "auto" (default): WebGPU on a real GPU, else the CPU (wasm) when the artifact has a GGUF
   device?: "auto" | DeviceName;
   // wasm device: llama.cpp threads (default, where SharedArrayBuffer is: navigator.hardwareConcurrency up to 4,
@@ -203,10 +206,10 @@ export interface EngineOptions {
 export interface EngineHost {
   // "tab": another tab's dedicated worker runs it, reached through the SharedWorker (client.ts, startAcrossTabs)
   kind: "page" | "dedicated" | "tab" | "shared";
-  tabs: number;  // the pages (engines) attached to this loaded model, this one included
-  models: number;  // models loaded in the worker that runs this one
-  fallback?: string;  // why a shared engine was asked for and a dedicated worker runs it
-  handovers?: number;  // across tabs: how often this page's engine moved to a new host tab's worker
+  tabs: number; // the pages (engines) attached to this loaded model, this one included
+  models: number; // models loaded in the worker that runs this one
+  fallback?: string; // why a shared engine was asked for and a dedicated worker runs it
+  handovers?: number; // across tabs: how often this page's engine moved to a new host tab's worker
 }
 
 /** What a worker loads an engine with: the engine options that cross a message. */
@@ -214,24 +217,30 @@ export type LoadOptions = Omit<EngineOptions, "onProgress" | "worker">;
 
 /** The options under which pages share one loaded engine: a worker's model map and the host tab's Web Lock. */
 export function engineKey(options: LoadOptions): string {
-  return JSON.stringify([options.model, options.device ?? "auto", options.threads ?? null, options.contextWindow ?? null,
-    options.cache ?? "cache-api", options.requireThreads ?? false]);
+  return JSON.stringify([
+    options.model,
+    options.device ?? "auto",
+    options.threads ?? null,
+    options.contextWindow ?? null,
+    options.cache ?? "cache-api",
+    options.requireThreads ?? false,
+  ]);
 }
 
 export interface EngineStats {
   device: DeviceName;
-  deviceLabel: string;  // "WebGPU (software adapter, slow)", "CPU (wasm, 2 threads)"
-  kvSequences: number;  // sequences alive in the KV cache
-  kvAvailablePages: number | null;  // paged KV cache (webgpu); null on wasm
+  deviceLabel: string; // "WebGPU (software adapter, slow)", "CPU (wasm, 2 threads)"
+  kvSequences: number; // sequences alive in the KV cache
+  kvAvailablePages: number | null; // paged KV cache (webgpu); null on wasm
   kvTotalPages: number | null;
-  cachedTokens: number;  // conversation tokens kept for reuse by the next turn
+  cachedTokens: number; // conversation tokens kept for reuse by the next turn
   queued: number;
-  library: string;  // the model library (webgpu) or GGUF (wasm) that runs
-  peakGpuBytes: number | null;  // null on wasm
+  library: string; // the model library (webgpu) or GGUF (wasm) that runs
+  peakGpuBytes: number | null; // null on wasm
   // the WebGPU adapter; on wasm {vendor: "cpu", architecture: "wasm (N threads)"}
   adapter: { vendor: string; architecture: string; features: string[]; fallback: boolean };
-  requests: Record<string, number>;  // terminal state -> count
-  grammarCache: { entries: number; hits: number };  // compiled grammars kept, and requests that reused one
+  requests: Record<string, number>; // terminal state -> count
+  grammarCache: { entries: number; hits: number }; // compiled grammars kept, and requests that reused one
   storage: StorageState;
   // the wasm device: which llama.cpp build runs and why (llama-builds.ts), and its threads; null on webgpu
   // restarts: starts of llama.cpp's worker given up as hung (Firefox; see wasm.ts START_STALL_S)
@@ -250,8 +259,8 @@ export type DebugOp =
   // -> { tokens, prefillMs, decodeMs, decodeSteps }; text: the prompt as text, which the engine adds for a device
   // that tokenizes itself (wasm: llama.cpp through wllama, which takes no token ids)
   | { op: "greedy"; prompt: number[]; maxTokens: number; text?: string }
-  | { op: "logits"; tokens: number[] }  // -> { logits: number[] } at the last position
-  | { op: "nll"; tokens: number[] };  // -> { nll: number[] } per next token
+  | { op: "logits"; tokens: number[] } // -> { logits: number[] } at the last position
+  | { op: "nll"; tokens: number[] }; // -> { nll: number[] } per next token
 
 export interface DebugResult {
   tokens?: number[];
@@ -264,7 +273,7 @@ export interface DebugResult {
 
 // page -> worker (a dedicated worker, one port of the SharedWorker, or a port to another tab's dedicated worker)
 export type WorkerRequest =
-  | { kind: "hello"; id: number; tab: string }  // the Web Lock this page holds while it lives
+  | { kind: "hello"; id: number; tab: string } // the Web Lock this page holds while it lives
   // across tabs (client.ts, startAcrossTabs), to the SharedWorker: this page's dedicated worker runs the engine
   // for `key`; send it the other tabs' ports ("connect")
   | { kind: "host"; id: number; key: string }
@@ -289,7 +298,7 @@ export type WorkerResponse =
   | { kind: "chunk"; id: number; chunk: ChatCompletionChunk }
   | { kind: "result"; id: number; value: unknown }
   | { kind: "error"; id: number; error: SerializedError }
-  | { kind: "crash"; id: number; message: string }  // an uncaught error ended the worker (to every page it serves)
+  | { kind: "crash"; id: number; message: string } // an uncaught error ended the worker (to every page it serves)
   // across tabs, from the SharedWorker: the answer to "join", with the port (ev.ports[0])
   | { kind: "port"; id: number }
   // to the host tab: another tab's port (ev.ports[0]) for its dedicated worker

@@ -20,8 +20,10 @@ export function templateKwargs(kwargs: unknown, tags: string[] | null | undefine
   }
   if (tags && strict) {
     if (out.enable_thinking === true) {
-      throw new InvalidRequestError("chat_template_kwargs.enable_thinking cannot be true with response_format or a " +
-        "required tool call: the grammar constrains every token, reasoning included");
+      throw new InvalidRequestError(
+        "chat_template_kwargs.enable_thinking cannot be true with response_format or a " +
+          "required tool call: the grammar constrains every token, reasoning included",
+      );
     }
     if (!("enable_thinking" in out)) out.enable_thinking = false;
   }
@@ -41,7 +43,10 @@ export function heldBack(text: string, stops: string[]): number {
   let hold = 0;
   for (const s of stops) {
     for (let k = Math.min(s.length - 1, text.length); k > hold; k--) {
-      if (text.endsWith(s.slice(0, k))) { hold = k; break; }
+      if (text.endsWith(s.slice(0, k))) {
+        hold = k;
+        break;
+      }
     }
   }
   return hold;
@@ -50,12 +55,15 @@ export function heldBack(text: string, stops: string[]): number {
 const stripLeadingNewlines = (s: string) => s.replace(/^\n+/, "");
 const stripTrailingNewlines = (s: string) => s.replace(/\n+$/, "");
 
-export interface Split { reasoning: string; content: string }
+export interface Split {
+  reasoning: string;
+  content: string;
+}
 
 /** push(raw delta) -> reasoning and content deltas; finish() flushes what was held back. */
 export class ReasoningSplitter {
   private state: "start" | "reasoning" | "content";
-  private fresh = true;  // at the start of a segment: its leading newlines are dropped
+  private fresh = true; // at the start of a segment: its leading newlines are dropped
   private buffer = "";
   private readonly open: string;
   private readonly close: string;
@@ -83,7 +91,7 @@ export class ReasoningSplitter {
           this.buffer = this.buffer.slice(this.open.length);
           this.state = "reasoning";
         } else if (this.open.startsWith(this.buffer) && !final) {
-          return { reasoning, content };  // could still become the open tag
+          return { reasoning, content }; // could still become the open tag
         } else {
           this.state = "content";
           this.fresh = false;
@@ -108,7 +116,7 @@ export class ReasoningSplitter {
           return { reasoning, content };
         }
         let safe = this.buffer.length - heldBack(this.buffer, [this.close]);
-        safe = stripTrailingNewlines(this.buffer.slice(0, safe)).length;  // newlines may precede the close tag
+        safe = stripTrailingNewlines(this.buffer.slice(0, safe)).length; // newlines may precede the close tag
         reasoning += this.buffer.slice(0, safe);
         this.buffer = this.buffer.slice(safe);
         return { reasoning, content };

@@ -8,13 +8,19 @@ import { ReasoningSplitter } from "./reasoning";
 import { tokenLimit } from "./rules";
 import { callsTools } from "./structured";
 import type {
-  ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, CreateChatCompletion, EngineOptions, FinishReason, Route,
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  CreateChatCompletion,
+  EngineOptions,
+  FinishReason,
+  Route,
 } from "./protocol";
 
 export type Policy = "auto" | "local" | "cloud";
 
 export interface CloudOptions {
-  baseURL: string;  // e.g. "https://api.example.com/v1"
+  baseURL: string; // e.g. "https://api.example.com/v1"
   apiKey?: string;
   model: string;
 }
@@ -34,11 +40,16 @@ export interface RouterOptions {
   onEvent?: (e: RouterEvent) => void;
 }
 
-export interface RouterCreateOptions extends CreateOptions { route?: Route }
+export interface RouterCreateOptions extends CreateOptions {
+  route?: Route;
+}
 
 /** An error from the cloud endpoint (HTTP status and OpenAI error body). */
 export class CloudError extends LanternError {
-  constructor(readonly status: number, message: string) {
+  constructor(
+    readonly status: number,
+    message: string,
+  ) {
     super(`cloud endpoint answered ${status}: ${message}`);
   }
 }
@@ -59,7 +70,7 @@ async function* sse(resp: Response, path: string): AsyncGenerator<unknown> {
     try {
       piece = await reader.read();
     } catch (err) {
-      if ((err as Error)?.name === "AbortError") throw err;  // the caller's own abort
+      if ((err as Error)?.name === "AbortError") throw err; // the caller's own abort
       throw new NetworkError(path, `the stream broke after ${events} events (${err})`);
     }
     if (piece.done) throw new NetworkError(path, `the stream closed before its end ([DONE]) after ${events} events`);
@@ -73,7 +84,8 @@ async function* sse(resp: Response, path: string): AsyncGenerator<unknown> {
         const data = line.slice(5).trim();
         if (data === "[DONE]") return;
         const parsed = JSON.parse(data);
-        if (parsed?.error) throw new CloudError(parsed.error.code === "timeout" ? 504 : 500, parsed.error.message ?? String(parsed.error));
+        if (parsed?.error)
+          throw new CloudError(parsed.error.code === "timeout" ? 504 : 500, parsed.error.message ?? String(parsed.error));
         events++;
         yield parsed;
       }
@@ -93,8 +105,12 @@ class Cloud {
     let resp: Response;
     try {
       resp = await fetch(this.opts.baseURL.replace(/\/$/, "") + path, {
-        method: "POST", signal,
-        headers: { "content-type": "application/json", ...(this.opts.apiKey ? { authorization: `Bearer ${this.opts.apiKey}` } : {}) },
+        method: "POST",
+        signal,
+        headers: {
+          "content-type": "application/json",
+          ...(this.opts.apiKey ? { authorization: `Bearer ${this.opts.apiKey}` } : {}),
+        },
         body: JSON.stringify({ ...body, model: this.opts.model }),
       });
     } catch (err) {
@@ -102,7 +118,11 @@ class Cloud {
     }
     if (!resp.ok) {
       let message = resp.statusText;
-      try { message = (await resp.json()).error?.message ?? message; } catch { /* keep the status text */ }
+      try {
+        message = (await resp.json()).error?.message ?? message;
+      } catch {
+        /* keep the status text */
+      }
       throw new CloudError(resp.status, message);
     }
     return resp;
@@ -119,10 +139,22 @@ class Cloud {
   }
 
   /** Continue ``prompt`` (a rendered chat plus the text streamed so far) with the legacy endpoint. */
-  async *continueText(prompt: string, req: ChatCompletionRequest, maxTokens: number | undefined,
-                      signal?: AbortSignal): AsyncGenerator<{ text: string; finish: FinishReason | null }> {
-    const { messages: _m, stream_options: _s, logprobs: _l, top_logprobs: _t, chat_template_kwargs: _k, max_completion_tokens: _c, schema_defaults: _d,
-      ...sampling } = req;
+  async *continueText(
+    prompt: string,
+    req: ChatCompletionRequest,
+    maxTokens: number | undefined,
+    signal?: AbortSignal,
+  ): AsyncGenerator<{ text: string; finish: FinishReason | null }> {
+    const {
+      messages: _m,
+      stream_options: _s,
+      logprobs: _l,
+      top_logprobs: _t,
+      chat_template_kwargs: _k,
+      max_completion_tokens: _c,
+      schema_defaults: _d,
+      ...sampling
+    } = req;
     const resp = await this.post("/completions", { ...sampling, prompt, max_tokens: maxTokens, stream: true }, signal);
     for await (const c of sse(resp, "/completions")) {
       const choice = (c as { choices: { text: string; finish_reason: FinishReason | null }[] }).choices[0];
@@ -134,7 +166,8 @@ class Cloud {
 export class Router {
   readonly chat = {
     completions: {
-      create: ((req: ChatCompletionRequest, opts?: RouterCreateOptions) => this.create(req, opts)) as CreateChatCompletion<RouterCreateOptions>,
+      create: ((req: ChatCompletionRequest, opts?: RouterCreateOptions) =>
+        this.create(req, opts)) as CreateChatCompletion<RouterCreateOptions>,
     },
   };
 
@@ -142,7 +175,10 @@ export class Router {
   /** Why the local engine is not used, or null when it is loaded. */
   localUnavailable: string | null = "not loaded";
 
-  private constructor(private readonly opts: RouterOptions, public local: LanternEngine | null) {
+  private constructor(
+    private readonly opts: RouterOptions,
+    public local: LanternEngine | null,
+  ) {
     this.cloud = new Cloud(opts.cloud);
   }
 
@@ -159,8 +195,10 @@ export class Router {
       router.localUnavailable = null;
     } catch (err) {
       if (policy === "local") throw err;
-      router.localUnavailable = err instanceof WebGPUUnavailableError ? `no-webgpu: ${err.message}`
-        : `load-failed:${(err as Error).name}: ${(err as Error).message}`;
+      router.localUnavailable =
+        err instanceof WebGPUUnavailableError
+          ? `no-webgpu: ${err.message}`
+          : `load-failed:${(err as Error).name}: ${(err as Error).message}`;
     }
     return router;
   }
@@ -177,8 +215,10 @@ export class Router {
     return { route: "cloud", reason: this.localUnavailable ?? "local engine unavailable" };
   }
 
-  private async create(req: ChatCompletionRequest, opts: RouterCreateOptions = {}):
-    Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
+  private async create(
+    req: ChatCompletionRequest,
+    opts: RouterCreateOptions = {},
+  ): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     let { route, reason } = this.pick(req, opts);
     if (route === "local" && !this.local) {
       route = "cloud";
@@ -190,8 +230,10 @@ export class Router {
     }
     if (req.stream) return this.localStream(req, opts);
     try {
-      const reply = await this.withTimeout((signal) =>
-        this.local!.chat.completions.create({ ...req, stream: false }, { signal }), opts.signal);
+      const reply = await this.withTimeout(
+        (signal) => this.local!.chat.completions.create({ ...req, stream: false }, { signal }),
+        opts.signal,
+      );
       return { ...reply, lantern_route: "local" };
     } catch (err) {
       if (!this.fallbackWorthy(err)) throw err;
@@ -241,7 +283,7 @@ export class Router {
     return {
       [Symbol.asyncIterator]: async function* () {
         const local = self.local!;
-        let text = "";  // the raw answer so far (reasoning and content)
+        let text = ""; // the raw answer so far (reasoning and content)
         let tokens = 0;
         let last: ChatCompletionChunk | null = null;
         let plan: PromptPlan | null = null;
@@ -250,7 +292,7 @@ export class Router {
         const timeoutMs = self.opts.localTimeoutMs ?? 120000;
         // The prompt a cloud continuation needs, rendered now: a crashed worker cannot render it later.
         const planned = self.promptFor(req, local);
-        planned.catch(() => {});  // read only on a fallback
+        planned.catch(() => {}); // read only on a fallback
         try {
           const stream = await local.chat.completions.create({ ...req, stream: true }, { signal: ctrl.signal });
           const it = stream[Symbol.asyncIterator]();
@@ -259,7 +301,10 @@ export class Router {
             const next = await Promise.race([
               it.next(),
               new Promise<never>((_, reject) => {
-                timer = setTimeout(() => { ctrl.abort(); reject(new LocalTimeout(`no token for ${timeoutMs} ms`)); }, timeoutMs);
+                timer = setTimeout(() => {
+                  ctrl.abort();
+                  reject(new LocalTimeout(`no token for ${timeoutMs} ms`));
+                }, timeoutMs);
               }),
             ]).finally(() => clearTimeout(timer));
             if (next.done) return;
@@ -282,12 +327,15 @@ export class Router {
         const limit = tokenLimit(req);
         const budget = limit !== undefined ? Math.max(1, limit - tokens) : undefined;
         const base = last ?? {
-          id: `chatcmpl-${crypto.randomUUID()}`, object: "chat.completion.chunk" as const,
-          created: Math.floor(Date.now() / 1000), model: self.opts.cloud.model, choices: [],
+          id: `chatcmpl-${crypto.randomUUID()}`,
+          object: "chat.completion.chunk" as const,
+          created: Math.floor(Date.now() / 1000),
+          model: self.opts.cloud.model,
+          choices: [],
         };
         // A reasoning answer splits on as the engine split it: the same rule over the whole raw text.
         const split = plan!.reasoning ? new ReasoningSplitter(plan!.reasoning.tags, plan!.reasoning.inReasoning) : null;
-        split?.push(text);  // what the engine already sent, or still held back
+        split?.push(text); // what the engine already sent, or still held back
         for await (const piece of self.cloud.continueText(plan!.text + text, req, budget, opts.signal)) {
           let parts = split ? split.push(piece.text) : { reasoning: "", content: piece.text };
           if (split && piece.finish) {
@@ -295,9 +343,18 @@ export class Router {
             parts = { reasoning: parts.reasoning + rest.reasoning, content: parts.content + rest.content };
           }
           yield {
-            id: base.id, object: "chat.completion.chunk", created: base.created, model: base.model,
-            choices: [{ index: 0, delta: { content: parts.content, ...(parts.reasoning ? { reasoning_content: parts.reasoning } : {}) },
-              finish_reason: piece.finish, logprobs: null }],
+            id: base.id,
+            object: "chat.completion.chunk",
+            created: base.created,
+            model: base.model,
+            choices: [
+              {
+                index: 0,
+                delta: { content: parts.content, ...(parts.reasoning ? { reasoning_content: parts.reasoning } : {}) },
+                finish_reason: piece.finish,
+                logprobs: null,
+              },
+            ],
             lantern_route: "cloud",
           };
         }
@@ -311,7 +368,11 @@ export class Router {
    * already has is skipped. Same artifact and seed give the same tokens; if the cloud's answer
    * starts differently, the stream fails rather than splice two answers.
    */
-  private async *replayOnCloud(req: ChatCompletionRequest, streamed: string, signal?: AbortSignal): AsyncGenerator<ChatCompletionChunk> {
+  private async *replayOnCloud(
+    req: ChatCompletionRequest,
+    streamed: string,
+    signal?: AbortSignal,
+  ): AsyncGenerator<ChatCompletionChunk> {
     let skip = streamed;
     for await (const chunk of this.cloud.chatStream(req, signal)) {
       const choice = chunk.choices[0];
@@ -319,8 +380,10 @@ export class Router {
       if (skip && content) {
         const n = Math.min(skip.length, content.length);
         if (content.slice(0, n) !== skip.slice(0, n)) {
-          throw new LanternError("the local engine failed mid-answer and the cloud's answer to this constrained " +
-            "request starts differently; it cannot be continued without mixing two answers");
+          throw new LanternError(
+            "the local engine failed mid-answer and the cloud's answer to this constrained " +
+              "request starts differently; it cannot be continued without mixing two answers",
+          );
         }
         skip = skip.slice(n);
         content = content.slice(n);

@@ -67,7 +67,13 @@ function got(value: unknown): string {
 
 const isNumber = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v);
 
-function fail(rule: Rule, kind: string, field: string, value: unknown, params: Record<string, unknown> = {}): InvalidRequestError {
+function fail(
+  rule: Rule,
+  kind: string,
+  field: string,
+  value: unknown,
+  params: Record<string, unknown> = {},
+): InvalidRequestError {
   return new InvalidRequestError(fill(rule.message ?? RULES.messages[kind], { field, got: got(value), ...params }));
 }
 
@@ -80,7 +86,8 @@ function check(rule: Rule, value: unknown, field: string): unknown {
     throw fail(rule, "enum", field, value, { values: rule.values!.join(", ") });
   }
   if (kind === "number") {
-    if (!(isNumber(value) && rule.min! <= value && value <= rule.max!)) throw fail(rule, "number", field, value, { min: rule.min, max: rule.max });
+    if (!(isNumber(value) && rule.min! <= value && value <= rule.max!))
+      throw fail(rule, "number", field, value, { min: rule.min, max: rule.max });
   }
   if (kind === "integer") {
     const lo = rule.min!;
@@ -96,7 +103,7 @@ function check(rule: Rule, value: unknown, field: string): unknown {
     }
   }
   if ((kind === "object" || kind === "token_map") && !isObject(value)) throw fail(rule, "object", field, value);
-  if (kind === "object" && rule.fields) return fields(rule.fields, value as Json, field + ".");
+  if (kind === "object" && rule.fields) return fields(rule.fields, value as Json, `${field}.`);
   if (kind === "token_map") {
     // in key order on both sides (JavaScript would list integer-like keys first, Python as sent)
     for (const [key, v] of Object.entries(value as Json).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
@@ -106,7 +113,8 @@ function check(rule: Rule, value: unknown, field: string): unknown {
   }
   if (kind === "array") {
     if (!Array.isArray(value)) throw fail(rule, "array", field, value);
-    if (value.length < (rule.min_items ?? 0)) throw fail(rule, "too_few", field, value, { min_items: rule.min_items, count: value.length });
+    if (value.length < (rule.min_items ?? 0))
+      throw fail(rule, "too_few", field, value, { min_items: rule.min_items, count: value.length });
     if (rule.items) return value.map((v, i) => check(rule.items!, v, `${field}[${i}]`));
   }
   return value;
@@ -123,7 +131,8 @@ function fields(rules: Record<string, Rule>, body: Json, prefix = ""): Json {
     if (Object.hasOwn(out, name)) {
       out[name] = check(rule, out[name], field);
       const need = rule.requires;
-      if (need && out[need.field] !== need.value) throw fail({} as Rule, "requires", field, out[name], { other: need.field, value: need.value });
+      if (need && out[need.field] !== need.value)
+        throw fail({} as Rule, "requires", field, out[name], { other: need.field, value: need.value });
     } else if (rule.required && !(rule.optional_for_roles ?? []).includes(out.role as string)) {
       throw new InvalidRequestError(message("required", { field }));
     } else if (rule.default !== undefined) {
@@ -150,7 +159,7 @@ export function tokenLimit(req: ChatCompletionRequest): number | undefined {
 
 /** The stop strings of a request, as a list (the twin of SamplingFields.stop_list). */
 export function stopList(req: ChatCompletionRequest): string[] {
-  return typeof req.stop === "string" ? [req.stop] : req.stop ?? [];
+  return typeof req.stop === "string" ? [req.stop] : (req.stop ?? []);
 }
 
 /** The messages as the chat template sees them: roles renamed (developer -> system). */
@@ -160,8 +169,11 @@ export function templateMessages(messages: ChatMessage[]): ChatMessage[] {
 
 /** The fields an artifact may carry defaults for: name -> [OpenAI's default, min, max or null]. */
 export function generationFields(): Record<string, [number, number, number | null]> {
-  return Object.fromEntries(Object.entries(RULES.shared).filter(([, r]) => r.fallback !== undefined)
-    .map(([name, r]) => [name, [r.fallback!, r.min!, r.max ?? null]]));
+  return Object.fromEntries(
+    Object.entries(RULES.shared)
+      .filter(([, r]) => r.fallback !== undefined)
+      .map(([name, r]) => [name, [r.fallback!, r.min!, r.max ?? null]]),
+  );
 }
 
 /** The token ids that end a generation, from an artifact's mlc-chat-config.json. */

@@ -15,13 +15,13 @@ export interface SamplingParams {
   repetitionPenalty: number;
   frequencyPenalty: number;
   presencePenalty: number;
-  dryMultiplier: number;  // DRY (llama.cpp's "don't repeat yourself" sampler): 0 is off
+  dryMultiplier: number; // DRY (llama.cpp's "don't repeat yourself" sampler): 0 is off
   dryBase: number;
   dryAllowedLength: number;
-  dryPenaltyLastN: number;  // tokens it looks back over, the prompt's included; -1: all of them, 0: off
+  dryPenaltyLastN: number; // tokens it looks back over, the prompt's included; -1: all of them, 0: off
   logitBias: Map<number, number>;
   seed: number | null;
-  topLogprobs: number;  // -1: no logprobs
+  topLogprobs: number; // -1: no logprobs
 }
 
 /**
@@ -38,8 +38,11 @@ export type GenerationDefaults = Partial<Record<GenerationField, number>>;
  * The request is held to the shared request rules first (InvalidRequestError), as the server's
  * SamplingFields is; the twin of sampling_params in lantern/server/engine.py.
  */
-export function samplingParams(request: ChatCompletionRequest, vocabSize: number,
-                               defaults: GenerationDefaults = {}): SamplingParams {
+export function samplingParams(
+  request: ChatCompletionRequest,
+  vocabSize: number,
+  defaults: GenerationDefaults = {},
+): SamplingParams {
   const req = checkRequest(request, null);
   const bias = new Map<number, number>();
   for (const [k, v] of Object.entries(req.logit_bias ?? {})) {
@@ -53,7 +56,7 @@ export function samplingParams(request: ChatCompletionRequest, vocabSize: number
     topP: gen("top_p"),
     topK: Math.min(gen("top_k"), vocabSize),
     repetitionPenalty: gen("repetition_penalty"),
-    frequencyPenalty: req.frequency_penalty!,  // the rules' defaults are filled in
+    frequencyPenalty: req.frequency_penalty!, // the rules' defaults are filled in
     presencePenalty: req.presence_penalty!,
     dryMultiplier: dryMultiplier(req),
     dryBase: req.dry_base!,
@@ -61,7 +64,7 @@ export function samplingParams(request: ChatCompletionRequest, vocabSize: number
     dryPenaltyLastN: req.dry_penalty_last_n!,
     logitBias: bias,
     seed: req.seed ?? null,
-    topLogprobs: req.logprobs ? req.top_logprobs ?? 0 : -1,
+    topLogprobs: req.logprobs ? (req.top_logprobs ?? 0) : -1,
   };
 }
 
@@ -98,12 +101,15 @@ export function dryPenalties(history: number[], p: SamplingParams): Map<number, 
     let k = i < right ? Math.min(right - i, z[i - left]) : 0;
     while (i + k < n && rev[k] === rev[i + k]) k++;
     z[i] = k;
-    if (i + k > right) { left = i; right = i + k; }
+    if (i + k > right) {
+      left = i;
+      right = i + k;
+    }
     // rev[i..i+k) equals rev[0..k): the k tokens ending at history position n-1-i repeat the last k,
     // and the token after them (rev[i-1]) would extend the repeat to k+1
     if (k >= p.dryAllowedLength && k > (longest.get(rev[i - 1]) ?? 0)) longest.set(rev[i - 1], k);
   }
-  const top = p.dryBase > 1.000001 ? Math.trunc(88.7228391 / Math.log(p.dryBase)) : Infinity;  // llama.cpp's clamp
+  const top = p.dryBase > 1.000001 ? Math.trunc(88.7228391 / Math.log(p.dryBase)) : Infinity; // llama.cpp's clamp
   const out = new Map<number, number>();
   for (const [t, k] of longest) out.set(t, p.dryMultiplier * p.dryBase ** Math.min(k - p.dryAllowedLength, top));
   return out;
@@ -141,8 +147,8 @@ export class Rng {
 
 export interface Sampled {
   token: number;
-  logprob: number;  // of the chosen token under the processed distribution (temperature 1)
-  top: [number, number][];  // [token, logprob], best first
+  logprob: number; // of the chosen token under the processed distribution (temperature 1)
+  top: [number, number][]; // [token, logprob], best first
 }
 
 function logSoftmax(x: Float32Array): Float64Array {
@@ -160,7 +166,10 @@ export class Sampler {
   private readonly counts = new Map<number, number>();
   private readonly history: number[];
 
-  constructor(private readonly p: SamplingParams, prompt: readonly number[] = []) {
+  constructor(
+    private readonly p: SamplingParams,
+    prompt: readonly number[] = [],
+  ) {
     this.rng = new Rng(p.seed ?? Math.floor(Math.random() * 2 ** 52));
     if (p.repetitionPenalty !== 1 || p.frequencyPenalty || p.presencePenalty) {
       for (const token of prompt) this.counts.set(token, (this.counts.get(token) ?? 0) + 1);
@@ -223,9 +232,10 @@ export class Sampler {
   private draw(logits: Float32Array): number {
     const { p } = this;
     const V = logits.length;
-    if (p.topK === 0 && p.topP >= 1) {  // the whole distribution: any fixed order draws the same law
+    if (p.topK === 0 && p.topP >= 1) {
+      // the whole distribution: any fixed order draws the same law
       let max = -Infinity;
-      for (let i = 0; i < V; i++) if (logits[i] > max) max = logits[i];  // NaN ranks last
+      for (let i = 0; i < V; i++) if (logits[i] > max) max = logits[i]; // NaN ranks last
       const cum = new Float64Array(V);
       let sum = 0;
       for (let i = 0; i < V; i++) cum[i] = sum += Math.exp((logits[i] - max) / p.temperature);
@@ -239,10 +249,11 @@ export class Sampler {
     for (;;) {
       const ids = best(logits, n);
       const top = logits[ids[0]];
-      const cum = new Float64Array(ids.length);  // running sums of exp((l - top) / T), best first
+      const cum = new Float64Array(ids.length); // running sums of exp((l - top) / T), best first
       let sum = 0;
       for (let k = 0; k < ids.length; k++) cum[k] = sum += Math.exp((logits[ids[k]] - top) / p.temperature);
-      if (first) {  // top-p's share is of the top-k's weight, or of every token's (in token order)
+      if (first) {
+        // top-p's share is of the top-k's weight, or of every token's (in token order)
         first = false;
         total = sum;
         if (p.topK === 0) {
@@ -255,7 +266,7 @@ export class Sampler {
         const k = cum.findIndex((c) => c / total >= p.topP);
         if (k >= 0) keep = k + 1;
         else if (p.topK === 0 && n < V) {
-          n *= 8;  // the nucleus is wider than the candidates ranked so far
+          n *= 8; // the nucleus is wider than the candidates ranked so far
           continue;
         }
       }
@@ -277,11 +288,11 @@ const NUCLEUS_START = 64;
 export function best(values: Float32Array | Float64Array, n: number): number[] {
   const V = values.length;
   const ranked = new Float64Array(values);
-  for (let i = 0; i < V; i++) if (ranked[i] !== ranked[i]) ranked[i] = -Infinity;  // NaN ranks last
+  for (let i = 0; i < V; i++) if (Number.isNaN(ranked[i])) ranked[i] = -Infinity; // NaN ranks last
   let ids: number[] = [];
   if (n < V) {
     const kth = nthLargest(new Float64Array(ranked), n);
-    for (let i = 0; i < V; i++) if (ranked[i] >= kth) ids.push(i);  // ties at the threshold included, cut below
+    for (let i = 0; i < V; i++) if (ranked[i] >= kth) ids.push(i); // ties at the threshold included, cut below
   } else {
     ids = Array.from(values.keys());
   }
@@ -291,7 +302,7 @@ export function best(values: Float32Array | Float64Array, n: number): number[] {
 
 /** The n-th largest entry (1-based) of `a`, which it reorders: Hoare's quickselect. */
 function nthLargest(a: Float64Array, n: number): number {
-  const target = a.length - n;  // its index in ascending order
+  const target = a.length - n; // its index in ascending order
   let lo = 0;
   let hi = a.length - 1;
   while (lo < hi) {
@@ -302,8 +313,11 @@ function nthLargest(a: Float64Array, n: number): number {
       while (a[i] < pivot) i++;
       while (a[j] > pivot) j--;
       if (i <= j) {
-        const t = a[i]; a[i] = a[j]; a[j] = t;
-        i++; j--;
+        const t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+        i++;
+        j--;
       }
     }
     if (target <= j) hi = j;

@@ -29,14 +29,14 @@ interface Backend {
 
 /** What the loader uses: a backend that never throws, and stops keeping files when it cannot. */
 export interface FileStore extends Backend {
-  readonly keeps: boolean;  // whether put() stores anything now
+  readonly keeps: boolean; // whether put() stores anything now
   /** Keep nothing more this visit (reads of what is stored go on), and say why once. */
   stopKeeping(why: string): void;
   state(): StorageState;
 }
 
 export const CACHE_NAME = "lantern-artifacts-v1";
-const VERIFIED = "x-lantern-sha256";  // the header of a Cache API entry that records put's sha256
+const VERIFIED = "x-lantern-sha256"; // the header of a Cache API entry that records put's sha256
 const DB_NAME = "lantern-artifacts";
 const DB_STORE = "files";
 
@@ -44,7 +44,7 @@ class CacheApiStore implements Backend {
   private cache = caches.open(CACHE_NAME);
 
   constructor() {
-    this.cache.catch(() => {});  // refused (private browsing): each use sees the error, none goes unhandled
+    this.cache.catch(() => {}); // refused (private browsing): each use sees the error, none goes unhandled
   }
 
   async get(url: string) {
@@ -110,10 +110,14 @@ class IndexedDbStore implements Backend {
 }
 
 class NoStore implements Backend {
-  async get() { return undefined; }
+  async get() {
+    return undefined;
+  }
   async put() {}
   async delete() {}
-  async keys() { return []; }
+  async keys() {
+    return [];
+  }
 }
 
 /**
@@ -126,13 +130,19 @@ class GuardedStore implements FileStore {
   private broken = false;
   readonly getBlob?: (url: string) => Promise<StoredBlob | undefined>;
 
-  constructor(private readonly backend: Backend, private readonly name: CacheBackend, unavailable?: string) {
+  constructor(
+    private readonly backend: Backend,
+    private readonly name: CacheBackend,
+    unavailable?: string,
+  ) {
     this.writable = name !== "none";
     if (unavailable) this.fail(unavailable);
     if (backend.getBlob) this.getBlob = (url) => this.guard(() => backend.getBlob!(url), undefined);
   }
 
-  get keeps(): boolean { return this.writable; }
+  get keeps(): boolean {
+    return this.writable;
+  }
 
   stopKeeping(why: string): void {
     if (!this.writable) return;
@@ -165,7 +175,9 @@ class GuardedStore implements FileStore {
     }
   }
 
-  get(url: string) { return this.guard(() => this.backend.get(url), undefined); }
+  get(url: string) {
+    return this.guard(() => this.backend.get(url), undefined);
+  }
 
   async put(url: string, data: ArrayBuffer, sha256?: string) {
     if (!this.writable) return;
@@ -177,8 +189,12 @@ class GuardedStore implements FileStore {
     }
   }
 
-  delete(url: string) { return this.guard(() => this.backend.delete(url), undefined); }
-  keys() { return this.guard(() => this.backend.keys(), [] as string[]); }
+  delete(url: string) {
+    return this.guard(() => this.backend.delete(url), undefined);
+  }
+  keys() {
+    return this.guard(() => this.backend.keys(), [] as string[]);
+  }
 }
 
 const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
@@ -196,8 +212,10 @@ export async function checkRoom(store: FileStore, files: { url: string; size: nu
   const need = files.reduce((sum, f) => sum + (have.has(f.url) ? 0 : f.size), 0);
   const free = estimate.quota - (estimate.usage ?? 0);
   if (need > free) {
-    store.stopKeeping(`the files need ${gib(need)} of browser storage and this site has ${gib(free)} left ` +
-      `(navigator.storage.estimate(): quota ${gib(estimate.quota)}, used ${gib(estimate.usage ?? 0)})`);
+    store.stopKeeping(
+      `the files need ${gib(need)} of browser storage and this site has ${gib(free)} left ` +
+        `(navigator.storage.estimate(): quota ${gib(estimate.quota)}, used ${gib(estimate.usage ?? 0)})`,
+    );
   }
 }
 
@@ -230,7 +248,7 @@ export function openStore(backend: CacheBackend = "cache-api"): FileStore {
 
 function folderOf(modelUrl: string): string {
   const u = new URL(modelUrl, globalThis.location?.href);
-  return u.href.endsWith("/") ? u.href : u.href + "/";
+  return u.href.endsWith("/") ? u.href : `${u.href}/`;
 }
 
 /** Folder URLs of the models whose manifest is cached (in either backend). */

@@ -29,7 +29,9 @@ export class PushStream<T> implements AsyncIterable<T> {
       }
       if (this.failure) throw this.failure;
       if (this.done) return;
-      await new Promise<void>((r) => { this.wake = r; });
+      await new Promise<void>((r) => {
+        this.wake = r;
+      });
       this.wake = null;
     }
   }

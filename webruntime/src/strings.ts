@@ -6,21 +6,45 @@
 import { type Automaton, minimalDfa, payloadPlaceholder, placeholderPayload } from "./numbers";
 
 const MAX_NFA_STATES = 4000;
-const MAX_MERGED = 500;  // equal states are merged in string automata up to this size
+const MAX_MERGED = 500; // equal states are merged in string automata up to this size
 const MAX_DFA_STATES = 2000;
 const TOP = 0xffff;
-type Chars = [number, number][];  // sorted, disjoint, non-touching [lo, hi] pairs
-const ALL: Chars = [[0, 0xd7ff], [0xe000, TOP]];
+type Chars = [number, number][]; // sorted, disjoint, non-touching [lo, hi] pairs
+const ALL: Chars = [
+  [0, 0xd7ff],
+  [0xe000, TOP],
+];
 const ASCII: Chars = [[0, 0x7f]];
 const DIGITS: Chars = [[0x30, 0x39]];
-const WORD: Chars = [[0x30, 0x39], [0x41, 0x5a], [0x5f, 0x5f], [0x61, 0x7a]];
-const SPACE: Chars = [[0x09, 0x0d], [0x20, 0x20]];
-const SPACE_MAYBE: Chars = [[0x09, 0x0d], [0x1c, 0x20], [0x80, TOP]];
-const LINE_ENDS: Chars = [[0x0a, 0x0a], [0x0d, 0x0d], [0x2028, 0x2029]];
+const WORD: Chars = [
+  [0x30, 0x39],
+  [0x41, 0x5a],
+  [0x5f, 0x5f],
+  [0x61, 0x7a],
+];
+const SPACE: Chars = [
+  [0x09, 0x0d],
+  [0x20, 0x20],
+];
+const SPACE_MAYBE: Chars = [
+  [0x09, 0x0d],
+  [0x1c, 0x20],
+  [0x80, TOP],
+];
+const LINE_ENDS: Chars = [
+  [0x0a, 0x0a],
+  [0x0d, 0x0d],
+  [0x2028, 0x2029],
+];
+// biome-ignore lint/complexity/useSimpleNumberKeys: code points in hex, as in the tables around
 const SHORT_ESCAPES: Record<number, string> = { 0x08: "b", 0x09: "t", 0x0a: "n", 0x0c: "f", 0x0d: "r" };
 const CONTROL_ESCAPES: Record<string, number> = { t: 0x09, n: 0x0a, v: 0x0b, f: 0x0c, r: 0x0d, "0": 0x00 };
 const SYNTAX = "^$\\.*+?()[]{}|/";
-const RAW: Chars = [[0x20, 0x21], [0x23, 0x5b], [0x5d, 0x7e]];  // printable ASCII a JSON string holds unescaped
+const RAW: Chars = [
+  [0x20, 0x21],
+  [0x23, 0x5b],
+  [0x5d, 0x7e],
+]; // printable ASCII a JSON string holds unescaped
 // \p{..}: the general categories both engines agree on, written by ci/unicode_table.py (esbuild inlines
 // server/unicode_categories.json, which the Python twin reads)
 declare const __UNICODE_CATEGORIES__: { categories: Record<string, string>; names: Record<string, string[]> };
@@ -61,20 +85,27 @@ function minus(a: Chars, b: Chars): Chars {
 const intersect = (a: Chars, b: Chars): Chars => minus(a, minus(a, b));
 const same = (a: Chars, b: Chars): boolean => JSON.stringify(a) === JSON.stringify(b);
 
-const tableRanges = (text: string): Chars => (text ? text.split(" ") : []).map((r): [number, number] => {
-  const [a, b] = r.split("-");
-  return [parseInt(a, 16), parseInt(b ?? a, 16)];
-});
+const tableRanges = (text: string): Chars =>
+  (text ? text.split(" ") : []).map((r): [number, number] => {
+    const [a, b] = r.split("-");
+    return [parseInt(a, 16), parseInt(b ?? a, 16)];
+  });
 const CATEGORIES: Record<string, Chars> = Object.fromEntries(
-  Object.entries(UNICODE.categories).map(([c, text]) => [c, tableRanges(text)]));
-const ASSIGNED = norm(Object.values(CATEGORIES).flat());  // those both engines agree on
+  Object.entries(UNICODE.categories).map(([c, text]) => [c, tableRanges(text)]),
+);
+const ASSIGNED = norm(Object.values(CATEGORIES).flat()); // those both engines agree on
 const UNKNOWN = minus(ALL, ASSIGNED);
 const BINARY_PROPERTIES: Record<string, [Chars, Chars]> = { Any: [ALL, ALL], ASCII: [ASCII, ASCII], Assigned: [ASSIGNED, ALL] };
 
 // ---- the pattern --------------------------------------------------------------------------------
 
-type Node = { t: "set"; chars: Chars } | { t: "cat"; items: Node[] } | { t: "alt"; branches: Node[] }
-  | { t: "rep"; node: Node; lo: number; hi: number | null } | { t: "bol" } | { t: "eol" };
+type Node =
+  | { t: "set"; chars: Chars }
+  | { t: "cat"; items: Node[] }
+  | { t: "alt"; branches: Node[] }
+  | { t: "rep"; node: Node; lo: number; hi: number | null }
+  | { t: "bol" }
+  | { t: "eol" };
 
 const isDigit = (ch: string): boolean => ch.length === 1 && ch >= "0" && ch <= "9";
 
@@ -83,7 +114,7 @@ class Parser {
   private readonly p: string[];
 
   constructor(pattern: string) {
-    this.p = Array.from(pattern);  // code points, so positions count as Python's do
+    this.p = Array.from(pattern); // code points, so positions count as Python's do
   }
 
   private fail(what: string): never {
@@ -145,7 +176,7 @@ class Parser {
       return node;
     }
     if (node.t === "bol" || node.t === "eol") this.fail("a quantifier on an anchor");
-    if (this.peek() === "?") this.i++;  // lazy: the same strings
+    if (this.peek() === "?") this.i++; // lazy: the same strings
     if (["*", "+", "?", "{"].includes(this.peek())) this.fail("a quantifier on a quantifier");
     return { t: "rep", node, lo, hi };
   }
@@ -193,7 +224,9 @@ class Parser {
     const ch = this.peek();
     this.i++;
     const shorthand: Record<string, [Chars, Chars]> = {
-      d: [DIGITS, norm([...DIGITS, [0x80, TOP]])], w: [WORD, norm([...WORD, [0x80, TOP]])], s: [SPACE, SPACE_MAYBE],
+      d: [DIGITS, norm([...DIGITS, [0x80, TOP]])],
+      w: [WORD, norm([...WORD, [0x80, TOP]])],
+      s: [SPACE, SPACE_MAYBE],
     };
     const lower = ch.toLowerCase();
     if (Object.hasOwn(shorthand, lower)) {
@@ -304,7 +337,7 @@ export function withClasses(pattern: string): string {
   const p = Array.from(pattern);
   const out: string[] = [];
   let inClass = false;
-  for (let i = 0; i < p.length;) {
+  for (let i = 0; i < p.length; ) {
     const ch = p[i];
     if (ch === "\\" && (p[i + 1] === "p" || p[i + 1] === "P")) {
       const parser = new Parser(pattern);
@@ -337,11 +370,21 @@ export function withClasses(pattern: string): string {
 
 /** PatternError unless `pattern` matches some string and only characters of RAW (see the twin). */
 export function checkPlainPattern(pattern: string): void {
-  const sets = (node: Node): Chars[] => (node.t === "set" ? [node.chars] : node.t === "cat" ? node.items.flatMap(sets)
-    : node.t === "alt" ? node.branches.flatMap(sets) : node.t === "rep" ? sets(node.node) : []);
+  const sets = (node: Node): Chars[] =>
+    node.t === "set"
+      ? [node.chars]
+      : node.t === "cat"
+        ? node.items.flatMap(sets)
+        : node.t === "alt"
+          ? node.branches.flatMap(sets)
+          : node.t === "rep"
+            ? sets(node.node)
+            : [];
   if (sets(parsePattern(pattern)).some((chars) => minus(chars, RAW).length)) {
-    throw new PatternError("it may match a quote, a backslash, a control or a non-ASCII character, which the grammar engine " +
-      "would write unescaped here; narrow it to printable ASCII, or use propertyNames with the pattern (enforced exactly)");
+    throw new PatternError(
+      "it may match a quote, a backslash, a control or a non-ASCII character, which the grammar engine " +
+        "would write unescaped here; narrow it to printable ASCII, or use propertyNames with the pattern (enforced exactly)",
+    );
   }
   stringDfa(pattern, 0, null);
 }
@@ -488,7 +531,11 @@ function stringDfa(pattern: string | null, minLength: number, maxLength: number 
       return count >= minLength && threads.some((thread) => thread >> 1 === end);
     },
   };
-  const dfa = minimalDfa(automaton, sets.map((_, m) => m), MAX_MERGED);
+  const dfa = minimalDfa(
+    automaton,
+    sets.map((_, m) => m),
+    MAX_MERGED,
+  );
   if (dfa === null) throw new PatternError(pattern !== null ? "no string matches it" : "no string has such a length");
   return [dfa[0], dfa[1], sets];
 }
@@ -527,7 +574,10 @@ export function patternsOverlap(full: string, search: string): boolean {
 function hexDigits(lo: number, hi: number): string {
   if (lo === hi) return `"${lo.toString(16)}"`;
   const parts: string[] = [];
-  for (const [a, b] of [[lo, Math.min(hi, 9)], [Math.max(lo, 10), hi]]) {
+  for (const [a, b] of [
+    [lo, Math.min(hi, 9)],
+    [Math.max(lo, 10), hi],
+  ]) {
     if (a <= b) parts.push(a === b ? a.toString(16) : `${a.toString(16)}-${b.toString(16)}`);
   }
   return `[${parts.join("")}]`;
@@ -563,7 +613,8 @@ function classChar(code: number): string {
 function charsEbnf(chars: Chars): string {
   const alts: string[] = [];
   const raw = intersect(chars, RAW);
-  if (raw.length) alts.push(`[${raw.map(([lo, hi]) => (lo === hi ? classChar(lo) : `${classChar(lo)}-${classChar(hi)}`)).join("")}]`);
+  if (raw.length)
+    alts.push(`[${raw.map(([lo, hi]) => (lo === hi ? classChar(lo) : `${classChar(lo)}-${classChar(hi)}`)).join("")}]`);
   if (intersect(chars, [[0x22, 0x22]]).length) alts.push('"\\\\\\""');
   if (intersect(chars, [[0x5c, 0x5c]]).length) alts.push('"\\\\\\\\"');
   const escaped: Chars = [];
@@ -599,7 +650,11 @@ export function placeholder(pattern: string | null, minLength: number, maxLength
  * holds raw), or a pattern like `^[a-z0-9]{2,40}$` over printable ASCII; else null (the automaton). See
  * string_grammar.one_class.
  */
-export function oneClass(pattern: string | null, minLength: number, maxLength: number | null): [Chars | null, number, number | null] | null {
+export function oneClass(
+  pattern: string | null,
+  minLength: number,
+  maxLength: number | null,
+): [Chars | null, number, number | null] | null {
   if (pattern === null) return minLength === 0 && maxLength !== null ? [null, 0, maxLength] : null;
   let node: Node = parsePattern(pattern);
   if (node.t === "cat") {
@@ -611,7 +666,7 @@ export function oneClass(pattern: string | null, minLength: number, maxLength: n
   }
   if (node.t === "set") node = { t: "rep", node, lo: 1, hi: 1 };
   if (node.t !== "rep" || node.node.t !== "set" || !node.node.chars.length || minus(node.node.chars, RAW).length) {
-    return null;  // (an empty class: the automaton finds whether any string matches)
+    return null; // (an empty class: the automaton finds whether any string matches)
   }
   const lo = Math.max(node.lo, minLength);
   const hi = maxLength === null ? node.hi : node.hi === null ? maxLength : Math.min(node.hi, maxLength);
@@ -624,7 +679,7 @@ export function stringRules(key: string, name: string): string[] {
   const run = oneClass(...(placeholderPayload(key) as [string | null, number, number | null]));
   if (run !== null) {
     const [chars, lo, hi] = run;
-    const char = chars === null ? '[^"\\\\\\x00-\\x1f]' : charsEbnf(chars);  // one class, repeated in place (see the twin)
+    const char = chars === null ? '[^"\\\\\\x00-\\x1f]' : charsEbnf(chars); // one class, repeated in place (see the twin)
     return [`${name}_0 ::= "\\"" ${char}{${lo},${hi === null ? "" : hi}} "\\""`];
   }
   if (!automata.has(key)) {

@@ -16,7 +16,10 @@ import * as unique from "./unique";
 import type { ChatCompletionRequest, ChatMessage, Tool, ToolCall, ToolChoice } from "./protocol";
 
 declare const __SCHEMA_SUPPORT__: {
-  engine: string; keywords: string[]; formats: string[]; format_patterns: Record<string, string>;
+  engine: string;
+  keywords: string[];
+  formats: string[];
+  format_patterns: Record<string, string>;
   compile_limits: { size: number; seconds: number; cache_megabytes: number };
 };
 const SUPPORT = __SCHEMA_SUPPORT__;
@@ -44,7 +47,10 @@ const PLACEHOLDER_IN_EBNF = /"\\"(lantern:([a-z]+)(?::[-0-9a-z=.]+)*)\\""/g;
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 
 /** Bounds for a schema's unbounded strings and arrays: a request's schema_defaults (0: none). */
-export interface SchemaDefaults { maxLength?: number; maxItems?: number }
+export interface SchemaDefaults {
+  maxLength?: number;
+  maxItems?: number;
+}
 
 /**
  * A copy of `schema` that xgrammar enforces exactly, or InvalidRequestError naming the keyword; `defaults`
@@ -62,19 +68,24 @@ function checkNormalized(schema: unknown, where: string, defaults: SchemaDefault
   if (!isObject(schema)) throw new InvalidRequestError(`schema at ${where} must be an object or a boolean`);
   for (const key of Object.keys(schema)) {
     if (!KEYWORDS.has(key)) {
-      throw new InvalidRequestError(`schema keyword '${key}' at ${where} is not supported by the grammar engine ` +
-        `(${SUPPORT.engine}); remove it or use a supported keyword`);
+      throw new InvalidRequestError(
+        `schema keyword '${key}' at ${where} is not supported by the grammar engine ` +
+          `(${SUPPORT.engine}); remove it or use a supported keyword`,
+      );
     }
   }
   let out: Record<string, unknown> = { ...schema };
   const fmt = schema.format;
   if (typeof fmt === "string" && Object.hasOwn(FORMAT_PATTERNS, fmt)) {
-    if ("pattern" in schema) throw new InvalidRequestError(`schema keyword 'pattern' at ${where}: cannot be combined with format '${fmt}'`);
+    if ("pattern" in schema)
+      throw new InvalidRequestError(`schema keyword 'pattern' at ${where}: cannot be combined with format '${fmt}'`);
     delete out.format;
     out.pattern = FORMAT_PATTERNS[fmt];
   } else if (fmt !== undefined && !FORMATS.has(fmt as string)) {
-    throw new InvalidRequestError(`schema keyword 'format' at ${where}: format '${fmt}' is not supported ` +
-      `(supported: ${[...FORMATS, ...Object.keys(FORMAT_PATTERNS)].sort().join(", ")})`);
+    throw new InvalidRequestError(
+      `schema keyword 'format' at ${where}: format '${fmt}' is not supported ` +
+        `(supported: ${[...FORMATS, ...Object.keys(FORMAT_PATTERNS)].sort().join(", ")})`,
+    );
   }
   const ref = schema.$ref;
   if (ref !== undefined && !(typeof ref === "string" && ref.startsWith("#/"))) {
@@ -94,7 +105,8 @@ function checkNormalized(schema: unknown, where: string, defaults: SchemaDefault
   }
   for (const key of SCHEMA_MAPS) {
     const v = schema[key];
-    if (isObject(v)) out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkNormalized(s, `${where}/${key}/${k}`, defaults)]));
+    if (isObject(v))
+      out[key] = Object.fromEntries(Object.entries(v).map(([k, s]) => [k, checkNormalized(s, `${where}/${key}/${k}`, defaults)]));
   }
   for (const key of SCHEMA_LISTS) {
     const v = schema[key];
@@ -103,7 +115,8 @@ function checkNormalized(schema: unknown, where: string, defaults: SchemaDefault
   for (const key of SCHEMA_ONE) if (key in schema) out[key] = checkNormalized(schema[key], `${where}/${key}`, defaults);
   out = withDefaultBounds(out, defaults);
   if (NUMERIC.some((k) => k in schema)) out = exactNumber(out, where);
-  if ("pattern" in schema || LENGTHS.some((k) => k in out)) {  // a format's own pattern alone: xgrammar's is exact
+  if ("pattern" in schema || LENGTHS.some((k) => k in out)) {
+    // a format's own pattern alone: xgrammar's is exact
     out = exactString(out, where, typeof fmt === "string" && Object.hasOwn(FORMAT_PATTERNS, fmt) ? fmt : null);
   }
   if ("uniqueItems" in schema) out = uniqueItems(out, where);
@@ -125,18 +138,25 @@ function checkContradictions(schema: Record<string, unknown>, where: string): vo
   if ("enum" in schema && !(Array.isArray(schema.enum) && schema.enum.length)) {
     throw new InvalidRequestError(`schema keyword 'enum' at ${where} must list at least one value`);
   }
-  for (const [low, high] of [["minItems", "maxItems"], ["minProperties", "maxProperties"]]) {
+  for (const [low, high] of [
+    ["minItems", "maxItems"],
+    ["minProperties", "maxProperties"],
+  ]) {
     checkWholeNumbers(schema, [low, high], where);
     if (high in schema && ((schema[low] ?? 0) as number) > (schema[high] as number)) {
-      throw new InvalidRequestError(`schema keywords '${low}', '${high}' at ${where}: ${low} ${schema[low]} is above ${high} ${schema[high]}`);
+      throw new InvalidRequestError(
+        `schema keywords '${low}', '${high}' at ${where}: ${low} ${schema[low]} is above ${high} ${schema[high]}`,
+      );
     }
   }
   if (schema.additionalProperties === false && !("patternProperties" in schema)) {
     const props = isObject(schema.properties) ? schema.properties : {};
     const missing = (Array.isArray(schema.required) ? schema.required : []).filter((n) => !Object.hasOwn(props, n as string));
     if (missing.length) {
-      throw new InvalidRequestError(`schema keyword 'required' at ${where}: '${missing[0]}' is required but not in properties, ` +
-        "and additionalProperties is false");
+      throw new InvalidRequestError(
+        `schema keyword 'required' at ${where}: '${missing[0]}' is required but not in properties, ` +
+          "and additionalProperties is false",
+      );
     }
   }
 }
@@ -148,7 +168,11 @@ export function withDefaultBounds(schema: Record<string, unknown>, defaults: Sch
     const low = schema[key] ?? 0;
     return typeof low === "number" && Number.isInteger(low) && low > 0 ? low + bound : bound;
   };
-  if (defaults.maxLength && types.includes("string") && !["maxLength", "pattern", "format", "enum", "const"].some((k) => k in schema)) {
+  if (
+    defaults.maxLength &&
+    types.includes("string") &&
+    !["maxLength", "pattern", "format", "enum", "const"].some((k) => k in schema)
+  ) {
     schema = { ...schema, maxLength: aboveMinimum("minLength", defaults.maxLength) };
   }
   if (defaults.maxItems && types.includes("array") && !["maxItems", "prefixItems"].some((k) => k in schema)) {
@@ -158,7 +182,7 @@ export function withDefaultBounds(schema: Record<string, unknown>, defaults: Sch
 }
 
 const typesOf = (schema: Record<string, unknown>): unknown[] =>
-  typeof schema.type === "string" ? [schema.type] : Array.isArray(schema.type) ? schema.type as unknown[] : [];
+  typeof schema.type === "string" ? [schema.type] : Array.isArray(schema.type) ? (schema.type as unknown[]) : [];
 
 /** `schema` with its `own` keywords replaced by the placeholder `key` (see structured.py's _as_placeholder). */
 function asPlaceholder(schema: Record<string, unknown>, key: string, own: string[], kinds: string[]): Record<string, unknown> {
@@ -174,8 +198,9 @@ function asPlaceholder(schema: Record<string, unknown>, key: string, own: string
 function noValuesList(schema: Record<string, unknown>, keyword: string, where: string): void {
   for (const key of ["enum", "const"]) {
     if (key in schema) {
-      throw new InvalidRequestError(`schema keyword '${keyword}' at ${where} cannot be combined with '${key}': ` +
-        "list only the allowed values");
+      throw new InvalidRequestError(
+        `schema keyword '${keyword}' at ${where} cannot be combined with '${key}': list only the allowed values`,
+      );
     }
   }
 }
@@ -196,7 +221,8 @@ function exactNumber(schema: Record<string, unknown>, where: string): Record<str
     }
   }
   const numeric = typesOf(schema).filter((t) => t === "number" || t === "integer");
-  if (!numeric.length) throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where} needs "type": "number" or "integer"`);
+  if (!numeric.length)
+    throw new InvalidRequestError(`schema keyword '${present[0]}' at ${where} needs "type": "number" or "integer"`);
   noValuesList(schema, present[0], where);
   const key = numbers.placeholder(numeric.includes("number") ? "number" : "integer", schema);
   try {
@@ -217,20 +243,25 @@ function exactNumber(schema: Record<string, unknown>, where: string): Record<str
 function exactString(schema: Record<string, unknown>, where: string, fmt: string | null): Record<string, unknown> {
   checkWholeNumbers(schema, LENGTHS, where);
   const types = typesOf(schema);
-  if (types.length && !types.includes("string")) return schema;  // pattern and lengths apply to strings only
+  if (types.length && !types.includes("string")) return schema; // pattern and lengths apply to strings only
   let named = ["pattern", ...LENGTHS].filter((k) => k in schema);
   if (fmt) named = ["format", ...named.filter((k) => k !== "pattern")];
   if ("format" in schema) {
-    throw new InvalidRequestError(`schema keyword '${named[named.length - 1]}' at ${where} cannot be combined with format '${schema.format}'`);
+    throw new InvalidRequestError(
+      `schema keyword '${named[named.length - 1]}' at ${where} cannot be combined with format '${schema.format}'`,
+    );
   }
   noValuesList(schema, named[0], where);
   const lo = (schema.minLength ?? 0) as number;
   const hi = (schema.maxLength ?? null) as number | null;
   if (hi !== null && lo > hi) {
-    throw new InvalidRequestError(`schema keywords 'minLength', 'maxLength' at ${where}: minLength ${lo} is above maxLength ${hi}`);
+    throw new InvalidRequestError(
+      `schema keywords 'minLength', 'maxLength' at ${where}: minLength ${lo} is above maxLength ${hi}`,
+    );
   }
   const pattern = schema.pattern ?? null;
-  if (pattern !== null && typeof pattern !== "string") throw new InvalidRequestError(`schema keyword 'pattern' at ${where} must be a string`);
+  if (pattern !== null && typeof pattern !== "string")
+    throw new InvalidRequestError(`schema keyword 'pattern' at ${where} must be a string`);
   let key = "";
   try {
     key = strings.placeholder(pattern, lo, hi);
@@ -243,7 +274,8 @@ function exactString(schema: Record<string, unknown>, where: string, fmt: string
 
 /** An array with uniqueItems as a placeholder for unique.ts (uniqueItems false: dropped). */
 function uniqueItems(schema: Record<string, unknown>, where: string): Record<string, unknown> {
-  if (typeof schema.uniqueItems !== "boolean") throw new InvalidRequestError(`schema keyword 'uniqueItems' at ${where} must be true or false`);
+  if (typeof schema.uniqueItems !== "boolean")
+    throw new InvalidRequestError(`schema keyword 'uniqueItems' at ${where} must be true or false`);
   if (!schema.uniqueItems) return Object.fromEntries(Object.entries(schema).filter(([k]) => k !== "uniqueItems"));
   const types = typesOf(schema);
   if (types.length && !types.includes("array")) return schema;
@@ -251,7 +283,11 @@ function uniqueItems(schema: Record<string, unknown>, where: string): Record<str
   let key = "";
   try {
     if ("prefixItems" in schema) throw new unique.UniqueItemsError("uniqueItems cannot be combined with prefixItems");
-    key = unique.placeholder(unique.itemValues(schema.items), (schema.minItems ?? 0) as number, (schema.maxItems ?? null) as number | null);
+    key = unique.placeholder(
+      unique.itemValues(schema.items),
+      (schema.minItems ?? 0) as number,
+      (schema.maxItems ?? null) as number | null,
+    );
     unique.uniqueRules(key, "u");
   } catch (err) {
     asRequestError(err, unique.UniqueItemsError, ["uniqueItems"], where);
@@ -263,7 +299,11 @@ function uniqueItems(schema: Record<string, unknown>, where: string): Record<str
 
 /** What xgrammar compiles; `source` is a JSON schema text, an EBNF grammar or a structural tag (JSON). */
 /** `warnings`: what the rewrite of its schemas ignored (not part of the grammar: a cache ignores them). */
-export interface GrammarSpec { kind: "json_schema" | "ebnf" | "structural_tag"; source: string; warnings?: string[] }
+export interface GrammarSpec {
+  kind: "json_schema" | "ebnf" | "structural_tag";
+  source: string;
+  warnings?: string[];
+}
 
 /**
  * JSON as Python's json.dumps writes it by default (", " and ": ", keys in order), so a spec is the
@@ -271,7 +311,10 @@ export interface GrammarSpec { kind: "json_schema" | "ebnf" | "structural_tag"; 
  */
 function pyJson(v: unknown): string {
   if (Array.isArray(v)) return `[${v.map(pyJson).join(", ")}]`;
-  if (isObject(v)) return `{${Object.keys(v).map((k) => `${JSON.stringify(k)}: ${pyJson(v[k])}`).join(", ")}}`;
+  if (isObject(v))
+    return `{${Object.keys(v)
+      .map((k) => `${JSON.stringify(k)}: ${pyJson(v[k])}`)
+      .join(", ")}}`;
   return JSON.stringify(v);
 }
 
@@ -290,8 +333,10 @@ export function grammarSize(schema: unknown): number {
 function checkSize(size: number): void {
   const limit = SUPPORT.compile_limits.size;
   if (size > limit) {
-    throw new InvalidRequestError(`the schema's grammar has size ${size}, over the limit of ${limit}: bound or simplify it ` +
-      "(fewer subschemas or alternatives, no minProperties or maxProperties over many properties)");
+    throw new InvalidRequestError(
+      `the schema's grammar has size ${size}, over the limit of ${limit}: bound or simplify it ` +
+        "(fewer subschemas or alternatives, no minProperties or maxProperties over many properties)",
+    );
   }
 }
 
@@ -310,10 +355,13 @@ function schemaSpec(schema: unknown, where: string, defaults: SchemaDefaults): G
   return warnings.length ? { kind: "json_schema", source, warnings } : { kind: "json_schema", source };
 }
 
-export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"], defaults: SchemaDefaults = {}): GrammarSpec | null {
+export function responseFormatSpec(
+  fmt: ChatCompletionRequest["response_format"],
+  defaults: SchemaDefaults = {},
+): GrammarSpec | null {
   if (!fmt || (fmt.type ?? "text") === "text") return null;
   switch (fmt.type) {
-    case "json_object":  // WebLLM passes a schema as a JSON string here
+    case "json_object": // WebLLM passes a schema as a JSON string here
       return schemaSpec(fmt.schema ?? { type: "object" }, "response_format.schema", defaults);
     case "json_schema":
       if (!isObject(fmt.json_schema) || !("schema" in fmt.json_schema)) {
@@ -324,26 +372,40 @@ export function responseFormatSpec(fmt: ChatCompletionRequest["response_format"]
       if (typeof fmt.grammar !== "string" || !fmt.grammar.trim()) {
         throw new InvalidRequestError("response_format.grammar must be an EBNF string with a `root` rule");
       }
-      checkSize(fmt.grammar.split("::=").length - 1);  // a grammar's own rules
+      checkSize(fmt.grammar.split("::=").length - 1); // a grammar's own rules
       return { kind: "ebnf", source: fmt.grammar };
     case "regex":
       if (typeof fmt.pattern !== "string" || !fmt.pattern) {
         throw new InvalidRequestError("response_format.pattern must be a regular expression string");
       }
-      return { kind: "structural_tag", source: pyJson({ type: "structural_tag", format: { type: "regex", pattern: fmt.pattern } }) };
+      return {
+        kind: "structural_tag",
+        source: pyJson({ type: "structural_tag", format: { type: "regex", pattern: fmt.pattern } }),
+      };
     default:
-      throw new InvalidRequestError(`response_format.type '${(fmt as { type: unknown }).type}' is not one of text, ` +
-        "json_object, json_schema, grammar, regex");
+      throw new InvalidRequestError(
+        `response_format.type '${(fmt as { type: unknown }).type}' is not one of text, ` +
+          "json_object, json_schema, grammar, regex",
+      );
   }
 }
 
 function toolTag(fn: Tool["function"], defaults: SchemaDefaults, warnings: string[]): Record<string, unknown> {
   const params = fn.parameters ?? { type: "object", properties: {} };
-  return { type: "tag", begin: `${TOOL_OPEN}{"name": ${JSON.stringify(fn.name)}, "arguments": `,
-    content: { type: "json_schema", json_schema: checkSchema(params, `#/tools/${fn.name}/parameters`, defaults, warnings) }, end: `}${TOOL_CLOSE}` };
+  return {
+    type: "tag",
+    begin: `${TOOL_OPEN}{"name": ${JSON.stringify(fn.name)}, "arguments": `,
+    content: { type: "json_schema", json_schema: checkSchema(params, `#/tools/${fn.name}/parameters`, defaults, warnings) },
+    end: `}${TOOL_CLOSE}`,
+  };
 }
 
-export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel: boolean, defaults: SchemaDefaults = {}): GrammarSpec | null {
+export function toolSpec(
+  tools: Tool[],
+  choice: ToolChoice | undefined,
+  parallel: boolean,
+  defaults: SchemaDefaults = {},
+): GrammarSpec | null {
   if (!tools.length || choice === "none") return null;
   const byName = new Map(tools.map((t) => [t.function.name, t.function]));
   const warnings: string[] = [];
@@ -352,14 +414,17 @@ export function toolSpec(tools: Tool[], choice: ToolChoice | undefined, parallel
     const name = choice.function?.name;
     const fn = byName.get(name);
     if (!fn) {
-      throw new InvalidRequestError(`tool_choice names the function '${name}', which is not in tools (${[...byName.keys()].join(", ")})`);
+      throw new InvalidRequestError(
+        `tool_choice names the function '${name}', which is not in tools (${[...byName.keys()].join(", ")})`,
+      );
     }
     fmt = toolTag(fn, defaults, warnings);
   } else {
     const tags = [...byName.values()].map((fn) => toolTag(fn, defaults, warnings));
-    fmt = choice === "required"
-      ? { type: "tags_with_separator", tags, separator: "\n", at_least_one: true, stop_after_first: !parallel }
-      : { type: "triggered_tags", triggers: [TOOL_OPEN], tags, at_least_one: false, stop_after_first: !parallel };
+    fmt =
+      choice === "required"
+        ? { type: "tags_with_separator", tags, separator: "\n", at_least_one: true, stop_after_first: !parallel }
+        : { type: "triggered_tags", triggers: [TOOL_OPEN], tags, at_least_one: false, stop_after_first: !parallel };
   }
   checkSize(grammarSize(fmt));
   const source = pyJson({ type: "structural_tag", format: fmt });
@@ -374,13 +439,20 @@ export function requestSpec(req: ChatCompletionRequest): GrammarSpec | null {
   const tools = req.tools ?? [];
   for (const [i, t] of tools.entries()) {
     if (t?.type !== "function" || typeof t.function?.name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(t.function.name)) {
-      throw new InvalidRequestError(`tools[${i}] must be {type: "function", function: {name, description, parameters}} ` +
-        "with a name of letters, digits, _ and - (at most 64)");
+      throw new InvalidRequestError(
+        `tools[${i}] must be {type: "function", function: {name, description, parameters}} ` +
+          "with a name of letters, digits, _ and - (at most 64)",
+      );
     }
   }
   const choice = req.tool_choice;
-  if (choice !== undefined && choice !== null && !["none", "auto", "required"].includes(choice as string) && typeof choice !== "object") {
-    throw new InvalidRequestError("tool_choice must be none, auto, required or {type: \"function\", function: {name}}");
+  if (
+    choice !== undefined &&
+    choice !== null &&
+    !["none", "auto", "required"].includes(choice as string) &&
+    typeof choice !== "object"
+  ) {
+    throw new InvalidRequestError('tool_choice must be none, auto, required or {type: "function", function: {name}}');
   }
   if (choice !== undefined && choice !== null && choice !== "none" && choice !== "auto" && !tools.length) {
     throw new InvalidRequestError("tool_choice needs tools");
@@ -389,8 +461,9 @@ export function requestSpec(req: ChatCompletionRequest): GrammarSpec | null {
   const calls = toolSpec(tools, choice ?? undefined, req.parallel_tool_calls ?? true, defaults);
   const fmt = responseFormatSpec(req.response_format, defaults);
   if (calls && fmt) {
-    throw new InvalidRequestError("response_format cannot be combined with tools in one request; " +
-      "use tool_choice: \"none\" or drop response_format");
+    throw new InvalidRequestError(
+      "response_format cannot be combined with tools in one request; " + 'use tool_choice: "none" or drop response_format',
+    );
   }
   return calls ?? fmt;
 }
@@ -401,18 +474,29 @@ export function callsTools(req: ChatCompletionRequest): boolean {
 }
 
 export function toolSystemPrompt(tools: Tool[]): string {
-  const lines = tools.map((t) => JSON.stringify({ name: t.function.name, description: t.function.description ?? "",
-    parameters: t.function.parameters ?? { type: "object", properties: {} } }));
-  return `You can call these tools:\n${lines.join("\n")}\nTo call a tool, reply with ` +
-    `${TOOL_OPEN}{"name": <tool name>, "arguments": <JSON arguments>}${TOOL_CLOSE}`;
+  const lines = tools.map((t) =>
+    JSON.stringify({
+      name: t.function.name,
+      description: t.function.description ?? "",
+      parameters: t.function.parameters ?? { type: "object", properties: {} },
+    }),
+  );
+  return (
+    `You can call these tools:\n${lines.join("\n")}\nTo call a tool, reply with ` +
+    `${TOOL_OPEN}{"name": <tool name>, "arguments": <JSON arguments>}${TOOL_CLOSE}`
+  );
 }
 
 /** Messages in Lantern's default tool format, for a chat template that does not know tools. */
 export function toolMessages(messages: ChatMessage[], tools: Tool[] | null): ChatMessage[] {
   const out = messages.map((m): ChatMessage => {
     if (m.role === "assistant" && m.tool_calls?.length) {
-      const calls = m.tool_calls.map((c) => `${TOOL_OPEN}{"name": ${JSON.stringify(c.function.name)}, ` +
-        `"arguments": ${c.function.arguments}}${TOOL_CLOSE}`).join("");
+      const calls = m.tool_calls
+        .map(
+          (c) =>
+            `${TOOL_OPEN}{"name": ${JSON.stringify(c.function.name)}, ` + `"arguments": ${c.function.arguments}}${TOOL_CLOSE}`,
+        )
+        .join("");
       return { role: "assistant", content: (m.content ?? "") + calls };
     }
     if (m.role === "tool") return { role: "user", content: `<tool_response>\n${m.content ?? ""}\n</tool_response>` };
@@ -438,8 +522,11 @@ export function parseToolCalls(text: string): { content: string | null; calls: T
     try {
       if (!m) continue;
       JSON.parse(m[2]);
-      calls.push({ id: `call_${crypto.randomUUID().replace(/-/g, "").slice(0, 24)}`, type: "function",
-        function: { name: JSON.parse(m[1]), arguments: m[2] } });
+      calls.push({
+        id: `call_${crypto.randomUUID().replace(/-/g, "").slice(0, 24)}`,
+        type: "function",
+        function: { name: JSON.parse(m[1]), arguments: m[2] },
+      });
     } catch {
       // only reachable when max_tokens cut a call short; the text stays content
     }
@@ -461,7 +548,10 @@ export function cutOpenCall(text: string): string {
 
 /** xgrammar's error without its C++ source location. */
 function engineMessage(err: unknown): string {
-  return String(err instanceof Error ? err.message : err).trim().replace(/^\[[^\]]*\]\s*\S+:\d+:\s*/, "").split("\n")[0];
+  return String(err instanceof Error ? err.message : err)
+    .trim()
+    .replace(/^\[[^\]]*\]\s*\S+:\d+:\s*/, "")
+    .split("\n")[0];
 }
 
 // On a bad schema or grammar, web-xgrammar aborts the wasm call ("RuntimeError: Aborted()") and
@@ -498,7 +588,10 @@ export async function schemaEbnf(source: string): Promise<string> {
 }
 
 const RULES: Record<string, (key: string, name: string) => string[]> = {
-  number: numbers.numberRules, integer: numbers.numberRules, string: strings.stringRules, unique: unique.uniqueRules,
+  number: numbers.numberRules,
+  integer: numbers.numberRules,
+  string: strings.stringRules,
+  unique: unique.uniqueRules,
 };
 
 /** xgrammar's printed grammar with every placeholder replaced by its exact rules (structured.py's with_exact_rules). */
@@ -516,7 +609,6 @@ export function withExactRules(ebnf: string): string {
   const rules = [...names].flatMap(([key, [kind, name]]) => RULES[kind](key, name));
   return `${swapped.replace(/\n+$/, "")}\n${rules.join("\n")}\n`;
 }
-
 
 /**
  * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
@@ -554,8 +646,13 @@ async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise
  * structural tag's tight form (the twin of structured.py's compiled_text).
  */
 export async function compiledText(spec: GrammarSpec): Promise<string> {
-  return engineCall(spec, () => (spec.kind === "json_schema" ? schemaEbnf(spec.source)
-    : spec.kind === "ebnf" ? Promise.resolve(spec.source) : tightStructuralTag(spec.source)));
+  return engineCall(spec, () =>
+    spec.kind === "json_schema"
+      ? schemaEbnf(spec.source)
+      : spec.kind === "ebnf"
+        ? Promise.resolve(spec.source)
+        : tightStructuralTag(spec.source),
+  );
 }
 
 /**
@@ -565,7 +662,9 @@ export async function compiledText(spec: GrammarSpec): Promise<string> {
 export async function printGrammar(spec: GrammarSpec): Promise<{ text: string; root: string }> {
   const G = xgr().Grammar;
   const source = await compiledText(spec);
-  const grammar = await engineCall(spec, () => (spec.kind === "structural_tag" ? G.fromStructuralTag(source) : G.fromEBNF(source)));
+  const grammar = await engineCall(spec, () =>
+    spec.kind === "structural_tag" ? G.fromStructuralTag(source) : G.fromEBNF(source),
+  );
   try {
     const text = grammar.toString();
     // a structural tag's grammar prints its own root rule last
@@ -589,16 +688,21 @@ export class LazyGrammars {
   /** The compiler once made (for stats). */
   ready: GrammarCompiler | null = null;
 
-  constructor(private readonly tokenizerJson: ArrayBuffer, private readonly tokenPostproc: string,
-              readonly vocabSize: number, readonly stopIds: number[]) {}
+  constructor(
+    private readonly tokenizerJson: ArrayBuffer,
+    private readonly tokenPostproc: string,
+    readonly vocabSize: number,
+    readonly stopIds: number[],
+  ) {}
 
   get tokenizer(): TokenizerJson {
-    return this.parsed ??= JSON.parse(new TextDecoder().decode(this.tokenizerJson)) as TokenizerJson;
+    return (this.parsed ??= JSON.parse(new TextDecoder().decode(this.tokenizerJson)) as TokenizerJson);
   }
 
   compiler(): Promise<GrammarCompiler> {
-    return this.made ??= GrammarCompiler.create(this.tokenizer, this.tokenPostproc, this.vocabSize, this.stopIds)
-      .then((g) => (this.ready = g));
+    return (this.made ??= GrammarCompiler.create(this.tokenizer, this.tokenPostproc, this.vocabSize, this.stopIds).then(
+      (g) => (this.ready = g),
+    ));
   }
 }
 
@@ -610,15 +714,29 @@ export class GrammarCompiler {
   limits = SUPPORT.compile_limits;
   hits = 0;
 
-  private constructor(private readonly compiler: XGrammar.GrammarCompiler, readonly vocabSize: number) {}
+  private constructor(
+    private readonly compiler: XGrammar.GrammarCompiler,
+    readonly vocabSize: number,
+  ) {}
 
-  static async create(tokenizer: TokenizerJson, tokenPostproc: string, vocabSize: number, stopIds: number[]): Promise<GrammarCompiler> {
+  static async create(
+    tokenizer: TokenizerJson,
+    tokenPostproc: string,
+    vocabSize: number,
+    stopIds: number[],
+  ): Promise<GrammarCompiler> {
     listenToEngine();
     const vocab: string[] = new Array(vocabSize).fill("");
     for (const [token, id] of Object.entries(tokenizer.model.vocab)) vocab[id] = token;
     for (const t of tokenizer.added_tokens ?? []) vocab[t.id] = t.content;
     const type = tokenPostproc === "byte_level" ? "byte_level" : tokenPostproc === "byte_fallback" ? "byte_fallback" : "raw";
-    const info = await xgr().TokenizerInfo.createTokenizerInfo(vocab, type, false, vocabSize, [...stopIds].sort((a, b) => a - b));
+    const info = await xgr().TokenizerInfo.createTokenizerInfo(
+      vocab,
+      type,
+      false,
+      vocabSize,
+      [...stopIds].sort((a, b) => a - b),
+    );
     return new GrammarCompiler(await xgr().GrammarCompiler.createGrammarCompiler(info, false), vocabSize);
   }
 
@@ -635,11 +753,12 @@ export class GrammarCompiler {
     }
     const text = await compiledText(spec);
     const start = performance.now();
-    const compiled = await engineCall(spec, () => (spec.kind === "structural_tag" ? this.compiler.compileStructuralTag(text)
-      : this.compiler.compileGrammar(text)));
+    const compiled = await engineCall(spec, () =>
+      spec.kind === "structural_tag" ? this.compiler.compileStructuralTag(text) : this.compiler.compileGrammar(text),
+    );
     const seconds = (performance.now() - start) / 1000;
     if (seconds > this.limits.seconds) console.warn(`lantern: compiling a grammar took ${seconds.toFixed(1)} s`);
-    this.cache.set(key, compiled);  // a page's few grammars: kept (a matcher may still hold an old one)
+    this.cache.set(key, compiled); // a page's few grammars: kept (a matcher may still hold an old one)
     return compiled;
   }
 

@@ -22,7 +22,7 @@ export function canShareAcrossTabs(): boolean {
 export async function startAcrossTabs(options: EngineOptions, workerUrl: URL, sharedUrl: URL): Promise<WorkerEngine> {
   const { onProgress, worker: _w, ...load } = options;
   const tab = `lantern-tab-${crypto.randomUUID()}`;
-  const releaseTab = await holdLock(tab);  // the SharedWorker and the host's worker notice this tab leave by it
+  const releaseTab = await holdLock(tab); // the SharedWorker and the host's worker notice this tab leave by it
   const broker = new Broker(sharedUrl);
   const engine = WorkerEngine.unlinked(onProgress);
   const share = new TabShare(engine, broker, load, tab, workerUrl);
@@ -45,12 +45,17 @@ class TabShare {
   private readonly key: string;
   private readonly lock: string;
   private leading = false;
-  private line: Channel | null = null;  // to this tab's worker, while it hosts
+  private line: Channel | null = null; // to this tab's worker, while it hosts
   private releaseHost: (() => void) | null = null;
-  private readonly waiting = new AbortController();  // the queued request for the host lock
+  private readonly waiting = new AbortController(); // the queued request for the host lock
 
-  constructor(private readonly engine: WorkerEngine, private readonly broker: Broker, private readonly options: LoadOptions,
-              private readonly tab: string, private readonly workerUrl: URL) {
+  constructor(
+    private readonly engine: WorkerEngine,
+    private readonly broker: Broker,
+    private readonly options: LoadOptions,
+    private readonly tab: string,
+    private readonly workerUrl: URL,
+  ) {
     this.key = engineKey(options);
     this.lock = `lantern-host-${SHARED_NAME}-${this.key}`;
     broker.onConnect = (port) => {
@@ -59,8 +64,9 @@ class TabShare {
     };
     broker.onHostGone = () => {
       if (this.leading) return;
-      this.follow(new WorkerCrashedError("the tab that ran this engine has gone; another tab runs it next"))
-        .catch((err) => this.engine.workerFailed(`no other tab could run the engine: ${(err as Error).message}`));
+      this.follow(new WorkerCrashedError("the tab that ran this engine has gone; another tab runs it next")).catch((err) =>
+        this.engine.workerFailed(`no other tab could run the engine: ${(err as Error).message}`),
+      );
     };
   }
 
@@ -75,10 +81,12 @@ class TabShare {
   private async lead(release: () => void, lost?: WorkerCrashedError): Promise<void> {
     this.leading = true;
     this.releaseHost = release;
-    const line = this.line = dedicatedWorker(this.workerUrl, this.engine);
+    const line = (this.line = dedicatedWorker(this.workerUrl, this.engine));
     // tabs that come while this one loads wait on its load, not on one of their own
-    await Promise.all([this.engine.link(Promise.resolve(line), this.options, this.tab, "dedicated", lost),
-      this.broker.ask({ kind: "host", key: this.key })]);
+    await Promise.all([
+      this.engine.link(Promise.resolve(line), this.options, this.tab, "dedicated", lost),
+      this.broker.ask({ kind: "host", key: this.key }),
+    ]);
   }
 
   /** Another tab hosts: reach its worker through a port the SharedWorker brokers (once a tab hosts). */
@@ -93,10 +101,18 @@ class TabShare {
 
   /** Wait for the host lock: granted when the host tab has gone, and this tab is next. */
   private queueForHost(): void {
-    navigator.locks.request(this.lock, { signal: this.waiting.signal }, () => new Promise<void>((release) => {
-      this.lead(release, new WorkerCrashedError("the tab that ran this engine has gone; this tab runs it now"))
-        .catch((err) => this.engine.workerFailed(`this tab could not take over the engine: ${(err as Error).message}`));
-    })).catch(() => {});  // aborted: this engine has ended
+    navigator.locks
+      .request(
+        this.lock,
+        { signal: this.waiting.signal },
+        () =>
+          new Promise<void>((release) => {
+            this.lead(release, new WorkerCrashedError("the tab that ran this engine has gone; this tab runs it now")).catch(
+              (err) => this.engine.workerFailed(`this tab could not take over the engine: ${(err as Error).message}`),
+            );
+          }),
+      )
+      .catch(() => {}); // aborted: this engine has ended
   }
 
   /** The engine has ended here: stop waiting to host, and let another tab host. */
@@ -110,13 +126,15 @@ class TabShare {
 /** The Web Lock ``name`` if no one holds it: a function that releases it; else null. */
 function tryLock(name: string): Promise<(() => void) | null> {
   return new Promise((resolve) => {
-    navigator.locks.request(name, { ifAvailable: true }, (lock) => {
-      if (!lock) {
-        resolve(null);
-        return undefined;
-      }
-      return new Promise<void>((release) => resolve(release));
-    }).catch(() => resolve(null));
+    navigator.locks
+      .request(name, { ifAvailable: true }, (lock) => {
+        if (!lock) {
+          resolve(null);
+          return undefined;
+        }
+        return new Promise<void>((release) => resolve(release));
+      })
+      .catch(() => resolve(null));
   });
 }
 
@@ -153,9 +171,18 @@ class Broker {
   }
 
   private receive(msg: WorkerResponse, ports: readonly MessagePort[]): void {
-    if (msg.kind === "connect") return this.onConnect(ports[0]);
-    if (msg.kind === "host-gone") return this.onHostGone();
-    if (msg.kind === "crash") return this.fail(new WorkerCrashedError(`the shared engine worker crashed: ${msg.message}`));
+    if (msg.kind === "connect") {
+      this.onConnect(ports[0]);
+      return;
+    }
+    if (msg.kind === "host-gone") {
+      this.onHostGone();
+      return;
+    }
+    if (msg.kind === "crash") {
+      this.fail(new WorkerCrashedError(`the shared engine worker crashed: ${msg.message}`));
+      return;
+    }
     const reply = this.replies.get(msg.id);
     if (!reply) return;
     this.replies.delete(msg.id);

@@ -19,7 +19,7 @@ export interface TokenizerConfig {
 }
 
 function tokenText(t: TokenizerConfig["bos_token"]): string {
-  return typeof t === "string" ? t : t?.content ?? "";
+  return typeof t === "string" ? t : (t?.content ?? "");
 }
 
 export class TextCodec {
@@ -29,7 +29,10 @@ export class TextCodec {
   /** Whether the chat template renders `tools` itself (else Lantern's default tool format is used). */
   readonly knowsTools: boolean;
 
-  private constructor(readonly tokenizer: Tokenizer, config: TokenizerConfig) {
+  private constructor(
+    readonly tokenizer: Tokenizer,
+    config: TokenizerConfig,
+  ) {
     let source = config.chat_template;
     if (Array.isArray(source)) source = source.find((t) => t.name === "default")?.template ?? source[0]?.template;
     this.template = source ? new Template(source) : null;
@@ -53,7 +56,11 @@ export class TextCodec {
     }
     try {
       return this.template.render({
-        ...kwargs, messages, add_generation_prompt: true, bos_token: this.bosToken, eos_token: this.eosToken,
+        ...kwargs,
+        messages,
+        add_generation_prompt: true,
+        bos_token: this.bosToken,
+        eos_token: this.eosToken,
         ...(tools ? { tools } : {}),
       });
     } catch (err) {

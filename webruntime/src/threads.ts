@@ -24,8 +24,12 @@ export async function chooseThreads(requested: number | undefined, shared: boole
   if (bound <= 2) return { threads: bound, why: `navigator.hardwareConcurrency is ${claimed}` };
   const rates = await barrierRates(bound);
   const best = bestThreads(rates);
-  return { threads: best, why: `navigator.hardwareConcurrency is ${claimed}; barrier rounds per ms on ` +
-    `${rates.map((_, i) => i + 1).join(", ")} threads: ${rates.map((r) => r.toFixed(2)).join(", ")}` };
+  return {
+    threads: best,
+    why:
+      `navigator.hardwareConcurrency is ${claimed}; barrier rounds per ms on ` +
+      `${rates.map((_, i) => i + 1).join(", ")} threads: ${rates.map((r) => r.toFixed(2)).join(", ")}`,
+  };
 }
 
 /** The fewest threads within 10% of the best rate (a thread that adds nothing measurable costs a core). */
@@ -47,7 +51,7 @@ const BARRIER_WORKER = `onmessage = (e) => {
   }
   postMessage(x & 0);
 };`;
-const BARRIER_WORK = 40_000;  // steps per round in all: about 40 us on one core, an operation's length
+const BARRIER_WORK = 40_000; // steps per round in all: about 40 us on one core, an operation's length
 
 /** Barrier rounds per ms that 1..``upTo`` workers complete, splitting the same work (about 0.5 s in all). */
 async function barrierRates(upTo: number, ms = 100): Promise<number[]> {
@@ -57,17 +61,26 @@ async function barrierRates(upTo: number, ms = 100): Promise<number[]> {
   // ``group`` meets at one barrier until stop() (which resolves once every worker of it has stopped)
   const start = (group: Worker[]) => {
     const cells = new Int32Array(new SharedArrayBuffer(12));
-    const stopped = group.map((w) => new Promise((done) => {
-      w.onmessage = done;
-      w.postMessage([cells.buffer, group.length, Math.ceil(BARRIER_WORK / group.length)]);
-    }));
-    return { cells, stop: () => { Atomics.store(cells, 2, 1); return Promise.all(stopped); } };
+    const stopped = group.map(
+      (w) =>
+        new Promise((done) => {
+          w.onmessage = done;
+          w.postMessage([cells.buffer, group.length, Math.ceil(BARRIER_WORK / group.length)]);
+        }),
+    );
+    return {
+      cells,
+      stop: () => {
+        Atomics.store(cells, 2, 1);
+        return Promise.all(stopped);
+      },
+    };
   };
   const rate = async (n: number): Promise<number> => {
     const { cells, stop } = start(workers.slice(0, n));
     try {
       // from the first round that every worker reached (a worker's start is not what is measured)
-      for (const give = performance.now() + 2000; Atomics.load(cells, 0) === 0 && performance.now() < give;) await sleep(1);
+      for (const give = performance.now() + 2000; Atomics.load(cells, 0) === 0 && performance.now() < give; ) await sleep(1);
       const [t0, r0] = [performance.now(), Atomics.load(cells, 0)];
       await sleep(ms);
       return (Atomics.load(cells, 0) - r0) / Math.max(1, performance.now() - t0);
@@ -85,7 +98,9 @@ async function barrierRates(upTo: number, ms = 100): Promise<number[]> {
     for (let n = 1; n <= upTo; n++) rates.push(await rate(n));
     return rates;
   } finally {
-    workers.forEach((w) => w.terminate());
+    workers.forEach((w) => {
+      w.terminate();
+    });
     URL.revokeObjectURL(url);
   }
 }

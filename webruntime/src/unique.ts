@@ -24,19 +24,35 @@ function valueText(value: unknown): string {
 function ofType(value: unknown, types: unknown): boolean {
   if (types === undefined) return true;
   const kinds: Record<string, boolean> = {
-    null: value === null, boolean: typeof value === "boolean", string: typeof value === "string",
-    number: typeof value === "number", integer: typeof value === "number" && Number.isInteger(value),
+    null: value === null,
+    boolean: typeof value === "boolean",
+    string: typeof value === "string",
+    number: typeof value === "number",
+    integer: typeof value === "number" && Number.isInteger(value),
   };
-  return (typeof types === "string" ? [types] : types as string[]).some((t) => kinds[t] ?? false);
+  return (typeof types === "string" ? [types] : (types as string[])).some((t) => kinds[t] ?? false);
 }
 
 /** The distinct value texts an `items` schema allows (an enum or const filtered by its type, or the booleans). */
 export function itemValues(items: unknown): string[] {
   const allowed = ["enum", "const", "type", "title", "description"];
-  if (typeof items === "object" && items !== null && !Array.isArray(items) && Object.keys(items).every((k) => allowed.includes(k))) {
+  if (
+    typeof items === "object" &&
+    items !== null &&
+    !Array.isArray(items) &&
+    Object.keys(items).every((k) => allowed.includes(k))
+  ) {
     const s = items as Record<string, unknown>;
-    const values = "const" in s ? [s.const] : "enum" in s ? (Array.isArray(s.enum) ? s.enum : [])
-      : s.type === "boolean" ? [true, false] : null;
+    const values =
+      "const" in s
+        ? [s.const]
+        : "enum" in s
+          ? Array.isArray(s.enum)
+            ? s.enum
+            : []
+          : s.type === "boolean"
+            ? [true, false]
+            : null;
     if (values !== null) return [...new Set(values.filter((v) => ofType(v, s.type)).map(valueText))];
   }
   throw new UniqueItemsError("uniqueItems is supported for arrays whose items are an enum, a const or booleans");
@@ -53,13 +69,16 @@ export function uniqueRules(key: string, name: string): string[] {
   const [values, lo, maxItems] = placeholderPayload(key) as [string[], number, number | null];
   const hi = maxItems === null ? values.length : Math.min(maxItems, values.length);
   if (lo > hi) {
-    throw new UniqueItemsError(lo > values.length ? `minItems ${lo} needs more distinct values than the ${values.length} its items allow`
-      : `minItems ${lo} is above maxItems ${hi}`);
+    throw new UniqueItemsError(
+      lo > values.length
+        ? `minItems ${lo} needs more distinct values than the ${values.length} its items allow`
+        : `minItems ${lo} is above maxItems ${hi}`,
+    );
   }
   const literals = values.map(ebnfLiteral);
   const rules: string[] = [];
   const index = new Map([[0n, 0]]);
-  const order = [0n];  // the sets of used values, as bit masks, breadth-first
+  const order = [0n]; // the sets of used values, as bit masks, breadth-first
   for (let k = 0; k < order.length; k++) {
     const used = order[k];
     let count = 0;
@@ -71,7 +90,9 @@ export function uniqueRules(key: string, name: string): string[] {
         const next = used | (1n << BigInt(j));
         if (!index.has(next)) {
           if (order.length >= MAX_RULES) {
-            throw new UniqueItemsError(`the array's unique values need more than ${MAX_RULES} grammar rules (list fewer values or lower maxItems)`);
+            throw new UniqueItemsError(
+              `the array's unique values need more than ${MAX_RULES} grammar rules (list fewer values or lower maxItems)`,
+            );
           }
           index.set(next, order.length);
           order.push(next);

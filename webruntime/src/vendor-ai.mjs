@@ -2,6 +2,13 @@
 // without a bundler (an import map names it "ai"). It is not part of the npm package: an application
 // installs `ai` itself, and imports the provider from "@lantern-llm/webruntime/ai-sdk".
 export {
-  APICallError, generateText, jsonSchema, NoObjectGeneratedError, Output, stepCountIs, streamText, tool,
+  APICallError,
+  generateText,
+  jsonSchema,
+  NoObjectGeneratedError,
+  Output,
+  stepCountIs,
+  streamText,
+  tool,
   UnsupportedFunctionalityError,
 } from "ai";

@@ -9,7 +9,14 @@
 // both devices accept the same requests and produce the same language. Differences: see docs/runtime.md, "Devices".
 import { CacheManager, Wllama } from "@wllama/wllama";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
-import { ArtifactError, EngineNotLoadedError, InvalidRequestError, LanternError, OutOfMemoryError, SharedEngineUnavailableError } from "./errors";
+import {
+  ArtifactError,
+  EngineNotLoadedError,
+  InvalidRequestError,
+  LanternError,
+  OutOfMemoryError,
+  SharedEngineUnavailableError,
+} from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
 import { chooseLlamaBuild, fetchLlamaBuild, type LlamaBuild, type LlamaFiles, wasmFeatures } from "./llama-builds";
 import { chooseThreads } from "./threads";
@@ -28,16 +35,23 @@ export const WASM_MEMORY_BYTES = 4 * 2 ** 30;
 const WASM_WORKSPACE_BYTES = 256 * 2 ** 20;
 
 /** The model's shape as mlc-chat-config.json's model_config states it (what the KV cache needs). */
-export interface KvShape { num_hidden_layers?: number; num_key_value_heads?: number; head_dim?: number }
+export interface KvShape {
+  num_hidden_layers?: number;
+  num_key_value_heads?: number;
+  head_dim?: number;
+}
 
 /** What llama.cpp in wasm needs for ``manifest``'s GGUF at ``contextWindow`` tokens, by part. */
-export function wasmMemoryNeed(manifest: Manifest, model: KvShape, contextWindow: number):
-  { weights: number; kvCache: number; workspace: number; total: number } {
+export function wasmMemoryNeed(
+  manifest: Manifest,
+  model: KvShape,
+  contextWindow: number,
+): { weights: number; kvCache: number; workspace: number; total: number } {
   const weights = (manifest.gguf?.files ?? []).reduce((sum, f) => sum + (manifest.files[f]?.size ?? 0), 0);
   // llama.cpp's default cache: K and V in float16, every layer, the whole window (an upper bound for
   // sliding-window layers, which llama.cpp keeps shorter)
-  const kvCache = 2 * (model.num_hidden_layers ?? 0) * (model.num_key_value_heads ?? 0) * (model.head_dim ?? 0) *
-    2 * contextWindow;
+  const kvCache =
+    2 * (model.num_hidden_layers ?? 0) * (model.num_key_value_heads ?? 0) * (model.head_dim ?? 0) * 2 * contextWindow;
   return { weights, kvCache, workspace: WASM_WORKSPACE_BYTES, total: weights + kvCache + WASM_WORKSPACE_BYTES };
 }
 
@@ -46,9 +60,11 @@ export function checkWasmFits(manifest: Manifest, model: KvShape, contextWindow:
   const need = wasmMemoryNeed(manifest, model, contextWindow);
   if (need.total <= WASM_MEMORY_BYTES) return;
   const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
-  throw new OutOfMemoryError(`the wasm device needs about ${gib(need.total)} (GGUF ${gib(need.weights)}, KV cache of ` +
-    `${contextWindow} tokens ${gib(need.kvCache)}, workspace ${gib(need.workspace)}) and llama.cpp in wasm has at most ` +
-    `${gib(WASM_MEMORY_BYTES)}; a smaller contextWindow, a smaller model, or the webgpu device`);
+  throw new OutOfMemoryError(
+    `the wasm device needs about ${gib(need.total)} (GGUF ${gib(need.weights)}, KV cache of ` +
+      `${contextWindow} tokens ${gib(need.kvCache)}, workspace ${gib(need.workspace)}) and llama.cpp in wasm has at most ` +
+      `${gib(WASM_MEMORY_BYTES)}; a smaller contextWindow, a smaller model, or the webgpu device`,
+  );
 }
 
 // llama.cpp's sampler chain in Lantern's order (sampler.ts): penalties, DRY, top_k, temperature, top_p.
@@ -58,7 +74,13 @@ const SAMPLERS = ["penalties", "dry", "top_k", "temperature", "top_p"];
 // writes: a raw U+0001, which JSON escapes and a grammar never allows.
 const DRY_NO_BREAKERS = ["\u0001"];
 
-interface LlamaLogprob { id: number; token: string; bytes: number[]; logprob: number; top_logprobs?: LlamaLogprob[] }
+interface LlamaLogprob {
+  id: number;
+  token: string;
+  bytes: number[];
+  logprob: number;
+  top_logprobs?: LlamaLogprob[];
+}
 interface LlamaChunk {
   choices: { text: string; finish_reason: string | null; logprobs: { content: LlamaLogprob[] } | null }[];
   usage?: { prompt_tokens_details?: { cached_tokens?: number } };
@@ -77,7 +99,9 @@ type StorageBackend = NonNullable<ConstructorParameters<typeof CacheManager>[0]>
 const NO_CACHE: StorageBackend = {
   isSupported: () => true,
   read: async () => null,
-  write: async (_key, stream) => { await stream.cancel(); },
+  write: async (_key, stream) => {
+    await stream.cancel();
+  },
   getSize: async () => -1,
   list: async () => [],
   delete: async () => {},
@@ -94,27 +118,38 @@ const START_STALL_S = [10, 20, 40];
 const POOL_STARTING = /^Multithread enabled/;
 
 /** A Wllama for ``code``, ended by exit() where its worker's start stalls (see START_STALL_S). */
-function startLlama(code: LlamaFiles, build: LlamaBuild, stallS: number):
-  { wllama: Wllama; stalled: () => boolean; disarm: () => void } {
+function startLlama(
+  code: LlamaFiles,
+  build: LlamaBuild,
+  stallS: number,
+): { wllama: Wllama; stalled: () => boolean; disarm: () => void } {
   let timer: ReturnType<typeof setTimeout> | undefined;
   let stalled = false;
-  const disarm = () => { clearTimeout(timer); timer = undefined; };
+  const disarm = () => {
+    clearTimeout(timer);
+    timer = undefined;
+  };
   const arm = () => {
-    timer = setTimeout(() => { stalled = true; wllama.exit().catch(() => {}); }, stallS * 1000);
+    timer = setTimeout(() => {
+      stalled = true;
+      wllama.exit().catch(() => {});
+    }, stallS * 1000);
   };
   // its worker's console lines are the only signs of where a start is; llama.cpp's own log lines come
   // the same way (wllama passes them on unless suppressNativeLog): its warnings and errors reach the
   // console, the rest is dropped
-  const seen = (level: "debug" | "log" | "warn" | "error") => (...args: unknown[]) => {
-    disarm();
-    if (POOL_STARTING.test(args.map(String).join(" "))) arm();
-    if (level === "warn" || level === "error") console[level](...args);
-  };
+  const seen =
+    (level: "debug" | "log" | "warn" | "error") =>
+    (...args: unknown[]) => {
+      disarm();
+      if (POOL_STARTING.test(args.map(String).join(" "))) arm();
+      if (level === "warn" || level === "error") console[level](...args);
+    };
   const logger = { debug: seen("debug"), log: seen("log"), info: seen("log"), warn: seen("warn"), error: seen("error") };
   const wllama = new Wllama({ default: code.wasm }, { logger, cacheManager: new CacheManager([NO_CACHE]) });
   // the build chosen by features, whatever wllama would pick by the browser's name ("firefox_safari": by features)
   wllama.setCompat(build === "compat" ? { wasm: code.wasm, worker: { code: code.glue! } } : null, "firefox_safari");
-  arm();  // until the worker's first line
+  arm(); // until the worker's first line
   return { wllama, stalled: () => stalled, disarm };
 }
 
@@ -122,45 +157,67 @@ export class WasmDevice implements Device {
   readonly kind = "wasm" as const;
   readonly label: string;
   private wllama: Wllama | null;
-  private cached = 0;  // tokens of the last conversation llama.cpp keeps for reuse
+  private cached = 0; // tokens of the last conversation llama.cpp keeps for reuse
 
-  private constructor(wllama: Wllama, readonly library: string, readonly contextWindow: number,
-                      private readonly threads: number, readonly build: LlamaBuild, readonly buildWhy: string,
-                      readonly threadsWhy: string, private readonly restarts: number) {
+  private constructor(
+    wllama: Wllama,
+    readonly library: string,
+    readonly contextWindow: number,
+    private readonly threads: number,
+    readonly build: LlamaBuild,
+    readonly buildWhy: string,
+    readonly threadsWhy: string,
+    private readonly restarts: number,
+  ) {
     this.wllama = wllama;
     this.label = wasmLabel(threads, build);
   }
 
   /** Download the GGUF parts (verified against lantern.json, cached) and load them into llama.cpp. */
-  static async open(modelUrl: string, manifest: Manifest, store: FileStore, options: EngineOptions,
-                    report: (p: LoadProgress) => void, model: KvShape = {}): Promise<WasmDevice> {
+  static async open(
+    modelUrl: string,
+    manifest: Manifest,
+    store: FileStore,
+    options: EngineOptions,
+    report: (p: LoadProgress) => void,
+    model: KvShape = {},
+  ): Promise<WasmDevice> {
     const parts = manifest.gguf?.files ?? [];
-    if (typeof Worker === "undefined") {  // before any download: createEngine then uses a dedicated worker
+    if (typeof Worker === "undefined") {
+      // before any download: createEngine then uses a dedicated worker
       throw new SharedEngineUnavailableError("the wasm device (llama.cpp) starts Web Workers, which a SharedWorker cannot here");
     }
     if (!parts.length) {
-      throw new ArtifactError("this artifact has no GGUF for the wasm device: rebuild it with the gguf target " +
-        "(`lantern build ... --targets webgpu,cpu,gguf`, the default)");
+      throw new ArtifactError(
+        "this artifact has no GGUF for the wasm device: rebuild it with the gguf target " +
+          "(`lantern build ... --targets webgpu,cpu,gguf`, the default)",
+      );
     }
     const features = wasmFeatures();
-    const { build, why } = chooseLlamaBuild(features);  // CapabilityError before any download
+    const { build, why } = chooseLlamaBuild(features); // CapabilityError before any download
     if (options.requireThreads && !features.threads) {
-      throw new SharedEngineUnavailableError("the SharedWorker has no SharedArrayBuffer (it is not cross-origin " +
-        "isolated as the page is), so llama.cpp would run on one thread there; a dedicated worker gives it several");
+      throw new SharedEngineUnavailableError(
+        "the SharedWorker has no SharedArrayBuffer (it is not cross-origin " +
+          "isolated as the page is), so llama.cpp would run on one thread there; a dedicated worker gives it several",
+      );
     }
     const { threads, why: threadsWhy } = await chooseThreads(options.threads, features.threads);
     const library = parts.length === 1 ? parts[0] : `${parts[0]} (+${parts.length - 1} parts)`;
     const tell = (p: LoadProgress) => report({ ...p, library, device: wasmLabel(threads, build) });
     // llama.cpp allocates the whole KV cache up front (memory and load time grow with it), and a CPU
     // prefills ~20 tokens/s: the default window is at most WASM_CONTEXT tokens
-    const contextWindow = Math.min(options.contextWindow ?? WASM_CONTEXT,
-      manifest.gguf?.context_window ?? manifest.model.context_window);
+    const contextWindow = Math.min(
+      options.contextWindow ?? WASM_CONTEXT,
+      manifest.gguf?.context_window ?? manifest.model.context_window,
+    );
     checkWasmFits(manifest, model, contextWindow);
     // llama.cpp itself (10-19 MB) comes while the GGUF does
     const llama = fetchLlamaBuild(build, new URL("./", import.meta.url).href, store);
-    llama.catch(() => {});  // awaited below
+    llama.catch(() => {}); // awaited below
     const files = await fetchBlobs(modelUrl, manifest, parts, {
-      store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
+      store,
+      parallel: options.parallelDownloads ?? 3,
+      retries: options.retries ?? 3,
       onProgress: (p) => tell({ ...p, progress: 0.9 * p.progress }),
     });
     const total = parts.reduce((s, f) => s + manifest.files[f].size, 0);
@@ -168,9 +225,13 @@ export class WasmDevice implements Device {
     const code = await llama;
     const config = {
       // n_gpu_layers 0: llama.cpp's CPU kernels (wllama would otherwise offload to WebGPU)
-      n_threads: threads, n_gpu_layers: 0, n_ctx: contextWindow, n_parallel: 1,
-      kv_overrides: Object.fromEntries(Object.entries(manifest.gguf?.kv_overrides ?? {})
-        .map(([key, value]) => [key, `int:${value}`])),
+      n_threads: threads,
+      n_gpu_layers: 0,
+      n_ctx: contextWindow,
+      n_parallel: 1,
+      kv_overrides: Object.fromEntries(
+        Object.entries(manifest.gguf?.kv_overrides ?? {}).map(([key, value]) => [key, `int:${value}`]),
+      ),
     };
     let wllama: Wllama;
     let restarts = 0;
@@ -178,19 +239,26 @@ export class WasmDevice implements Device {
       for (;;) {
         const start = startLlama(code, build, START_STALL_S[restarts]);
         try {
-          await start.wllama.loadModel(parts.map((f) => files.get(f)!), config);
+          await start.wllama.loadModel(
+            parts.map((f) => files.get(f)!),
+            config,
+          );
           wllama = start.wllama;
           break;
         } catch (err) {
           if (start.stalled() && restarts < START_STALL_S.length - 1) {
-            console.warn(`lantern: llama.cpp's worker stalled for ${START_STALL_S[restarts]} s while starting ` +
-              "(Firefox can block a worker that starts workers): starting it again");
+            console.warn(
+              `lantern: llama.cpp's worker stalled for ${START_STALL_S[restarts]} s while starting ` +
+                "(Firefox can block a worker that starts workers): starting it again",
+            );
             restarts += 1;
             continue;
           }
           const why = start.stalled()
             ? `its worker stalled while starting, ${restarts + 1} times (the last wait ${START_STALL_S[restarts]} s)`
-            : err instanceof Error ? err.message : String(err);
+            : err instanceof Error
+              ? err.message
+              : String(err);
           throw new ArtifactError(`llama.cpp (${build} build) could not load ${parts[0]}: ${why}`);
         } finally {
           start.disarm();
@@ -203,8 +271,9 @@ export class WasmDevice implements Device {
     const vocab = wllama.isModelLoaded() ? wllama.getLoadedContextInfo().n_vocab : 0;
     if (vocab !== manifest.model.vocab_size) {
       await wllama.exit().catch(() => {});
-      throw new ArtifactError(`llama.cpp did not load ${parts[0]} (vocabulary ${vocab}, lantern.json says ` +
-        `${manifest.model.vocab_size})`);
+      throw new ArtifactError(
+        `llama.cpp did not load ${parts[0]} (vocabulary ${vocab}, lantern.json says ` + `${manifest.model.vocab_size})`,
+      );
     }
     tell({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
     return new WasmDevice(wllama, library, contextWindow, wllama.getNumThreads(), build, why, threadsWhy, restarts);
@@ -226,11 +295,24 @@ export class WasmDevice implements Device {
     const grammar = req.grammar as LlamaGrammar | null;
     const ctrl = new AbortController();
     const body: Record<string, unknown> = {
-      prompt: req.promptText, stream: true, abortSignal: ctrl.signal, max_tokens: req.maxTokens, cache_prompt: true,
-      temperature: p.temperature, top_k: p.topK, top_p: p.topP, min_p: 0, typical_p: 1, samplers: SAMPLERS,
-      repeat_penalty: p.repetitionPenalty, repeat_last_n: this.contextWindow,  // the penalty window: everything
-      presence_penalty: p.presencePenalty, frequency_penalty: p.frequencyPenalty,
-      dry_multiplier: p.dryMultiplier, dry_base: p.dryBase, dry_allowed_length: p.dryAllowedLength,
+      prompt: req.promptText,
+      stream: true,
+      abortSignal: ctrl.signal,
+      max_tokens: req.maxTokens,
+      cache_prompt: true,
+      temperature: p.temperature,
+      top_k: p.topK,
+      top_p: p.topP,
+      min_p: 0,
+      typical_p: 1,
+      samplers: SAMPLERS,
+      repeat_penalty: p.repetitionPenalty,
+      repeat_last_n: this.contextWindow, // the penalty window: everything
+      presence_penalty: p.presencePenalty,
+      frequency_penalty: p.frequencyPenalty,
+      dry_multiplier: p.dryMultiplier,
+      dry_base: p.dryBase,
+      dry_allowed_length: p.dryAllowedLength,
       // -1 (all) as the window it is: llama.cpp in wasm fails a request that sends -1
       dry_penalty_last_n: p.dryPenaltyLastN < 0 ? this.contextWindow : p.dryPenaltyLastN,
       dry_sequence_breakers: DRY_NO_BREAKERS,
@@ -246,7 +328,8 @@ export class WasmDevice implements Device {
     if (p.seed !== null) body.seed = Number(BigInt.asUintN(32, BigInt(p.seed)));
     if (grammar) {
       body.grammar = grammar.grammar;
-      if (grammar.triggers) Object.assign(body, { grammar_lazy: true, grammar_triggers: grammar.triggers.map((value) => ({ type: 1, value })) });
+      if (grammar.triggers)
+        Object.assign(body, { grammar_lazy: true, grammar_triggers: grammar.triggers.map((value) => ({ type: 1, value })) });
     }
     let chunks: AsyncIterable<LlamaChunk>;
     try {
@@ -256,11 +339,11 @@ export class WasmDevice implements Device {
     }
     const it = chunks[Symbol.asyncIterator]();
     const ready: DeviceStep[] = [];
-    let done = false;  // the stream ended
-    let finished = false;  // llama.cpp ended the answer (its last chunks carry only usage)
+    let done = false; // the stream ended
+    let finished = false; // llama.cpp ended the answer (its last chunks carry only usage)
     let handedOut = 0;
-    let counted = 0;  // tokens llama.cpp reported so far (timings_per_token)
-    let cached = 0;  // llama.cpp reports it with the usage, after the last token
+    let counted = 0; // tokens llama.cpp reported so far (timings_per_token)
+    let cached = 0; // llama.cpp reports it with the usage, after the last token
     const device = this;
     const wantLogprobs = p.topLogprobs >= 0;
     const read = async (): Promise<void> => {
@@ -272,25 +355,35 @@ export class WasmDevice implements Device {
         throw new LanternError(`llama.cpp failed during the request: ${err instanceof Error ? err.message : err}`);
       }
       const { value, done: end } = step;
-      if (end) { done = true; return; }
+      if (end) {
+        done = true;
+        return;
+      }
       const choice = value.choices[0];
       if (wantIds) {
         const tokens = choice?.logprobs?.content ?? [];
-        tokens.forEach((t, i) => ready.push({ token: t.id, text: i === tokens.length - 1 ? choice.text : "",
-          logprob: wantLogprobs ? logprobEntry(t, p.topLogprobs) : null }));
+        tokens.forEach((t, i) => {
+          ready.push({
+            token: t.id,
+            text: i === tokens.length - 1 ? choice.text : "",
+            logprob: wantLogprobs ? logprobEntry(t, p.topLogprobs) : null,
+          });
+        });
       } else if (choice?.finish_reason) {
         // the last chunk's count includes a stop token, which has no text; text here is the last token's
         if (choice.text) ready.push({ token: -1, text: choice.text, logprob: null });
       } else if (value.timings) {
         const n = value.timings.predicted_n - counted;
         counted = value.timings.predicted_n;
-        for (let i = 0; i < n; i++) ready.push({ token: -1, text: i === n - 1 ? choice?.text ?? "" : "", logprob: null });
+        for (let i = 0; i < n; i++) ready.push({ token: -1, text: i === n - 1 ? (choice?.text ?? "") : "", logprob: null });
       }
       if (value.usage) cached = value.usage.prompt_tokens_details?.cached_tokens ?? 0;
       if (choice?.finish_reason) finished = true;
     };
     const gen: Generation = {
-      get cachedTokens() { return cached; },
+      get cachedTokens() {
+        return cached;
+      },
       async next(): Promise<DeviceStep | null> {
         while (!ready.length && !done) await read();
         const step = ready.shift();
@@ -318,8 +411,14 @@ export class WasmDevice implements Device {
     const wllama = this.loaded();
     const t0 = performance.now();
     const chunks = (await wllama.createCompletion({
-      prompt: req.text ?? "", max_tokens: req.maxTokens, temperature: 0, top_k: 1, samplers: ["top_k"],
-      n_probs: 1, cache_prompt: false, stream: true,
+      prompt: req.text ?? "",
+      max_tokens: req.maxTokens,
+      temperature: 0,
+      top_k: 1,
+      samplers: ["top_k"],
+      n_probs: 1,
+      cache_prompt: false,
+      stream: true,
     } as never)) as unknown as AsyncIterable<LlamaChunk>;
     const tokens: number[] = [];
     let first = 0;
@@ -332,17 +431,30 @@ export class WasmDevice implements Device {
     this.cached = 0;
     const end = performance.now();
     // the first token comes with the prompt's evaluation; each later one is a decode step
-    return { tokens, prefillMs: (first || end) - t0, decodeMs: first ? end - first : 0, decodeSteps: Math.max(0, tokens.length - 1) };
+    return {
+      tokens,
+      prefillMs: (first || end) - t0,
+      decodeMs: first ? end - first : 0,
+      decodeSteps: Math.max(0, tokens.length - 1),
+    };
   }
 
   stats(): DeviceStats {
     this.loaded();
     return {
-      kvSequences: 1, kvAvailablePages: null, kvTotalPages: null, cachedTokens: this.cached, peakGpuBytes: null,
-      adapter: { vendor: "cpu", architecture: `wasm (${threadCount(this.threads)})`,
-        features: [], fallback: false },
-      wasm: { build: this.build, why: this.buildWhy, threads: this.threads, threadsWhy: this.threadsWhy,
-        restarts: this.restarts },
+      kvSequences: 1,
+      kvAvailablePages: null,
+      kvTotalPages: null,
+      cachedTokens: this.cached,
+      peakGpuBytes: null,
+      adapter: { vendor: "cpu", architecture: `wasm (${threadCount(this.threads)})`, features: [], fallback: false },
+      wasm: {
+        build: this.build,
+        why: this.buildWhy,
+        threads: this.threads,
+        threadsWhy: this.threadsWhy,
+        restarts: this.restarts,
+      },
       grammarCache: { entries: 0, hits: 0 },
     };
   }

@@ -40,8 +40,12 @@ export class WebGpuDevice implements Device {
   private model: TvmModel | null;
   private kvTokens: number[] = [];
 
-  private constructor(model: TvmModel, readonly library: string, private readonly adapter: EngineStats["adapter"],
-                      private readonly load: WebGpuLoad) {
+  private constructor(
+    model: TvmModel,
+    readonly library: string,
+    private readonly adapter: EngineStats["adapter"],
+    private readonly load: WebGpuLoad,
+  ) {
     this.model = model;
     this.label = deviceLabel(adapter);
   }
@@ -50,11 +54,21 @@ export class WebGpuDevice implements Device {
   static async open(load: WebGpuLoad): Promise<WebGpuDevice> {
     const { modelUrl, manifest, gpu, store, options } = load;
     const lib = chooseLibrary(manifest, gpu);
-    const adapter = { vendor: gpu.adapterInfo.vendor, architecture: gpu.adapterInfo.architecture,
-      features: [...gpu.features].sort(), fallback: gpu.emulated };
+    const adapter = {
+      vendor: gpu.adapterInfo.vendor,
+      architecture: gpu.adapterInfo.architecture,
+      features: [...gpu.features].sort(),
+      fallback: gpu.emulated,
+    };
     const report = (p: LoadProgress) => load.report({ ...p, library: lib.file, device: deviceLabel(adapter) });
-    const [indexBytes] = (await fetchFiles(modelUrl, manifest, ["tensor-cache.json"],
-      { store, parallel: 1, retries: options.retries ?? 3, onProgress: () => {} })).values();
+    const [indexBytes] = (
+      await fetchFiles(modelUrl, manifest, ["tensor-cache.json"], {
+        store,
+        parallel: 1,
+        retries: options.retries ?? 3,
+        onProgress: () => {},
+      })
+    ).values();
     const index: TensorCacheIndex = JSON.parse(new TextDecoder().decode(indexBytes));
     const upcast = lib.param_upcast === "float16->float32";
     checkFits(manifest, largestTensorBytes(index, upcast), gpu.device);
@@ -65,20 +79,34 @@ export class WebGpuDevice implements Device {
     const libBytes = manifest.files[lib.file]?.size ?? 0;
     const all = [lib.file, ...shardNames].reduce((s, n) => s + (manifest.files[n]?.size ?? 0), 0);
     const fetchOpts = (before: number) => ({
-      store, parallel: options.parallelDownloads ?? 3, retries: options.retries ?? 3,
-      onProgress: (p: LoadProgress) => report({ ...p, loadedBytes: before + p.loadedBytes, totalBytes: all,
-        progress: all ? 0.9 * (before + p.loadedBytes) / all : 0.9 }),
+      store,
+      parallel: options.parallelDownloads ?? 3,
+      retries: options.retries ?? 3,
+      onProgress: (p: LoadProgress) =>
+        report({
+          ...p,
+          loadedBytes: before + p.loadedBytes,
+          totalBytes: all,
+          progress: all ? (0.9 * (before + p.loadedBytes)) / all : 0.9,
+        }),
     });
     const [wasm] = (await fetchFiles(modelUrl, manifest, [lib.file], fetchOpts(0))).values();
     const total = manifest.weights.bytes;
-    const model = await TvmModel.load(wasm, gpu, index, async (upload) => {
-      await fetchEach(modelUrl, manifest, shardNames, fetchOpts(libBytes), upload);
-      report({ phase: "gpu-upload", loadedBytes: total, totalBytes: total, progress: 0.95 });  // all uploaded
-    }, {
-      upcast, contextWindow: options.contextWindow,
-      onCompile: (done, n) => report({ phase: "pipeline-compile", loadedBytes: done, totalBytes: n,
-        progress: 0.95 + 0.05 * done / n }),
-    });
+    const model = await TvmModel.load(
+      wasm,
+      gpu,
+      index,
+      async (upload) => {
+        await fetchEach(modelUrl, manifest, shardNames, fetchOpts(libBytes), upload);
+        report({ phase: "gpu-upload", loadedBytes: total, totalBytes: total, progress: 0.95 }); // all uploaded
+      },
+      {
+        upcast,
+        contextWindow: options.contextWindow,
+        onCompile: (done, n) =>
+          report({ phase: "pipeline-compile", loadedBytes: done, totalBytes: n, progress: 0.95 + (0.05 * done) / n }),
+      },
+    );
     report({ phase: "ready", loadedBytes: total, totalBytes: total, progress: 1 });
     return new WebGpuDevice(model, lib.file, adapter, load);
   }
@@ -103,7 +131,8 @@ export class WebGpuDevice implements Device {
   async start(req: GenerationRequest): Promise<Generation> {
     const model = this.loaded();
     const mask: TokenMask | null = req.grammar
-      ? await (await this.grammarCompiler()).matcher(req.grammar as CompiledGrammar) : null;
+      ? await (await this.grammarCompiler()).matcher(req.grammar as CompiledGrammar)
+      : null;
     const { prompt, params } = req;
     // Reuse the previous turn's KV entries for the shared prefix (at least one token is run).
     let reuse = Math.min(commonPrefix(this.kvTokens, prompt), prompt.length - 1);
@@ -126,7 +155,7 @@ export class WebGpuDevice implements Device {
     this.kvTokens = prompt.slice();
     const sampler = new Sampler(params, prompt);
     const detok = new StreamingDetokenizer(this.load.codec);
-    let last = -1;  // the token handed out last, not yet run through the model
+    let last = -1; // the token handed out last, not yet run through the model
     return {
       cachedTokens: reuse,
       next: async (): Promise<DeviceStep | null> => {
@@ -200,8 +229,12 @@ export class WebGpuDevice implements Device {
   stats(): DeviceStats {
     const model = this.loaded();
     return {
-      kvSequences: model.sequenceCount, kvAvailablePages: model.availablePages(), kvTotalPages: model.totalPages,
-      cachedTokens: this.kvTokens.length, peakGpuBytes: model.peakGpuBytes, adapter: this.adapter,
+      kvSequences: model.sequenceCount,
+      kvAvailablePages: model.availablePages(),
+      kvTotalPages: model.totalPages,
+      cachedTokens: this.kvTokens.length,
+      peakGpuBytes: model.peakGpuBytes,
+      adapter: this.adapter,
       grammarCache: { entries: this.load.grammars.ready?.entries ?? 0, hits: this.load.grammars.ready?.hits ?? 0 },
       wasm: null,
     };
