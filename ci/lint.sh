@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks that run before the test suite (ci/test.sh), in seconds: ruff on the Python (rules in
-# pyproject.toml's [tool.ruff]) and TypeScript's strict compiler on the browser runtime and its workers.
-# Needs the setup (ci/setup.sh: .venv with the test extra, webruntime/node_modules). The same tools
-# run from .pre-commit-config.yaml.
+# pyproject.toml's [tool.ruff]), TypeScript's strict compiler on the browser runtime and its workers,
+# and mypy on the lantern package (ci/mypy.sh; settings in [tool.mypy]). Needs the setup (ci/setup.sh:
+# .venv with the test extra, webruntime/node_modules). The same tools run from .pre-commit-config.yaml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,3 +10,5 @@ echo "== ruff check"
 .venv/bin/ruff check .
 echo "== tsc (webruntime, worker)"
 (cd webruntime && npm run --silent typecheck)
+echo "== mypy (the lantern package)"
+bash ci/mypy.sh
