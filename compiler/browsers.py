@@ -232,19 +232,22 @@ class _Firefox:
             for key, value in prefs.items():
                 f.write(f"user_pref({json.dumps(key)}, {json.dumps(value)});\n")
         binary = shutil.which("firefox-esr") or shutil.which("firefox")
+        assert binary is not None  # open_browser checked missing("firefox")
         self.proc = subprocess.Popen(
             [binary, "--headless", "--no-remote", "--profile", self.profile, "--remote-debugging-port=0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stderr = self.proc.stderr
+        assert stderr is not None  # stderr=PIPE
         try:
             url = None
-            for line in self.proc.stderr:  # "WebDriver BiDi listening on ws://127.0.0.1:PORT"
+            for line in stderr:  # "WebDriver BiDi listening on ws://127.0.0.1:PORT"
                 if "WebDriver BiDi listening on " in line:
                     url = line.split(" on ", 1)[1].strip()
                     break
             if url is None:
                 raise BrowserError("firefox exited before it listened for WebDriver BiDi")
             # keep reading its stderr, so Firefox never blocks on a full pipe
-            threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+            threading.Thread(target=lambda: [None for _ in stderr], daemon=True).start()
             self.ws = contextlib.ExitStack().enter_context(connect(url + "/session", max_size=None, open_timeout=30))
             self.command("session.new", {"capabilities": {}})
             self._first = self.command("browsingContext.getTree", {})["contexts"][0]["context"]
@@ -253,6 +256,7 @@ class _Firefox:
             raise
 
     def command(self, method: str, params: dict) -> dict:
+        assert self.ws is not None  # connected in __init__, until close()
         self._id += 1
         self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
         deadline = time.monotonic() + self.timeout
@@ -324,6 +328,7 @@ class _WebKit:
     """WebKitGTK's MiniBrowser through WebKitWebDriver (W3C WebDriver over HTTP)."""
 
     name = "webkit"
+    current: str | None  # the window handle commands go to (_WebKitPage._here)
 
     def __init__(self, features: str = WEBKIT_FEATURES, shared_memory: bool = True, timeout: float = 600) -> None:
         with socket.socket() as s:

@@ -16,7 +16,7 @@ from pathlib import Path
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on Linux or macOS
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # None: cache_lock then holds no lock
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ a template that does not fit the flat format is reported, not guessed.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -84,7 +85,7 @@ def to_conv_template(template: str, *, bos_token: str, eos_token: str, stop_toke
     template that writes the system message inside the first user turn (Gemma) becomes a system
     block that opens that turn: WebLLM writes no role after it, and nothing without a system message.
     """
-    kw = {"bos_token": bos_token, "eos_token": eos_token}
+    kw: dict[str, Any] = {"bos_token": bos_token, "eos_token": eos_token}
     user = lambda c: {"role": "user", "content": c}  # noqa: E731
     try:
         with_sys = render(template, [{"role": "system", "content": _SYS}, user(_U1),

@@ -78,6 +78,8 @@ class LineReporter:
     """Plain lines for logs (stderr is not a terminal: CI, nohup, a pipe): one when a stage starts, one
     when it ends with its time, and the current step at most every ``every`` seconds in between."""
 
+    total: int | None  # the current stage's steps, if known
+
     def __init__(self, command: str, every: float = 5.0, out=None):
         self.prefix, self.every, self.out = f"lantern {command}:", every, out or sys.stderr
         self.name, self.total, self.done, self.started, self.said = "", None, 0, 0.0, 0.0

@@ -24,6 +24,7 @@ Numerics: the q4 kernels sum each group of 32 products before applying the group
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import tvm
 from tvm import relax, tirx
@@ -439,7 +440,7 @@ def _ints(shape) -> list[int] | None:
     return [int(d) for d in shape] if all(isinstance(d, tirx.IntImm) for d in shape) else None
 
 
-def _blocks(func: tirx.PrimFunc) -> dict[str, object]:
+def _blocks(func: tirx.PrimFunc) -> dict[str, Any]:
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
@@ -634,7 +635,8 @@ def rms_norm(h: int, eps: float, gpu: bool = True) -> tirx.PrimFunc:
     block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
-    def rms_norm_rows(var_x: T.handle, w: T.Buffer((h,), "float32"), var_out: T.handle):
+    def rms_norm_rows(var_x: T.handle, w: T.Buffer((h,), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+                      var_out: T.handle):
         T.func_attr(SCHEDULED)
         b = T.int32()
         s = T.int32()

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -210,7 +211,8 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
     writer.add_file_type({"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16,
                           "F32": gguf.LlamaFileType.ALL_F32}[tensor_type(quant)])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add = {float: writer.add_float32, int: writer.add_uint32, str: writer.add_string, list: writer.add_array}
+    add: dict[type, Callable[[str, Any], None]] = {float: writer.add_float32, int: writer.add_uint32,
+                                                   str: writer.add_string, list: writer.add_array}
     for key, value in layout.metadata(config).items():
         add[type(value)](key, value)
     writer.add_tokenizer_model(tok["model"])
@@ -244,7 +246,9 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
                 return q4_to_q4_0(qw, qs)
 
             shape = (t.rows, qw.shape[1] * 8 // 32 * Q4_0_BLOCK_BYTES)
-            writer.add_tensor(t.name, _Deferred(shape, np.uint8, q4_0), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            # a _Deferred stands in for the array: the writer reads its shape, dtype and nbytes, then tofile
+            writer.add_tensor(t.name, _Deferred(shape, np.uint8, q4_0),  # type: ignore[arg-type]
+                              raw_dtype=gguf.GGMLQuantizationType.Q4_0)
             continue
         w = params.get(t.param)
         if w is None:
@@ -257,7 +261,7 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
                 w = layout.permute(w, t.rope_heads)
             return np.ascontiguousarray(w.astype(dtype))
 
-        writer.add_tensor(t.name, _Deferred((t.rows, *w.shape[1:]), dtype, plain))
+        writer.add_tensor(t.name, _Deferred((t.rows, *w.shape[1:]), dtype, plain))  # type: ignore[arg-type]  # as above
 
     for name, values in layout.constants(config).items():
         writer.add_tensor(name, np.asarray(values, dtype=np.float32))

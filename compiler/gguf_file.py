@@ -88,7 +88,7 @@ def read(path: Path) -> tuple[dict[str, Any], list[Tensor]]:
     import gguf
 
     raw = np.memmap(path, dtype=np.uint8, mode="r")
-    cur = _Cursor(memoryview(raw))
+    cur = _Cursor(raw.data)
     if bytes(cur.buf[:4]) != MAGIC:
         raise GGUFFormatError("not a GGUF file (no GGUF magic)")
     cur.pos = 4

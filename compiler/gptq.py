@@ -137,7 +137,7 @@ def quantize_calibrated(forward: Callable, float_params: Mapping[str, np.ndarray
             cost = 2 * 4 * tokens * width + 2 * 4 * width * width + 4 * shapes.size(name)
             budget.acquire(cost)
             futures[name] = pool.submit(quantize, name, list(inputs), cost)
-            futures[name].add_done_callback(lambda _, name=name: on_weight(name))
+            futures[name].add_done_callback(lambda _, name=name: on_weight(name))  # type: ignore[misc]  # mypy#15459
 
         try:
             forward(float_params, config, calibration.sequences, observe)
@@ -246,7 +246,7 @@ MIRROR_ROWS = 1024  # rows of H mirrored at a time: a block's temporaries stay s
 
 
 def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
-                block: int = 128, precision: type = np.float32) -> tuple[np.ndarray, np.ndarray]:
+                block: int = 128, precision: type[np.floating] = np.float32) -> tuple[np.ndarray, np.ndarray]:
     """Quantize ``w[out, in]`` against input statistics ``hessian[in, in]``; same result type as
     ``quantize.quantize_weight``. Every output row is quantized on its own (the statistics are
     shared), so a tall matrix (a 262,144-row output head) goes ``ROW_CHUNK`` rows at a time, the

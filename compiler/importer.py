@@ -288,8 +288,8 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
                 raise LanternError(f"corrupt GGUF file {path.name}: tensor '{t.name}': {err}") from None
             return np.asarray(arr, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
 
-        raw = Tensors({t.name: (lambda t=t: dequantized(t)) for t in tensors.values()},
-                      {t.name: tuple(int(d) for d in reversed(t.shape)) for t in tensors.values()})
+        loaders = {t.name: (lambda t=t: dequantized(t)) for t in tensors.values()}
+        raw = Tensors(loaders, {t.name: tuple(int(d) for d in reversed(t.shape)) for t in tensors.values()})
         return family.gguf.names_from_gguf(raw, config)
 
     return SourceModel(name or stem, family, config, _hash_files(parts), load,

@@ -91,8 +91,8 @@ def q4_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     groups = k // GROUP
     if residual:
         @T.prim_func(s_tir=True)
-        def gemv_res(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_res: T.handle,
-                     var_out: T.handle):
+        def gemv_res(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+                     var_qw: T.handle, var_qs: T.handle, var_res: T.handle, var_out: T.handle):
             T.func_attr(SCHEDULED)
             n = T.int32()
             qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
@@ -103,7 +103,8 @@ def q4_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
         return gemv_res
 
     @T.prim_func(s_tir=True)
-    def gemv(x: T.Buffer((1, 1, k), "float32"), var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
+    def gemv(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+             var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
         T.func_attr(SCHEDULED)
         n = T.int32()
         qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
@@ -152,7 +153,8 @@ def q4_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
 def f32_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     if residual:
         @T.prim_func(s_tir=True)
-        def gemv_res(x: T.Buffer((1, 1, k), "float32"), var_w: T.handle, var_res: T.handle, var_out: T.handle):
+        def gemv_res(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+                     var_w: T.handle, var_res: T.handle, var_out: T.handle):
             T.func_attr(SCHEDULED)
             n = T.int32()
             w = T.match_buffer(var_w, (n, k), "float32")
@@ -162,7 +164,8 @@ def f32_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
         return gemv_res
 
     @T.prim_func(s_tir=True)
-    def gemv(x: T.Buffer((1, 1, k), "float32"), var_w: T.handle, var_out: T.handle):
+    def gemv(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+             var_w: T.handle, var_out: T.handle):
         T.func_attr(SCHEDULED)
         n = T.int32()
         w = T.match_buffer(var_w, (n, k), "float32")

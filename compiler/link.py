@@ -175,6 +175,6 @@ def link_wasm(executable, out: Path, cache_dir: Path, on_step: Callable[[str], N
         if proc.returncode != 0:
             raise LanternError(f"linking {Path(output).name} failed: {proc.stderr.strip()[-800:]}")
 
-    emcc_link.object_format = "o"
+    emcc_link.object_format = "o"  # type: ignore[attr-defined]  # export_library reads fcompile.object_format
     on_step(f"link {out.name}")
     executable.export_library(str(out), fcompile=emcc_link)

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol, cast
 
 import numpy as np
 
@@ -31,6 +31,16 @@ from .quantize import QuantSpec, get_quantization, quantize_params
 from .tensors import Tensors, peak_rss_bytes, reset_peak_rss
 
 STAGES = ("import", "quantize", "compile", "link", "write")
+
+
+class ProgressSink(Protocol):
+    """What a build reports its progress to: Reporter below, or the CLI's (cli.py: bars, or lines)."""
+
+    def stage(self, name: str, total: int | None = None) -> contextlib.AbstractContextManager[None]: ...
+
+    def advance(self, step: int = 1, detail: str = "") -> None: ...
+
+    def log(self, message: str) -> None: ...
 
 
 class Reporter:
@@ -131,7 +141,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("LANTERN_CACHE", Path.home() / ".cache" / "lantern"))
 
 
-def toolchain_versions() -> dict[str, str]:
+def toolchain_versions() -> dict[str, str | None]:
     import tvm
     import tvm_ffi
 
@@ -227,7 +237,7 @@ def _store_cached_weights(opts: BuildOptions, key: str, stored: dict[str, np.nda
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **stored)
+            np.savez(f, **stored)  # type: ignore[arg-type]  # numpy's stub: a name might meet allow_pickle: bool
         os.replace(tmp, folder / f"{key}.npz")
     except BaseException:
         os.unlink(tmp)
@@ -251,7 +261,7 @@ def _install(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
+def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResult:
     reporter = reporter or Reporter()
     spec = get_quantization(opts.quant)
     for t in opts.targets:
@@ -316,6 +326,7 @@ def build(opts: BuildOptions, reporter: Reporter | None = None) -> BuildResult:
             calibration = None
             if calibration_hash is not None:
                 if src.family.calibration_forward is not None:
+                    assert opts.calibration is not None  # calibration_hash is made from it
                     calibration = gptq.load_calibration(opts.calibration, src.tokenizer.tokenizer_json,
                                                          config.context_window_size)
                 else:
@@ -345,7 +356,7 @@ def _store_in_cache(folder: Path, cached: Path) -> None:
 
 def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors,
                 calibration: gptq.Calibration | None, weights_key: str, spec: QuantSpec, opts: BuildOptions,
-                versions: dict, reporter: Reporter, meter: StageMeter, reused_files: list[str]) -> dict:
+                versions: dict, reporter: ProgressSink, meter: StageMeter, reused_files: list[str]) -> dict:
     float_params = src.family.to_lantern(weights, config)  # nothing read yet: each tensor is read as it is quantized
     del weights
     n_params = sum(float_params.size(n) for n in float_params)
@@ -359,6 +370,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
         else:
             def gptq_all(params: Tensors = float_params):
                 # the pass reads each layer's weights several times: keep about one layer's worth
+                assert src.family.calibration_forward is not None and calibration is not None  # only when calibrated
                 layer_cached = params.cached(gptq.LAYER_CACHE_BYTES)
                 return gptq.quantize_calibrated(src.family.calibration_forward, layer_cached, config, spec,
                                                 calibration, on_weight=lambda n: reporter.advance(1, f"GPTQ {n}"))
@@ -408,7 +420,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
             ex, kernels, largest = lower.compile_module(
                 exported.mod, target, quantized=lib_spec.quantized, schedule_profile=schedule or "gpu",
                 dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
-                on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))
+                on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))  # type: ignore[misc]  # mypy#15459
             facts[stem] = {"kernels": kernels, "largest": largest, "param_names": param_names}
             executables.append((stem, file, target_name, lib_spec, schedule, ex, key))
             reporter.advance(1, stem)
@@ -460,7 +472,7 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
                       # the <think>…</think> tags both runtimes return as reasoning_content, or null
                       "reasoning_tags": chat_template.reasoning_tags(src.tokenizer.chat_template)},
             "quantization": spec.name,
-            "calibration": calibration.manifest() if calibrated else None,
+            "calibration": calibration.manifest() if calibrated and calibration is not None else None,
             "source": {"input": Path(opts.source).name, "sha256": src.source_hash,
                        "lora_sha256": adapter_hash(opts.lora) if opts.lora else None},
             "targets": sorted(set(opts.targets)),
@@ -489,7 +501,7 @@ def _library_builds(name: str, spec: QuantSpec, opts: BuildOptions) -> list[tupl
     """(file stem, target, spec, webgpu schedule) of every library to build. The "gpu" schedule
     computes in the weights' dtype, plus an f32 twin for adapters without shader-f16; the
     "cpu-emulated" one computes in f32 only (software adapters have no shader-f16)."""
-    builds = []
+    builds: list[tuple[str, str, QuantSpec, str | None]] = []
     for target in opts.targets:
         if target == "gguf":
             continue  # not a library: written from the stored weights (gguf_export)
@@ -507,7 +519,7 @@ def _library_builds(name: str, spec: QuantSpec, opts: BuildOptions) -> list[tupl
 
 
 def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec,
-                                 libraries: list[package.Library], reporter: Reporter) -> tuple[int | None, int | None]:
+                                 libraries: list[package.Library], reporter: ProgressSink) -> tuple[int | None, int | None]:
     tok = src.tokenizer
     (tmp / "tokenizer.json").write_text(tok.tokenizer_json)
     (tmp / "tokenizer_config.json").write_text(json.dumps({
@@ -532,7 +544,8 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
     webgpu = [lib for lib in libraries if lib.target == "webgpu"]
     # WebLLM takes its context from here, for whichever library its user loads: the least of them
     # (Lantern's runtime reads each library's own _metadata instead)
-    context = min((lib.context_window for lib in webgpu), default=config.context_window_size)
+    # each library this build makes states its context (_build_into), so none is None here
+    context = min((cast(int, lib.context_window) for lib in webgpu), default=config.context_window_size)
     chat_config = {
         "version": "0.1.0",
         "model_type": src.hf_config.get("model_type", src.family.name),

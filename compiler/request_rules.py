@@ -65,6 +65,7 @@ def _js_number(x: int | float) -> str:
     if x == 0:
         return "0"
     _, digits, exp = Decimal(repr(abs(x))).normalize().as_tuple()
+    assert isinstance(exp, int)  # x is finite: no NaN or infinity exponent ("n", "N", "F")
     d = "".join(map(str, digits))
     k, n = len(d), len(d) + exp  # the value is 0.d * 10^n
     neg = "-" if x < 0 else ""
@@ -192,4 +193,4 @@ def stop_token_ids(chat_config: dict) -> set[int]:
 
 def template_knows_tools(template: str | None) -> bool:
     """Whether a chat template renders a request's tools itself."""
-    return bool(template) and RULES["artifact"]["tools_in_template"] in template
+    return bool(template and RULES["artifact"]["tools_in_template"] in template)

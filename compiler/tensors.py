@@ -43,7 +43,8 @@ class Tensors(Mapping[str, np.ndarray]):
         """Arrays already in memory (tests, small adapters) as Tensors; a Tensors is returned as is."""
         if isinstance(arrays, Tensors):
             return arrays
-        return cls({k: (lambda v=v: v) for k, v in arrays.items()}, {k: np.shape(v) for k, v in arrays.items()})
+        loaders = {k: (lambda v=v: v) for k, v in arrays.items()}
+        return cls(loaders, {k: np.shape(v) for k, v in arrays.items()})
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self._loaders[name]()
@@ -85,7 +86,8 @@ class Tensors(Mapping[str, np.ndarray]):
 
     def transformed(self, names, fn: Callable[[np.ndarray], np.ndarray]) -> "Tensors":
         """These tensors with ``fn`` applied to each of ``names`` when it is made (``fn`` keeps the shape)."""
-        return self.replaced({k: (lambda load=self._loaders[k]: fn(load())) for k in names})
+        made = {k: (lambda load=self._loaders[k]: fn(load())) for k in names}
+        return self.replaced(made)
 
     def cached(self, max_bytes: int) -> "Tensors":
         """A view that keeps the most recently made arrays, up to ``max_bytes`` in all (thread-safe)."""
@@ -105,7 +107,8 @@ class Tensors(Mapping[str, np.ndarray]):
                         keep.popitem(last=False)
             return array
 
-        return Tensors({k: (lambda k=k: load(k)) for k in self._loaders}, self._shapes, self._origins)
+        loaders = {k: (lambda k=k: load(k)) for k in self._loaders}
+        return Tensors(loaders, self._shapes, self._origins)
 
 
 def join_rows(parts: list[Loader]) -> Loader:
@@ -117,7 +120,7 @@ def pread_array(path: Path, offset: int, nbytes: int, dtype, shape) -> np.ndarra
     """``nbytes`` at ``offset`` of ``path`` as a fresh array (no memory map: see the module's docstring)."""
     out = np.empty(nbytes, dtype=np.uint8)
     with open(path, "rb", buffering=0) as f:
-        got = f.seek(offset) == offset and f.readinto(memoryview(out)) or 0
+        got = f.seek(offset) == offset and f.readinto(out.data) or 0
     if got != nbytes:
         raise LanternError(f"{path.name} is truncated (read {got} of {nbytes} bytes at offset {offset})")
     return out.view(dtype).reshape(shape)
@@ -173,7 +176,8 @@ def safetensors_tensors(path: Path) -> Tensors:
 
 def checkpoint_tensors(files: list[Path]) -> Tensors:
     """Every tensor of a checkpoint's safetensors files (``read_index`` finds a sharded one's)."""
-    loaders, shapes, origins = {}, {}, {}
+    loaders, shapes = {}, {}
+    origins: dict[str, str] = {}
     for f in files:
         t = safetensors_tensors(f)
         for name in t:

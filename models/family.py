@@ -34,7 +34,9 @@ class FamilyConfig(Protocol):
     attention_softcap: float  # 0, or the cap of the attention scores (the compiler swaps the kernels)
     sliding_window: int  # 0, or the keys a windowed layer sees behind each query
     sliding_layers: tuple[bool, ...]  # per layer: whether it is windowed
-    windowed: bool  # some layer's window is shorter than the context (the compiler swaps the kernels)
+
+    @property
+    def windowed(self) -> bool: ...  # some layer's window is shorter than the context (the compiler swaps the kernels)
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "FamilyConfig": ...
@@ -61,7 +63,7 @@ class GGUFLayout:
 
     architecture: str  # general.architecture, the prefix of every metadata key
     tensors: Callable[[Any], list[GGUFTensor]]
-    metadata: Callable[[Any], dict[str, int | float | str | list[bool]]]  # ints are written as uint32
+    metadata: Callable[[Any], Mapping[str, int | float | str | list[bool]]]  # ints are written as uint32
     unsupported: Callable[[Any], str | None]  # why llama.cpp could not run this config, or None
     # (metadata, tensors by name: gguf_file.Tensor, data memory-mapped) -> a config.json-like dict
     config_from_metadata: Callable[[dict, dict[str, Any]], dict]
@@ -81,7 +83,7 @@ class GGUFLayout:
 class Family:
     name: str
     architectures: tuple[str, ...]  # config.json "architectures" values
-    config: type  # a FamilyConfig
+    config: type[FamilyConfig]
     model: type  # relax nn.Module: model(config, QuantSpec, Target), MLC's model-library contract
     # HF checkpoint (tensors.Tensors or a dict) -> the model's float parameters, each made when asked for
     to_lantern: Callable[[Mapping[str, np.ndarray], Any], Tensors]

@@ -14,7 +14,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +28,8 @@ from .engine import InvalidRequest, ModelEngine, Step, Stop, new_id
 from .metrics import Metrics
 from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
                        ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
-                       ErrorResponse, Logprobs, ModelCard, ModelList, SamplingFields, ToolCall, ToolCallDelta)
+                       ErrorResponse, FinishReason, Logprobs, ModelCard, ModelList, NamedToolChoice, SamplingFields,
+                       ToolCall, ToolCallDelta)
 from .static import SITE, model_folders, mount_static
 from .structured import TOOL_OPEN, GrammarCompileFault, StructuredOutputError, calls_tools, parse_tool_calls, request_spec
 
@@ -163,6 +164,7 @@ class Server:
                   **constraint):
         """Generate on a worker thread for an admitted request. A task cancelled meanwhile (the
         graceful shutdown's time is up) stops its generation at the next step."""
+        assert slot.engine is not None  # slot_for admits only a loaded model
         def step(s: Step) -> None:
             if s.finish is not None:  # the terminal step, also for a client that has gone away
                 self.metrics.observe(s)
@@ -183,6 +185,7 @@ class Server:
     @staticmethod
     def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields, raw: bool = False) -> list[int]:
         """The prompt's tokens (``raw``: a completion's prompt, see ModelEngine.encode)."""
+        assert slot.engine is not None  # slot_for admits only a loaded model
         try:
             slot.engine.sampling(req)  # reject bad sampling fields before queueing
         except InvalidRequest as err:
@@ -269,6 +272,8 @@ class _Stream(StreamingResponse):
     """A StreamingResponse that calls ``closed()`` when it ends in any way: finished, its client gone
     (even before the first event), or its task cancelled; a stream the shutdown cut ends with the reason."""
 
+    producer: asyncio.Task[None]  # the generation feeding it (Server.respond keeps the reference here)
+
     def __init__(self, content, closed: Callable[[], bool], **kwargs):
         super().__init__(content, **kwargs)
         self.closed = closed
@@ -333,7 +338,7 @@ class ApiGuard:
 
         try:
             refusal = self.refusal(dict(scope["headers"]))
-            body = b""
+            body: bytes | None = b""
             if refusal is None:
                 body, refusal = await self.read_body(receive)
             if refusal is not None:
@@ -359,7 +364,7 @@ class ApiGuard:
                          type="server_error", code="shutting_down")
         with contextlib.suppress(Exception):
             if not status:
-                await _error(503, body)({"type": "http"}, None, send)
+                await _error(503, body)({"type": "http"}, None, send)  # type: ignore[arg-type]  # a Response never receives
             else:
                 await send({"type": "http.response.body", "body": _sse_error(body).encode(), "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -445,10 +450,12 @@ async def http_error(_: Request, err: StarletteHTTPException):
     return _error(err.status_code, ErrorBody(message=str(err.detail), type=kind))
 
 
-ERROR_HANDLERS = ((ApiError, api_error), (Exception, internal_error), (InvalidRequest, invalid_request),
-                  (StructuredOutputError, invalid_request), (GrammarCompileFault, compile_fault),
-                  (RequestValidationError, validation_error),
-                  (StarletteHTTPException, http_error))
+# each handler takes the kind it is registered for (Starlette's handler type takes any Exception)
+ERROR_HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Any], Awaitable[JSONResponse]]], ...] = (
+    (ApiError, api_error), (Exception, internal_error), (InvalidRequest, invalid_request),
+    (StructuredOutputError, invalid_request), (GrammarCompileFault, compile_fault),
+    (RequestValidationError, validation_error),
+    (StarletteHTTPException, http_error))
 
 
 # --------------------------------------------------------------------------- routes
@@ -485,9 +492,10 @@ class ChatTurn:
                  warnings: tuple[str, ...] = ()):
         self.slot, self.calling, self.logprobs_on = slot, calling, req.logprobs
         # what the schema's rewrite ignored (unknown keywords, ...): on the answer, the first chunk of a stream
-        self.extra = {"lantern_warnings": list(warnings)} if warnings else {}
+        self.extra: dict[str, Any] = {"lantern_warnings": list(warnings)} if warnings else {}
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.streamed: list[str] = []  # content so far, for the tool calls in the last chunk
+        assert slot.engine is not None  # slot_for admits only a loaded model
         tags = slot.engine.reasoning_tags
         self.splitter = (reasoning.ReasoningSplitter(tags, reasoning.opens_in_prompt(prompt_text, tags))
                          if tags and not strict else None)
@@ -502,7 +510,7 @@ class ChatTurn:
             r, c = r + r2, c + c2
         return r, c
 
-    def split_calls(self, text: str) -> tuple[str | None, list[ToolCall] | None, str | None]:
+    def split_calls(self, text: str) -> tuple[str | None, list[ToolCall] | None, FinishReason | None]:
         """Content, tool calls and the finish reason override for the whole generated text."""
         if not self.calling:
             return text, None, None
@@ -521,7 +529,9 @@ class ChatTurn:
                 delta.content = (content or "")[len(sent):] if (content or "").startswith(sent) else ""
                 delta.tool_calls = [ToolCallDelta(index=i, **c.model_dump()) for i, c in enumerate(calls)]
                 finish = calls_finish
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.slot.name, usage=step.usage,
+        # lantern_route: an extra field (extra="allow"), as the browser's router adds it (router.ts)
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.slot.name,  # type: ignore[call-arg]
+                                   usage=step.usage,
                                    choices=[ChunkChoice(delta=delta, finish_reason=finish,
                                                         logprobs=Logprobs(content=step.logprobs)
                                                         if self.logprobs_on and step.logprobs else None)],
@@ -532,11 +542,14 @@ class ChatTurn:
         parts = [self.split(s) for s in steps]
         thought = "".join(r or "" for r, _ in parts) if self.splitter else None
         content, calls, finish = self.split_calls("".join(c for _, c in parts))
-        return ChatCompletion(
-            id=self.id, created=self.created, model=self.slot.name, usage=steps[-1].usage, lantern_route="cloud",
+        last = steps[-1]
+        assert last.usage is not None and last.finish is not None  # the terminal step of a request that ran
+        # lantern_route: an extra field (extra="allow"), as the browser's router adds it (router.ts)
+        return ChatCompletion(  # type: ignore[call-arg]
+            id=self.id, created=self.created, model=self.slot.name, usage=last.usage, lantern_route="cloud",
             **self.extra,
             choices=[Choice(message=AssistantMessage(content=content, reasoning_content=thought, tool_calls=calls),
-                            finish_reason=finish or steps[-1].finish,
+                            finish_reason=finish or last.finish,
                             logprobs=Logprobs(content=lps) if self.logprobs_on else None)])
 
 
@@ -544,9 +557,10 @@ class ChatTurn:
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     server = _server(request)
     slot = server.slot_for(req)
+    assert slot.engine is not None  # slot_for admits only a loaded model
     messages = request_rules.template_messages([m.model_dump(exclude_none=True) for m in req.messages])
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
-    choice = req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice
+    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
     fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
     # schema checks and grammar compiles can take a while (a long string: a long automaton): off the event
     # loop; a plain request stays on it (a thread hop would reorder a burst's admissions)

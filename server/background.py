@@ -45,4 +45,5 @@ def serve_until_signal(app: FastAPI, host: str, port: int, shutdown_timeout: flo
             super().handle_exit(sig, frame)
 
     Draining(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=shutdown_timeout)).run()
+                            # annotated int by uvicorn, which waits with asyncio.timeout: a float works
+                            timeout_graceful_shutdown=shutdown_timeout)).run()  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from ..chat_template import render
 from ..errors import LanternError
 from ..package import GENERATION_FIELDS
 from . import llamacpp
-from .protocol import SamplingFields, TokenLogprob, TopLogprob, Usage
+from .protocol import ChatCompletionRequest, FinishReason, SamplingFields, TokenLogprob, TopLogprob, Usage
 from .reasoning import held_back
 from .closing import HOLD, Closer
 from .sampler import Sampled, Sampler, SamplingParams
@@ -43,7 +43,7 @@ class InvalidRequest(LanternError):
 class Step:
     delta: str
     logprobs: list[TokenLogprob] | None
-    finish: str | None = None
+    finish: FinishReason | None = None
     usage: Usage | None = None  # on the terminal step (None: stopped before it started)
     stopped: str | None = None  # terminal step: the Stop reason that ended it, if one did
     unused: int = 0  # terminal step of a stopped request: tokens it was allowed and never generated
@@ -78,6 +78,7 @@ def dry_multiplier(req: SamplingFields) -> float:
         return req.dry_multiplier
     fmt = getattr(req, "response_format", None)
     if fmt is not None and fmt.type in ("json_schema", "json_object"):
+        assert isinstance(req, ChatCompletionRequest)  # response_format is a chat request's field
         return req.schema_defaults.dryMultiplier
     return 0.0
 
@@ -125,8 +126,8 @@ class TvmDecoder:
         stop = stop or Stop()
         stop.acquire(self.lock)
         try:
-            if stop.check():
-                raise Stopped(stop.reason)
+            if reason := stop.check():
+                raise Stopped(reason)
             yield TvmSession(self.model, prompt)
         finally:
             self.lock.release()
@@ -162,6 +163,7 @@ class ModelEngine:
         self.created = int(path.joinpath("lantern.json").stat().st_mtime)
         self.engine, self.engine_reason = choose_engine(self.art, engine)
         model = self.art.manifest["model"]
+        self.decoder: llamacpp.LlamaCppDecoder | TvmDecoder
         if self.engine == "llamacpp":
             gguf = self.art.manifest["gguf"]
             # llama.cpp ignores some architectures' sliding windows: their GGUF is exact up to the window
@@ -259,7 +261,8 @@ class ModelEngine:
         holds = stops + ([hold_from] if hold_from else [])
         with contextlib.ExitStack() as opened:
             try:
-                seq = opened.enter_context(self.decoder.open(prompt, stop))
+                session: contextlib.AbstractContextManager[llamacpp.Session | TvmSession] = self.decoder.open(prompt, stop)
+                seq = opened.enter_context(session)
             except Stopped as why:  # never started: it waited past its deadline, or its client left
                 on_step(Step("", None, Stop.FINISH[why.reason], None, stopped=why.reason, unused=max_tokens))
                 return
@@ -269,8 +272,8 @@ class ModelEngine:
             text, sent, finish, first_at, late = "", 0, None, 0.0, 0
             pending: list[TokenLogprob] = []
             while True:
-                if stop.check():
-                    finish = Stop.FINISH[stop.reason]
+                if reason := stop.check():
+                    finish = Stop.FINISH[reason]
                     break
                 s = sampler.sample(logits, mask.allowed() if mask else None)
                 first_at = first_at or time.perf_counter()

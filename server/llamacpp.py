@@ -67,6 +67,7 @@ class Session:
 
     def __init__(self, owner: "LlamaCppDecoder", seq: _Seq, stop: Stop):
         self._owner, self._seq, self._stop = owner, seq, stop
+        assert seq.logits is not None  # open() makes a session once the prompt's logits are in (_wait)
         self.logits, self.cached, self.started = seq.logits, seq.cached, seq.started
 
     def step(self, token: int) -> np.ndarray:
@@ -172,6 +173,7 @@ class LlamaCppDecoder:
         stop.wait(seq.done)  # the caller's open() marks the sequence closed if this raises
         if seq.error is not None:
             raise seq.error
+        assert seq.logits is not None  # done without an error: _decode set the logits first
         return seq.logits
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass
+from typing import cast
 
 MAX_DIGITS = 15
 MAX_MULTIPLE = 250  # multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder (250: ~0.4 s)
@@ -236,8 +237,9 @@ class _Magnitude:
 
     def step(self, state, ch: str):
         phase, count, (lo, hi), rem = state
-        lb = self.lower.value if self.lower else None
-        ub = self.upper.value if self.upper else None
+        # a comparator (lo, hi) is kept only beside its bound (_settle), so it is never read with None
+        lb = cast(Decimal, self.lower.value if self.lower else None)
+        ub = cast(Decimal, self.upper.value if self.upper else None)
         if ch == ".":
             if phase not in ("Z", "I") or self.integer:
                 return None
@@ -249,6 +251,7 @@ class _Magnitude:
             return ("Z", 0, (lo, hi), rem)
         frac = phase in ("D", "F")
         if rem:
+            assert self.multiple is not None  # start() keeps a remainder only for a multiple
             m, e = self.multiple
             if frac and rem[1] == e:  # past e fraction digits only zeros keep a multiple
                 if ch != "0":
@@ -262,13 +265,17 @@ class _Magnitude:
         phase, _, (lo, hi), rem = state
         if phase not in ("Z", "I", "F"):
             return False
-        if rem and rem[0] * 10 ** (self.multiple[1] - rem[1]) % self.multiple[0]:
-            return False
+        if rem:
+            assert self.multiple is not None  # start() keeps a remainder only for a multiple
+            if rem[0] * 10 ** (self.multiple[1] - rem[1]) % self.multiple[0]:
+                return False
         if lo is not None:
+            assert self.lower is not None  # _settle keeps lo only beside a lower bound
             r = _end(lo, self.lower.value)
             if not (r == ">" or (r == "=" and self.lower.inclusive)):
                 return False
         if hi is not None:
+            assert self.upper is not None  # _settle keeps hi only beside an upper bound
             r = _end(hi, self.upper.value)
             if not (r == "<" or (r == "=" and self.upper.inclusive)):
                 return False
@@ -361,7 +368,7 @@ def minimal_dfa(start, step, accepts, symbols=SYMBOLS, merge_limit: int | None =
         cls = new
     # renumber classes breadth-first from the start
     number, queue = {cls[0]: 0}, [cls[0]]
-    rep = {}
+    rep: dict[int, int] = {}
     for i in sorted(live):
         rep.setdefault(cls[i], i)
     trans, accepting = [], []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 class Sampler:
-    def __init__(self, p: SamplingParams, prompt: list[int] = ()):
+    def __init__(self, p: SamplingParams, prompt: Sequence[int] = ()):
         self.p = p
         self.rng = Rng(p.seed if p.seed is not None else random.getrandbits(52))
         # The penalties' and DRY's window: the prompt and the generated tokens, as llama.cpp's server (the

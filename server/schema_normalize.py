@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from ..errors import LanternError
 from . import string_grammar, unique_grammar
@@ -100,7 +101,8 @@ def _type_of(value) -> str:
         return "integer"
     if isinstance(value, float):
         return "number"
-    return {str: "string", list: "array", dict: "object"}[type(value)]
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names[type(value)]
 
 
 def _types(schema: dict) -> list | None:
@@ -125,7 +127,7 @@ def _same(a, b) -> bool:
     return json.dumps(_canon(a), sort_keys=True) == json.dumps(_canon(b), sort_keys=True)
 
 
-def _number(value) -> bool:
+def _number(value) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -239,7 +241,7 @@ class _Normalizer:
         uniqueItems over unlistable items as at most one item. A node no value satisfies becomes false."""
         if not isinstance(schema, dict):
             return schema
-        out = {}
+        out: dict[str, Any] = {}
         for key, value in schema.items():
             if key in _MAPS and isinstance(value, dict):
                 out[key] = {k: self.close(v, f"{where}/{key}/{k}") for k, v in value.items()}
@@ -712,7 +714,7 @@ class _Normalizer:
         if not isinstance(names, dict):
             return schema  # false: prune allows no property
         names = self.deref(names, f"{where}/propertyNames")
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        props = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
         required = [n for n in schema.get("required") or [] if isinstance(n, str)]
         for name in dict.fromkeys([*required, *props]):
             if not self.name_allowed(names, name, f"{where}/propertyNames"):

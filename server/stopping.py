@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .protocol import FinishReason
 
 
 class Stopped(Exception):
@@ -24,7 +28,7 @@ class Stop:
     """
 
     POLL_S = 0.02
-    FINISH = {"client_gone": "abort", "shutdown": "abort", "timeout": "timeout"}
+    FINISH: dict[str, FinishReason] = {"client_gone": "abort", "shutdown": "abort", "timeout": "timeout"}
 
     def __init__(self, timeout_s: float | None = None):
         self._event = threading.Event()
@@ -47,11 +51,11 @@ class Stop:
     def wait(self, done: threading.Event) -> None:
         """Wait for ``done``; raise Stopped as soon as the request must end."""
         while not done.wait(self.POLL_S):
-            if self.check():
-                raise Stopped(self.reason)
+            if reason := self.check():
+                raise Stopped(reason)
 
     def acquire(self, lock: threading.Lock) -> None:
         """Take ``lock``; raise Stopped (without it) as soon as the request must end."""
         while not lock.acquire(timeout=self.POLL_S):
-            if self.check():
-                raise Stopped(self.reason)
+            if reason := self.check():
+                raise Stopped(reason)

@@ -451,7 +451,7 @@ def string_dfa(pattern: str | None, min_length: int, max_length: int | None, sea
     node = parse_pattern(pattern) if pattern is not None else anything
     end = nfa.build(("cat", [anything, node, anything]) if search else node, start)
     sets = _minterms([chars for edges in nfa.edges for kind, chars, _ in edges if kind == "set"])
-    member = {}  # (nfa state, minterm) -> targets
+    member: dict[tuple[int, int], list[int]] = {}  # (nfa state, minterm) -> targets
     for s, edges in enumerate(nfa.edges):
         for kind, chars, target in edges:
             if kind == "set":

@@ -23,11 +23,15 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import LanternError
 from . import number_grammar, schema_normalize, string_grammar, unique_grammar
+
+if TYPE_CHECKING:
+    import xgrammar
 
 SUPPORT = json.loads((Path(__file__).with_name("schema_support.json")).read_text())
 _KEYWORDS = set(SUPPORT["keywords"])
@@ -36,7 +40,7 @@ _FORMAT_PATTERNS = SUPPORT["format_patterns"]
 COMPILE_LIMITS = SUPPORT["compile_limits"]
 
 # The JSON texts the grammar allows: one line, OpenAI's separators (no runs of whitespace to loop on).
-JSON_LAYOUT = {"any_whitespace": False, "indent": None, "separators": (", ", ": "), "strict_mode": True}
+JSON_LAYOUT: dict[str, Any] = {"any_whitespace": False, "indent": None, "separators": (", ", ": "), "strict_mode": True}
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -555,7 +559,7 @@ class GrammarCompiler:
                       "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(token_postproc, xgrammar.VocabType.RAW)
         info = xgrammar.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids))
         self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # the cache below bounds memory
-        self._cache: OrderedDict[GrammarSpec, object] = OrderedDict()
+        self._cache: OrderedDict[GrammarSpec, xgrammar.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.limits = limits
         self.vocab_size = vocab_size

@@ -107,6 +107,7 @@ class CpuModel:
         for start in range(0, len(tokens), self.prefill_chunk):
             chunk = tokens[start:start + self.prefill_chunk]
             logits = self._forward("prefill" if len(chunk) > 1 else "decode", chunk)
+        assert logits is not None, "prefill of no tokens"  # callers pass one at least (prefill_reusing: the last)
         return logits.reshape(-1)
 
     def select(self, prompt: Sequence[int]) -> int:

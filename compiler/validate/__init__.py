@@ -254,7 +254,7 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
 
     runs = {}
     for name in opts.browsers:
-        say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))
+        say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))  # type: ignore[misc]  # mypy#15459
         timeout = FIREFOX_HANG_S if name == "firefox" else 600
         data = once_more_if_firefox_hangs(
             name, lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout, opts.threads),  # noqa: B023 (run now)

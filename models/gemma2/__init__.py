@@ -44,6 +44,8 @@ class Gemma2Config(Gemma3Config):
 class Gemma2ForCausalLM(Gemma3ForCausalLM):
     """Gemma 3's decoder (its attention skips the q/k norms this config lacks), logits soft-capped."""
 
+    cfg: Gemma2Config
+
     def _logits(self, hidden: nn.Tensor) -> nn.Tensor:
         logits = super()._logits(hidden)
         cap = self.cfg.final_softcap

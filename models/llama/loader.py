@@ -9,7 +9,7 @@ layout; ``hf_names_from_gguf`` undoes both.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -35,7 +35,7 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: LlamaConfig) -> Tensors:
     def join(out: str, names: list[str]) -> None:
         for name in names:
             if name not in hf:
-                files = sorted({hf.origin(n) for n in hf} - {None})
+                files = sorted(o for o in {hf.origin(n) for n in hf} if o is not None)
                 raise LanternError(f"checkpoint is missing tensor '{name}'" + (f" (read {', '.join(files)})" if files else ""))
         loaders[out] = finite(out, hf.loader(names[0]) if len(names) == 1 else join_rows([hf.loader(n) for n in names]))
         parts = [hf.shape(n) for n in names]
@@ -162,11 +162,12 @@ def gguf_unsupported(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> str | N
     return None
 
 
-def gguf_metadata(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> dict[str, int | float]:
+def gguf_metadata(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> dict[str, int | float | str]:
     """llama.cpp's ``<arch>.*`` keys for this config; the inverse of ``hf_config_from_gguf``. RoPE
     scaling as llama.cpp's converter writes it: linear and YaRN as ``rope.scaling.*`` keys, llama3 as
     factors in the ``rope_freqs`` tensor (``gguf_constants``)."""
     a = arch
+    meta: dict[str, int | float | str]  # rope.scaling.type is a string
     meta = {f"{a}.context_length": cfg.context_window_size, f"{a}.embedding_length": cfg.hidden_size,
             f"{a}.block_count": cfg.num_hidden_layers, f"{a}.feed_forward_length": cfg.intermediate_size,
             f"{a}.attention.head_count": cfg.num_attention_heads,
@@ -228,7 +229,8 @@ def hf_names_from_gguf(tensors: Tensors, hf_config: dict, rope_permuted: bool = 
             hf_name = f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
             heads = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}.get(parts[2])
             if rope_permuted and heads:
-                load = lambda load=load, n=hf_config[heads]: _unpermute(load(), n)  # noqa: E731
+                # mypy#15459: mypy cannot type a lambda whose default binds a loop variable
+                load = lambda load=load, n=hf_config[heads]: _unpermute(load(), n)  # type: ignore[misc]  # noqa: E731
         elif name in ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"):
             continue  # RoPE factors (llama3's, longrope's): the family's config_from_metadata reads them
         else:
@@ -249,7 +251,7 @@ def hf_config_from_gguf(meta: dict, tensor_names, arch: str = GGUF_ARCHITECTURE,
     try:
         heads = int(meta[f"{a}.attention.head_count"])
         hidden = int(meta[f"{a}.embedding_length"])
-        cfg = {
+        cfg: dict[str, Any] = {
             "architectures": [hf_architecture],
             "model_type": arch,
             "hidden_size": hidden,

@@ -247,7 +247,7 @@ class LlamaForCausalLM(nn.Module):
     """The exported entry points follow MLC's model-library contract (see ``get_default_spec``)."""
 
     rope_mode = RopeMode.NORMAL  # the KV cache rotates k before appending it (a subclass may rotate q/k itself)
-    backbone = LlamaModel  # the decoder stack (a subclass's own network behind the same entry points)
+    backbone: type[nn.Module] = LlamaModel  # the decoder stack (a subclass's own network behind the same entry points)
 
     def __init__(self, cfg: LlamaConfig, spec: QuantSpec, target: Target):
         self.cfg, self.spec, self.target = cfg, spec, target

@@ -5,7 +5,7 @@ that rotates q and k here creates its KV cache with ``RopeMode.NONE``."""
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tvm import te, tirx
 from tvm.relax.frontend import nn
@@ -25,7 +25,7 @@ def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
         s, d = xt.shape[1], int(xt.shape[3])
         half = d // 2
         # longrope's per-frequency divisors, unrolled into a select chain (``half`` constants)
-        divisor = None
+        divisor: Callable[[Any], Any] | None = None
         if factors is not None:
             def divisor(j):
                 out = tirx.const(float(factors[half - 1]), "float32")

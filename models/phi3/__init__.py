@@ -61,10 +61,10 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: Phi3Config) -> Tensors:
             rows, *rest = hf.shape(fused)
             if rows != sum(parts.values()):
                 raise LanternError(f"tensor '{fused}' has {rows} rows, but the config implies {sum(parts.values())}")
-            first = 0
+            first, load = 0, hf.loader(fused)
             for part, count in parts.items():
                 name = f"{p}.{part}.weight"
-                loaders[name] = lambda load=hf.loader(fused), a=first, b=first + count: load()[a:b]  # noqa: B008 (bound now)
+                loaders[name] = lambda load=load, a=first, b=first + count: load()[a:b]
                 shapes[name] = (count, *rest)
                 first += count
             fused_names.append(fused)
