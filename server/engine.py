@@ -76,9 +76,8 @@ def dry_multiplier(req: SamplingFields) -> float:
     else 0. The twin of dryMultiplier in webruntime/src/sampler.ts."""
     if req.dry_multiplier is not None:
         return req.dry_multiplier
-    fmt = getattr(req, "response_format", None)
-    if fmt is not None and fmt.type in ("json_schema", "json_object"):
-        assert isinstance(req, ChatCompletionRequest)  # response_format is a chat request's field
+    if isinstance(req, ChatCompletionRequest) and req.response_format is not None \
+            and req.response_format.type in ("json_schema", "json_object"):  # response_format: a chat request's field
         return req.schema_defaults.dryMultiplier
     return 0.0
 
@@ -87,7 +86,7 @@ def closes_cut_answers(req: SamplingFields, hold_from: str | None, params: Sampl
     """Whether an answer that max_tokens cuts is closed to stay valid (closing.py): a response_format
     JSON answer without logprobs (a closing token has none). The twin of closesCutAnswers in
     webruntime/src/closing.ts."""
-    fmt = getattr(req, "response_format", None)
+    fmt = req.response_format if isinstance(req, ChatCompletionRequest) else None  # a chat request's field
     return (hold_from is None and params.top_logprobs < 0 and fmt is not None
             and fmt.type in ("json_schema", "json_object"))
 

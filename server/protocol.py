@@ -174,6 +174,17 @@ class CompletionRequest(SamplingFields):
     prompt: str
     echo: bool = _field(request_rules.RULES["endpoints"]["completions"]["echo"])
 
+    @model_validator(mode="after")
+    def _no_chat_constraints(self) -> CompletionRequest:
+        """Chat's constraints are refused here, not ignored as other unknown fields are: the answer
+        would not hold to them."""
+        for param in ("response_format", "tools", "tool_choice"):
+            if param in (self.model_extra or {}):
+                raise PydanticCustomError("request_rule", "{message}", {
+                    "message": f"{param} is a /v1/chat/completions field; /v1/completions answers plain text",
+                    "param": param})
+        return self
+
 
 # "timeout": `lantern serve` only, a request past its `timeout` (a stream then ends with an error event)
 FinishReason = Literal["stop", "length", "abort", "tool_calls", "timeout"]

@@ -161,6 +161,10 @@ def test_errors_have_openai_shape_and_status(server, client, smollm2):
         status, data = raw(server, "POST", "/v1/chat/completions", body)
         assert status == 400, body
         assert set(json.loads(data)["error"]) >= {"message", "type"}
+    # chat's constraints on a raw completion: refused by name, not ignored (nor a 500)
+    status, data = raw(server, "POST", "/v1/completions", json.dumps(
+        {"prompt": "x", "max_tokens": 2, "response_format": {"type": "json_object"}}).encode())
+    assert status == 400 and json.loads(data)["error"]["param"] == "response_format", data
     status, _ = raw(server, "POST", "/v1/chat/completions", b"x" * (2 << 20))
     assert status == 413
     for path in ("/models/../../etc/passwd", "/models/%2e%2e/%2e%2e/etc/passwd", "/runtime/../README.md",
