@@ -52,17 +52,24 @@ def run(engine: str, base: str, model: str, prompts: list[list[dict]], max_token
         start = time.perf_counter()
         stats = page.evaluate("([m, o]) => load(m, o)", [model, options])
         cached = time.perf_counter() - start
-        replies = page.evaluate("(reqs) => chat(reqs)", [{"messages": m, "max_tokens": max_tokens, "temperature": 0}
-                                                         for m in prompts])
+        replies = page.evaluate(
+            "(reqs) => chat(reqs)", [{"messages": m, "max_tokens": max_tokens, "temperature": 0} for m in prompts]
+        )
         page.evaluate("() => engine.unload()")
     us = [r["usage"] for r in replies]
-    return {"engine": engine, "build": stats["wasm"]["build"], "label": stats["deviceLabel"],
-            "cold_load_s": cold, "cached_load_s": cached,
-            "prompt_tokens": us[0]["prompt_tokens"], "completion_tokens": us[0]["completion_tokens"],
-            "ttft_s": statistics.median(u["ttft_ms"] / 1000 for u in us),
-            "prefill_tokens_per_s": statistics.median(u["prefill_tokens_per_s"] for u in us),
-            "decode_tokens_per_s": statistics.median(u["decode_tokens_per_s"] for u in us),
-            "text": replies[0]["choices"][0]["message"]["content"]}
+    return {
+        "engine": engine,
+        "build": stats["wasm"]["build"],
+        "label": stats["deviceLabel"],
+        "cold_load_s": cold,
+        "cached_load_s": cached,
+        "prompt_tokens": us[0]["prompt_tokens"],
+        "completion_tokens": us[0]["completion_tokens"],
+        "ttft_s": statistics.median(u["ttft_ms"] / 1000 for u in us),
+        "prefill_tokens_per_s": statistics.median(u["prefill_tokens_per_s"] for u in us),
+        "decode_tokens_per_s": statistics.median(u["decode_tokens_per_s"] for u in us),
+        "text": replies[0]["choices"][0]["message"]["content"],
+    }
 
 
 def main() -> int:
@@ -86,17 +93,23 @@ def main() -> int:
             print(f"{engine} ...", file=sys.stderr, flush=True)
             results.append(run(engine, base, f"/models/{art.name}/", prompts, args.max_tokens, args.threads))
     yardstick = next(r for r in results if r["engine"] == "chromium")
-    print(f"{'engine':<9} {'build':<8} {'cold s':>7} {'cached s':>9} {'TTFT s':>7} {'prefill/s':>10} "
-          f"{'decode/s':>9} {'decode vs chromium':>19}  same text")
+    print(
+        f"{'engine':<9} {'build':<8} {'cold s':>7} {'cached s':>9} {'TTFT s':>7} {'prefill/s':>10} "
+        f"{'decode/s':>9} {'decode vs chromium':>19}  same text"
+    )
     for r in results:
         ratio = r["decode_tokens_per_s"] / yardstick["decode_tokens_per_s"]
         goal = GOALS.get(r["engine"])
         bar = f" (goal {goal}x: {'met' if ratio >= goal else 'MISSED'})" if goal else ""
-        print(f"{r['engine']:<9} {r['build']:<8} {r['cold_load_s']:>7.1f} {r['cached_load_s']:>9.1f} "
-              f"{r['ttft_s']:>7.2f} {r['prefill_tokens_per_s']:>10.1f} {r['decode_tokens_per_s']:>9.1f} "
-              f"{ratio:>18.2f}x  {r['text'] == yardstick['text']}{bar}")
-    print(f"({args.threads} threads, prompt {yardstick['prompt_tokens']} tokens, {args.max_tokens} generated, "
-          f"medians of {args.repeat})")
+        print(
+            f"{r['engine']:<9} {r['build']:<8} {r['cold_load_s']:>7.1f} {r['cached_load_s']:>9.1f} "
+            f"{r['ttft_s']:>7.2f} {r['prefill_tokens_per_s']:>10.1f} {r['decode_tokens_per_s']:>9.1f} "
+            f"{ratio:>18.2f}x  {r['text'] == yardstick['text']}{bar}"
+        )
+    print(
+        f"({args.threads} threads, prompt {yardstick['prompt_tokens']} tokens, {args.max_tokens} generated, "
+        f"medians of {args.repeat})"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

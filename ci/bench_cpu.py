@@ -67,17 +67,23 @@ def lantern_run(art: Artifact, prompts: list[list[dict]], max_tokens: int, devic
             start = time.perf_counter()
             stats = page.evaluate("([m, o]) => load(m, { ...o, cache: 'cache-api' })", [model, options])
             cached.append(time.perf_counter() - start)
-        replies = page.evaluate("(reqs) => chat(reqs)", [{"messages": m, "max_tokens": max_tokens, "temperature": 0}
-                                                         for m in prompts])
+        replies = page.evaluate(
+            "(reqs) => chat(reqs)", [{"messages": m, "max_tokens": max_tokens, "temperature": 0} for m in prompts]
+        )
         page.evaluate("engine.unload()")
     us = [r["usage"] for r in replies]
-    return {"library": f"{stats['library']} on {stats['deviceLabel']}", "cold_load_s": cold, "load_s": None,
-            "cached_load_s": median(cached),
-            "prompt_tokens": us[0]["prompt_tokens"], "completion_tokens": us[0]["completion_tokens"],
-            "ttft_s": median([u["ttft_ms"] / 1000 for u in us]),
-            "prefill_tokens_per_s": median([u["prefill_tokens_per_s"] for u in us]),
-            "decode_tokens_per_s": median([u["decode_tokens_per_s"] for u in us]),
-            "text": replies[0]["choices"][0]["message"]["content"]}
+    return {
+        "library": f"{stats['library']} on {stats['deviceLabel']}",
+        "cold_load_s": cold,
+        "load_s": None,
+        "cached_load_s": median(cached),
+        "prompt_tokens": us[0]["prompt_tokens"],
+        "completion_tokens": us[0]["completion_tokens"],
+        "ttft_s": median([u["ttft_ms"] / 1000 for u in us]),
+        "prefill_tokens_per_s": median([u["prefill_tokens_per_s"] for u in us]),
+        "decode_tokens_per_s": median([u["decode_tokens_per_s"] for u in us]),
+        "text": replies[0]["choices"][0]["message"]["content"],
+    }
 
 
 def wllama_run(art: Artifact, prompts: list[str], max_tokens: int, threads: int) -> dict:
@@ -91,18 +97,23 @@ def wllama_run(art: Artifact, prompts: list[str], max_tokens: int, threads: int)
         n_ctx = min(4096, art.manifest["model"]["context_window"])
         urls = [f"{base}/gguf/{f}" for f in parts]
         # the visits first: the first is then a first visit, before any fetch of the parts
-        visits = [page.evaluate("([u, t, c]) => wllamaCachedLoad(u, t, c)", [urls[0], threads, n_ctx])
-                  for _ in prompts]
-        runs = [page.evaluate("([u, p, n, t, c]) => wllamaTimed(u, p, n, t, c)", [urls, prompt, max_tokens, threads, n_ctx])
-                for prompt in prompts]
+        visits = [page.evaluate("([u, t, c]) => wllamaCachedLoad(u, t, c)", [urls[0], threads, n_ctx]) for _ in prompts]
+        runs = [
+            page.evaluate("([u, p, n, t, c]) => wllamaTimed(u, p, n, t, c)", [urls, prompt, max_tokens, threads, n_ctx])
+            for prompt in prompts
+        ]
     if any(r["threads"] != threads for r in runs):
         raise RuntimeError(f"wllama did not run {threads} threads")
     load = median([r["load_s"] for r in runs])
-    return {"library": f"{parts[0]} on wllama ({threads} thread{'s' if threads > 1 else ''})", "load_s": load,
-            "cold_load_s": visits[0]["first_s"],  # the first visit only: later ones find the cache filled
-            "cached_load_s": median([v["cached_s"] for v in visits]), "prompt_tokens": runs[0]["prompt_tokens"],
-            "text": runs[0]["text"],
-            **{k: median([r[k] for r in runs]) for k in ("ttft_s", "prefill_tokens_per_s", "decode_tokens_per_s")}}
+    return {
+        "library": f"{parts[0]} on wllama ({threads} thread{'s' if threads > 1 else ''})",
+        "load_s": load,
+        "cold_load_s": visits[0]["first_s"],  # the first visit only: later ones find the cache filled
+        "cached_load_s": median([v["cached_s"] for v in visits]),
+        "prompt_tokens": runs[0]["prompt_tokens"],
+        "text": runs[0]["text"],
+        **{k: median([r[k] for r in runs]) for k in ("ttft_s", "prefill_tokens_per_s", "decode_tokens_per_s")},
+    }
 
 
 def main() -> int:
@@ -130,15 +141,18 @@ def main() -> int:
         results["lantern-webgpu"] = lantern_run(art, prompts[:1], args.max_tokens, "webgpu", 1)
 
     prompt_tokens = results["wllama-1t"]["prompt_tokens"]
-    print(f"\n{art.manifest['model']['name']} {art.manifest['quantization']} (GGUF {art.manifest['gguf']['tensor_type']}), "
-          f"{prompt_tokens}-token prompt, {args.max_tokens} greedy tokens, {os.cpu_count()} CPU cores, "
-          f"medians of {args.repeat} runs (webgpu: 1)")
-    print(f"{'engine':<16}{'cold s':>8}{'cached s':>9}{'memory s':>9}{'TTFT s':>8}{'prefill t/s':>12}{'decode t/s':>11}"
-          "  library")
+    print(
+        f"\n{art.manifest['model']['name']} {art.manifest['quantization']} (GGUF {art.manifest['gguf']['tensor_type']}), "
+        f"{prompt_tokens}-token prompt, {args.max_tokens} greedy tokens, {os.cpu_count()} CPU cores, "
+        f"medians of {args.repeat} runs (webgpu: 1)"
+    )
+    print(f"{'engine':<16}{'cold s':>8}{'cached s':>9}{'memory s':>9}{'TTFT s':>8}{'prefill t/s':>12}{'decode t/s':>11}  library")
     for name, r in results.items():
         memory = "-" if r["load_s"] is None else f"{r['load_s']:.1f}"
-        print(f"{name:<16}{r['cold_load_s']:>8.1f}{r['cached_load_s']:>9.1f}{memory:>9}{r['ttft_s']:>8.2f}"
-              f"{r['prefill_tokens_per_s']:>12.2f}{r['decode_tokens_per_s']:>11.2f}  {r['library']}")
+        print(
+            f"{name:<16}{r['cold_load_s']:>8.1f}{r['cached_load_s']:>9.1f}{memory:>9}{r['ttft_s']:>8.2f}"
+            f"{r['prefill_tokens_per_s']:>12.2f}{r['decode_tokens_per_s']:>11.2f}  {r['library']}"
+        )
     ratios: dict[str, float] = {}
     for t in (1, 2):
         ours, peer = results[f"lantern-wasm-{t}t"], results[f"wllama-{t}t"]

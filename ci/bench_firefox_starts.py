@@ -53,16 +53,16 @@ def main() -> int:
     seconds: list[float] = []
     restarts = hangs = 0
     try:
-        with lantern_server([art]) as (base, _), \
-                open_browser("firefox", webgpu=False, timeout=args.deadline) as browser:
+        with lantern_server([art]) as (base, _), open_browser("firefox", webgpu=False, timeout=args.deadline) as browser:
             for i in range(args.loads):
                 page = browser.new_page()
                 page.goto(base + "/engine.html")
                 page.wait_for("document.getElementById('status').textContent === 'ready'")
                 start = time.perf_counter()
                 try:
-                    stats = page.evaluate("([m, o]) => load(m, o)",
-                                          [f"/models/{art.name}/", {"device": "wasm", "threads": args.threads}])
+                    stats = page.evaluate(
+                        "([m, o]) => load(m, o)", [f"/models/{art.name}/", {"device": "wasm", "threads": args.threads}]
+                    )
                 except TimeoutError:
                     hangs += 1
                     print(f"load {i + 1}: no answer in {args.deadline:.0f} s: a hang", file=sys.stderr)
@@ -70,14 +70,17 @@ def main() -> int:
                 seconds.append(time.perf_counter() - start)
                 restarts += stats["wasm"]["restarts"]
                 page.evaluate("() => engine.unload()")
-                print(f"load {i + 1}: {seconds[-1]:.1f} s, restarts {stats['wasm']['restarts']}",
-                      file=sys.stderr, flush=True)
+                print(f"load {i + 1}: {seconds[-1]:.1f} s, restarts {stats['wasm']['restarts']}", file=sys.stderr, flush=True)
     finally:
         for p in spinners:
             p.terminate()
-    print(f"Firefox, {args.busy} processes spinning: {len(seconds) + hangs} loads, {restarts} restarted by the "
-          f"watchdog, {hangs} hung (budget 0); load s median {statistics.median(seconds):.1f}, "
-          f"max {max(seconds):.1f}" if seconds else "no load finished")
+    print(
+        f"Firefox, {args.busy} processes spinning: {len(seconds) + hangs} loads, {restarts} restarted by the "
+        f"watchdog, {hangs} hung (budget 0); load s median {statistics.median(seconds):.1f}, "
+        f"max {max(seconds):.1f}"
+        if seconds
+        else "no load finished"
+    )
     return 1 if hangs else 0
 
 

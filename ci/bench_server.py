@@ -38,8 +38,16 @@ CITIES = ["Paris", "Rome", "London", "Madrid", "Berlin", "Vienna", "Lisbon", "Pr
 
 def stream_once(base: str, model: str, messages: list[dict], max_tokens: int) -> tuple[float, float, int, float]:
     """(TTFT s, decode tokens/s, tokens, total s) of one greedy streamed chat request."""
-    body = json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     req = urllib.request.Request(base + "/v1/chat/completions", body, {"content-type": "application/json"})
     start = time.perf_counter()
     first = last = 0.0
@@ -70,8 +78,12 @@ def user(city: str) -> list[dict]:
 def measure(base: str, model: str, max_tokens: int, reps: int, prefix_text: str) -> dict:
     stream_once(base, model, user("Oslo"), 8)  # warm-up
     runs = [stream_once(base, model, user(CITIES[0]), max_tokens) for _ in range(reps)]
-    out = {"ttft_s": statistics.median(r[0] for r in runs), "decode": statistics.median(r[1] for r in runs),
-           "tokens": runs[-1][2], "single_tps": statistics.median(r[2] / r[3] for r in runs)}
+    out = {
+        "ttft_s": statistics.median(r[0] for r in runs),
+        "decode": statistics.median(r[1] for r in runs),
+        "tokens": runs[-1][2],
+        "single_tps": statistics.median(r[2] / r[3] for r in runs),
+    }
     started = time.perf_counter()
     with ThreadPoolExecutor(len(CITIES)) as pool:
         many = list(pool.map(lambda c: stream_once(base, model, user(c), max_tokens), CITIES))
@@ -152,32 +164,63 @@ def main() -> int:
     lantern = str(Path(sys.executable).with_name("lantern"))
     for engine in ("llamacpp", "tvm"):
         port = free_port()
-        with server("lantern serve", [lantern, "serve", str(args.artifact), "--port", str(port), "--engine", engine,
-                                      "--threads", str(args.threads)], port, "/health") as base:
-            rows.append((f"lantern serve --engine {engine}",
-                         measure(base, args.artifact.name, args.max_tokens, args.reps, prefix_text)))
+        with server(
+            "lantern serve",
+            [lantern, "serve", str(args.artifact), "--port", str(port), "--engine", engine, "--threads", str(args.threads)],
+            port,
+            "/health",
+        ) as base:
+            rows.append(
+                (f"lantern serve --engine {engine}", measure(base, args.artifact.name, args.max_tokens, args.reps, prefix_text))
+            )
     port = free_port()
-    with server("llama_cpp.server (is llama-cpp-python[server] installed?)",
-                [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--port", str(port), "--n_ctx", "4096",
-                 "--n_threads", str(args.threads), "--n_threads_batch", str(args.threads)], port, "/v1/models") as base:
-        rows.append(("llama-cpp-python server (same GGUF)",
-                     measure(base, "model", args.max_tokens, args.reps, prefix_text)))
-    print(f"{manifest['model']['name']} {manifest['gguf']['tensor_type']}, {args.threads} threads, "
-          f"{args.max_tokens} greedy tokens, medians of {args.reps}")
-    print(f"{'server':38} {'TTFT s':>7} {'decode':>7} {'1 stream':>9} {'8 streams':>10} {'8/1':>5} "
-          f"{'prefix TTFT 1st':>16} {'2nd':>6} {'2nd/1st':>8}")
+    with server(
+        "llama_cpp.server (is llama-cpp-python[server] installed?)",
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(gguf),
+            "--port",
+            str(port),
+            "--n_ctx",
+            "4096",
+            "--n_threads",
+            str(args.threads),
+            "--n_threads_batch",
+            str(args.threads),
+        ],
+        port,
+        "/v1/models",
+    ) as base:
+        rows.append(("llama-cpp-python server (same GGUF)", measure(base, "model", args.max_tokens, args.reps, prefix_text)))
+    print(
+        f"{manifest['model']['name']} {manifest['gguf']['tensor_type']}, {args.threads} threads, "
+        f"{args.max_tokens} greedy tokens, medians of {args.reps}"
+    )
+    print(
+        f"{'server':38} {'TTFT s':>7} {'decode':>7} {'1 stream':>9} {'8 streams':>10} {'8/1':>5} "
+        f"{'prefix TTFT 1st':>16} {'2nd':>6} {'2nd/1st':>8}"
+    )
     for name, r in rows:
-        print(f"{name:38} {r['ttft_s']:7.2f} {r['decode']:7.1f} {r['single_tps']:9.1f} {r['aggregate_tps']:10.1f} "
-              f"{r['aggregate_tps'] / r['single_tps']:5.2f} {r['prefix_first_s']:16.3f} {r['prefix_second_s']:6.3f} "
-              f"{r['prefix_second_s'] / r['prefix_first_s']:8.2f}")
+        print(
+            f"{name:38} {r['ttft_s']:7.2f} {r['decode']:7.1f} {r['single_tps']:9.1f} {r['aggregate_tps']:10.1f} "
+            f"{r['aggregate_tps'] / r['single_tps']:5.2f} {r['prefix_first_s']:16.3f} {r['prefix_second_s']:6.3f} "
+            f"{r['prefix_second_s'] / r['prefix_first_s']:8.2f}"
+        )
     ours, peer = rows[0][1], rows[2][1]
     ceiling = batch_ceiling(gguf, manifest["model"]["vocab_size"], args.threads)
-    print(f"llama.cpp alone (llama_decode, no server): 1 sequence {ceiling[1]:.1f} tok/s, 8 sequences per call "
-          f"{ceiling[8]:.1f} tok/s: batching can give at most {ceiling[8] / ceiling[1]:.2f}x here")
-    print(f"lantern llamacpp / llama-cpp-python: single-stream decode {ours['decode'] / peer['decode']:.2f}x "
-          f"(bar 0.9x); 8 streams {ours['aggregate_tps'] / ours['single_tps']:.2f}x one stream (bar 2x; "
-          f"{ours['aggregate_tps'] / ours['single_tps'] / (ceiling[8] / ceiling[1]):.2f} of the ceiling); "
-          f"shared-prefix TTFT {ours['prefix_second_s'] / ours['prefix_first_s']:.2f}x the first (bar 0.2x)")
+    print(
+        f"llama.cpp alone (llama_decode, no server): 1 sequence {ceiling[1]:.1f} tok/s, 8 sequences per call "
+        f"{ceiling[8]:.1f} tok/s: batching can give at most {ceiling[8] / ceiling[1]:.2f}x here"
+    )
+    print(
+        f"lantern llamacpp / llama-cpp-python: single-stream decode {ours['decode'] / peer['decode']:.2f}x "
+        f"(bar 0.9x); 8 streams {ours['aggregate_tps'] / ours['single_tps']:.2f}x one stream (bar 2x; "
+        f"{ours['aggregate_tps'] / ours['single_tps'] / (ceiling[8] / ceiling[1]):.2f} of the ceiling); "
+        f"shared-prefix TTFT {ours['prefix_second_s'] / ours['prefix_first_s']:.2f}x the first (bar 0.2x)"
+    )
     return 0
 
 

@@ -37,26 +37,47 @@ from lantern.server.protocol import ChatCompletionRequest  # noqa: E402
 from lantern.server.structured import response_format_spec  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "List four people with their name and age, as JSON."}]
-SCHEMA = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
-    "type": "object", "required": ["name", "age"],
-    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}}
+SCHEMA = {
+    "type": "array",
+    "minItems": 4,
+    "maxItems": 4,
+    "items": {
+        "type": "object",
+        "required": ["name", "age"],
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+    },
+}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "people", "schema": SCHEMA}}
 # Keywords Lantern writes its own grammar for: decimal and exclusive bounds, multipleOf, formats, a pattern
 # with a length, uniqueItems
-STRICT = {"type": "array", "minItems": 4, "maxItems": 4, "items": {
-    "type": "object", "required": ["name", "born", "height_m", "balance", "roles"], "additionalProperties": False,
-    "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]+$", "maxLength": 12},
-                   "born": {"type": "string", "format": "date"},
-                   "height_m": {"type": "number", "exclusiveMinimum": 0.3, "maximum": 2.5, "multipleOf": 0.25},
-                   "balance": {"type": ["number", "null"], "minimum": -1000.5},
-                   "roles": {"type": "array", "items": {"enum": ["admin", "editor", "viewer"]}, "uniqueItems": True,
-                             "minItems": 1, "maxItems": 2}}}}
+STRICT = {
+    "type": "array",
+    "minItems": 4,
+    "maxItems": 4,
+    "items": {
+        "type": "object",
+        "required": ["name", "born", "height_m", "balance", "roles"],
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Z][a-z]+$", "maxLength": 12},
+            "born": {"type": "string", "format": "date"},
+            "height_m": {"type": "number", "exclusiveMinimum": 0.3, "maximum": 2.5, "multipleOf": 0.25},
+            "balance": {"type": ["number", "null"], "minimum": -1000.5},
+            "roles": {
+                "type": "array",
+                "items": {"enum": ["admin", "editor", "viewer"]},
+                "uniqueItems": True,
+                "minItems": 1,
+                "maxItems": 2,
+            },
+        },
+    },
+}
 STRICT_FORMAT = {"type": "json_schema", "json_schema": {"name": "people_strict", "schema": STRICT, "strict": True}}
 
 
 def request(fmt: dict | None, max_tokens: int) -> dict:
-    return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0,
-            **({"response_format": fmt} if fmt else {})}
+    return {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, **({"response_format": fmt} if fmt else {})}
 
 
 def cpu(path: Path, max_tokens: int, reps: int) -> dict:
@@ -73,8 +94,7 @@ def cpu(path: Path, max_tokens: int, reps: int) -> dict:
         speeds = []
         for _ in range(reps):
             steps = []
-            engine.generate(prompt, ChatCompletionRequest(**request(fmt, max_tokens)), Stop(),
-                            steps.append, grammar=grammar)
+            engine.generate(prompt, ChatCompletionRequest(**request(fmt, max_tokens)), Stop(), steps.append, grammar=grammar)
             speeds.append(steps[-1].usage.decode_tokens_per_s)
             out["tokens_" + label] = steps[-1].usage.completion_tokens
         out[label] = statistics.median(speeds)
@@ -100,35 +120,65 @@ def main() -> int:
     parser.add_argument("artifact", type=Path, help="artifact folder built by `lantern build` (with a cpu library)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--reps", type=int, default=3, help="runs per configuration (the median is printed)")
-    parser.add_argument("--browser", action="store_true",
-                        help="also run the browser engine (slow on SwiftShader); with --jsonschemabench and --answers: "
-                             "answer the same schemas on its wasm device")
-    parser.add_argument("--jsonschemabench", type=Path, metavar="DIR",
-                        help="run JSONSchemaBench's schemas (<split>.jsonl, <split>.tests.jsonl) instead")
-    parser.add_argument("--answers", type=int, default=0, metavar="N",
-                        help="with --jsonschemabench: answer N accepted schemas of each split with the model")
+    parser.add_argument(
+        "--browser",
+        action="store_true",
+        help="also run the browser engine (slow on SwiftShader); with --jsonschemabench and --answers: "
+        "answer the same schemas on its wasm device",
+    )
+    parser.add_argument(
+        "--jsonschemabench",
+        type=Path,
+        metavar="DIR",
+        help="run JSONSchemaBench's schemas (<split>.jsonl, <split>.tests.jsonl) instead",
+    )
+    parser.add_argument(
+        "--answers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --jsonschemabench: answer N accepted schemas of each split with the model",
+    )
     parser.add_argument("--splits", nargs="*", help="with --jsonschemabench: only these splits")
     parser.add_argument("--no-llguidance", action="store_true", help="with --jsonschemabench: skip llguidance")
     parser.add_argument("--dump", type=Path, help="with --jsonschemabench: write every schema's result as JSON lines")
-    parser.add_argument("--schema-defaults", type=json.loads, metavar="JSON",
-                        help='with --jsonschemabench: the requests\' schema_defaults, e.g. \'{"maxLength": 128}\' '
-                             "(default: the server's)")
+    parser.add_argument(
+        "--schema-defaults",
+        type=json.loads,
+        metavar="JSON",
+        help="with --jsonschemabench: the requests' schema_defaults, e.g. '{\"maxLength\": 128}' (default: the server's)",
+    )
     args = parser.parse_args()
     if args.jsonschemabench:
         import jsonschemabench
-        return jsonschemabench.main(args.jsonschemabench, args.artifact, args.answers,
-                                    args.max_tokens if args.max_tokens != 48 else 384, args.no_llguidance,
-                                    args.splits, args.dump, args.schema_defaults, args.browser)
+
+        return jsonschemabench.main(
+            args.jsonschemabench,
+            args.artifact,
+            args.answers,
+            args.max_tokens if args.max_tokens != 48 else 384,
+            args.no_llguidance,
+            args.splits,
+            args.dump,
+            args.schema_defaults,
+            args.browser,
+        )
     rows = [("cpu (lantern serve)", cpu(args.artifact, args.max_tokens, args.reps))]
     if args.browser:
         rows.append(("browser (WebGPU)", browser(args.artifact, args.max_tokens, args.reps)))
-    print(f"{'engine':22} {'free tok/s':>11} {'schema tok/s':>13} {'ratio':>6} {'strict tok/s':>13} {'ratio':>6}"
-          "  tokens free/schema/strict")
+    print(
+        f"{'engine':22} {'free tok/s':>11} {'schema tok/s':>13} {'ratio':>6} {'strict tok/s':>13} {'ratio':>6}"
+        "  tokens free/schema/strict"
+    )
     for name, r in rows:
-        print(f"{name:22} {r['free']:11.2f} {r['schema']:13.2f} {r['schema'] / r['free']:6.2f} {r['strict']:13.2f} "
-              f"{r['strict'] / r['free']:6.2f}  {r['tokens_free']}/{r['tokens_schema']}/{r['tokens_strict']}")
-    print(f"grammar compile (first use, CPU engine): schema {rows[0][1]['compile_ms_schema']:.1f} ms, "
-          f"strict (ranges, multipleOf, date, pattern, uniqueItems) {rows[0][1]['compile_ms_strict']:.1f} ms")
+        print(
+            f"{name:22} {r['free']:11.2f} {r['schema']:13.2f} {r['schema'] / r['free']:6.2f} {r['strict']:13.2f} "
+            f"{r['strict'] / r['free']:6.2f}  {r['tokens_free']}/{r['tokens_schema']}/{r['tokens_strict']}"
+        )
+    print(
+        f"grammar compile (first use, CPU engine): schema {rows[0][1]['compile_ms_schema']:.1f} ms, "
+        f"strict (ranges, multipleOf, date, pattern, uniqueItems) {rows[0][1]['compile_ms_strict']:.1f} ms"
+    )
     return 0
 
 

@@ -30,8 +30,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser import (CHROMIUM, CHROMIUM_ARGS, WLLAMA, chromium, lantern_server, serve, token_matrices,  # noqa: E402
-                     webllm_chat)
+from browser import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    WLLAMA,
+    chromium,
+    lantern_server,
+    serve,
+    token_matrices,
+    webllm_chat,
+)
 
 from lantern.runtime.artifact import Artifact  # noqa: E402
 
@@ -46,6 +54,7 @@ def prompt_messages(words: int) -> list[dict]:
 
 # ---- engines ---------------------------------------------------------------------------------------
 
+
 def lantern_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
     with lantern_server([art.path]) as (base, _), chromium() as browser:
         page = browser.new_page()
@@ -54,12 +63,17 @@ def lantern_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
         start = time.perf_counter()
         stats = page.evaluate("(m) => load(m)", f"/models/{art.path.name}/")
         load_s = time.perf_counter() - start
-        [reply] = page.evaluate("(reqs) => chat(reqs)", [{"messages": messages, "max_tokens": max_tokens,
-                                                          "temperature": 0}])
+        [reply] = page.evaluate("(reqs) => chat(reqs)", [{"messages": messages, "max_tokens": max_tokens, "temperature": 0}])
     u = reply["usage"]
-    return {"library": stats["library"], "load_s": load_s, "prompt_tokens": u["prompt_tokens"],
-            "completion_tokens": u["completion_tokens"], "ttft_s": u["ttft_ms"] / 1000,
-            "prefill_tokens_per_s": u["prefill_tokens_per_s"], "decode_tokens_per_s": u["decode_tokens_per_s"]}
+    return {
+        "library": stats["library"],
+        "load_s": load_s,
+        "prompt_tokens": u["prompt_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "ttft_s": u["ttft_ms"] / 1000,
+        "prefill_tokens_per_s": u["prefill_tokens_per_s"],
+        "decode_tokens_per_s": u["decode_tokens_per_s"],
+    }
 
 
 def webllm_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
@@ -67,11 +81,15 @@ def webllm_run(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
     reply = webllm_chat(art, messages, max_tokens)
     total = time.perf_counter() - start
     u, extra = reply["usage"], reply["usage"].get("extra", {})
-    return {"library": art.library("webgpu", emulated=True).name,
-            "load_and_answer_s": total, "prompt_tokens": u["prompt_tokens"],
-            "completion_tokens": u["completion_tokens"], "ttft_s": extra.get("time_to_first_token_s", 0.0),
-            "prefill_tokens_per_s": extra.get("prefill_tokens_per_s", 0.0),
-            "decode_tokens_per_s": extra.get("decode_tokens_per_s", 0.0)}
+    return {
+        "library": art.library("webgpu", emulated=True).name,
+        "load_and_answer_s": total,
+        "prompt_tokens": u["prompt_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "ttft_s": extra.get("time_to_first_token_s", 0.0),
+        "prefill_tokens_per_s": extra.get("prefill_tokens_per_s", 0.0),
+        "decode_tokens_per_s": extra.get("decode_tokens_per_s", 0.0),
+    }
 
 
 def wllama_run(gguf: Path, messages: list[dict], max_tokens: int, threads: int) -> dict:
@@ -80,18 +98,25 @@ def wllama_run(gguf: Path, messages: list[dict], max_tokens: int, threads: int) 
         page = browser.new_page()
         page.goto(base + "/page/wllama_chat.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-        out = page.evaluate("([u, m, n, t]) => wllamaChat(u, m, n, t)",
-                            [f"{base}/gguf/{gguf.name}", messages, max_tokens, threads])
+        out = page.evaluate(
+            "([u, m, n, t]) => wllamaChat(u, m, n, t)", [f"{base}/gguf/{gguf.name}", messages, max_tokens, threads]
+        )
     t = out["reply"]["timings"]
     if threads > 1 and not out["cross_origin_isolated"]:
         raise RuntimeError("the wllama page is not cross-origin isolated: it would run one thread")
-    return {"library": f"{gguf.name} ({threads} thread{'s' if threads > 1 else ''})", "load_s": out["load_s"],
-            "prompt_tokens": t["prompt_n"], "completion_tokens": t["predicted_n"],
-            "ttft_s": t["prompt_ms"] / 1000, "prefill_tokens_per_s": t["prompt_per_second"],
-            "decode_tokens_per_s": t["predicted_per_second"]}
+    return {
+        "library": f"{gguf.name} ({threads} thread{'s' if threads > 1 else ''})",
+        "load_s": out["load_s"],
+        "prompt_tokens": t["prompt_n"],
+        "completion_tokens": t["predicted_n"],
+        "ttft_s": t["prompt_ms"] / 1000,
+        "prefill_tokens_per_s": t["prompt_per_second"],
+        "decode_tokens_per_s": t["predicted_per_second"],
+    }
 
 
 # ---- roofline and profile ----------------------------------------------------------------------------
+
 
 def roofline(art: Artifact, prompt_tokens: int) -> dict:
     matrices = token_matrices(art)
@@ -119,9 +144,14 @@ def profile(art: Artifact, messages: list[dict], max_tokens: int) -> dict:
         page.evaluate("() => window.__lanternProfile.take()")
         page.evaluate("(r) => chat([r])", {"messages": messages, "max_tokens": 1, "temperature": 0})
         prefill = page.evaluate("() => window.__lanternProfile.take()")
-        [reply] = page.evaluate("(r) => chat([r])", {"messages": messages + [{"role": "assistant", "content": "Sure."},
-                                                                               {"role": "user", "content": "Go on."}],
-                                                     "max_tokens": max_tokens, "temperature": 0})
+        [reply] = page.evaluate(
+            "(r) => chat([r])",
+            {
+                "messages": messages + [{"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Go on."}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            },
+        )
         decode = page.evaluate("() => window.__lanternProfile.take()")
         browser.close()
     return {"prefill": prefill, "decode": decode, "decode_tokens": reply["usage"]["completion_tokens"]}
@@ -137,6 +167,7 @@ def print_profile(prof: dict) -> None:
 
 
 # ---- report ------------------------------------------------------------------------------------------
+
 
 def flops(art: Artifact) -> tuple[float, float]:
     """(FLOPs per prompt token, FLOPs of the head once): 2 x multiply-adds."""
@@ -180,22 +211,30 @@ def main() -> int:
         if r["prefill_tokens_per_s"]:
             n = r["prompt_tokens"]
             r["prefill_GFLOP_s"] = (per_token * n + head) / (n / r["prefill_tokens_per_s"]) / 1e9
-    report = {"model": f"{art.manifest['model']['name']} {art.manifest['quantization']}",
-              "adapter_roofline": roof, "results": results}
+    report = {
+        "model": f"{art.manifest['model']['name']} {art.manifest['quantization']}",
+        "adapter_roofline": roof,
+        "results": results,
+    }
 
-    print(f"\n{report['model']}, {prompt_tokens}-token prompt, {args.max_tokens} greedy tokens, "
-          f"{os.cpu_count()} CPU cores")
+    print(f"\n{report['model']}, {prompt_tokens}-token prompt, {args.max_tokens} greedy tokens, {os.cpu_count()} CPU cores")
     print(f"{'engine':<12}{'library':<44}{'load s':>8}{'TTFT s':>8}{'prefill t/s':>12}{'decode t/s':>11}")
     for name, r in results.items():
         load = r.get("load_s") or r.get("load_and_answer_s") or 0
-        print(f"{name:<12}{r['library']:<44}{load:>8.1f}{r['ttft_s']:>8.1f}{r['prefill_tokens_per_s']:>12.2f}"
-              f"{r['decode_tokens_per_s']:>11.2f}")
-    print(f"\nroofline (plain WGSL on this adapter): q4 GEMV {roof['gemv_GB_s']:.2f} GB/s -> ideal decode "
-          f"{roof['ideal_decode_tokens_per_s']:.2f} tokens/s; f32 matmul {roof['matmul']['GFLOP_s']:.2f} GFLOP/s")
+        print(
+            f"{name:<12}{r['library']:<44}{load:>8.1f}{r['ttft_s']:>8.1f}{r['prefill_tokens_per_s']:>12.2f}"
+            f"{r['decode_tokens_per_s']:>11.2f}"
+        )
+    print(
+        f"\nroofline (plain WGSL on this adapter): q4 GEMV {roof['gemv_GB_s']:.2f} GB/s -> ideal decode "
+        f"{roof['ideal_decode_tokens_per_s']:.2f} tokens/s; f32 matmul {roof['matmul']['GFLOP_s']:.2f} GFLOP/s"
+    )
     if "lantern" in results:
         lan = results["lantern"]
-        ratios = {"decode / ideal decode": lan["decode_tokens_per_s"] / roof["ideal_decode_tokens_per_s"],
-                  "prefill GFLOP/s / matmul GFLOP/s": lan.get("prefill_GFLOP_s", 0) / roof["matmul"]["GFLOP_s"]}
+        ratios = {
+            "decode / ideal decode": lan["decode_tokens_per_s"] / roof["ideal_decode_tokens_per_s"],
+            "prefill GFLOP/s / matmul GFLOP/s": lan.get("prefill_GFLOP_s", 0) / roof["matmul"]["GFLOP_s"],
+        }
         for peer in ("wllama-1t", "wllama-2t", "webllm"):
             if peer in results and results[peer]["decode_tokens_per_s"]:
                 ratios[f"decode / {peer}"] = lan["decode_tokens_per_s"] / results[peer]["decode_tokens_per_s"]

@@ -54,8 +54,14 @@ def load(folder: Path) -> list[dict]:
                 tests[row["id"]] = row["tests"]
         for line in filter(None, path.read_text().split("\n")):
             row = json.loads(line)
-            rows.append({"split": path.name[: -len(".jsonl")], "id": row["id"], "schema": row["schema"],
-                         "tests": tests.get(row["id"], [])})
+            rows.append(
+                {
+                    "split": path.name[: -len(".jsonl")],
+                    "id": row["id"],
+                    "schema": row["schema"],
+                    "tests": tests.get(row["id"], []),
+                }
+            )
     return rows
 
 
@@ -63,12 +69,16 @@ def request_for(schema, max_tokens: int = 384, schema_defaults: dict | None = No
     """The benchmark's request; ``schema_defaults`` (--schema-defaults) None: the server's."""
     text = json.dumps(schema)
     shown = text if len(text) <= 3000 else text[:3000] + " ..."
-    return {"messages": [{"role": "system", "content": "You answer with one JSON value that satisfies the user's "
-                          "JSON Schema."},
-                         {"role": "user", "content": f"JSON Schema:\n{shown}\nWrite one example."}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}},
-            "temperature": 0, "max_tokens": max_tokens,
-            **({"schema_defaults": schema_defaults} if schema_defaults is not None else {})}
+    return {
+        "messages": [
+            {"role": "system", "content": "You answer with one JSON value that satisfies the user's JSON Schema."},
+            {"role": "user", "content": f"JSON Schema:\n{shown}\nWrite one example."},
+        ],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}},
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        **({"schema_defaults": schema_defaults} if schema_defaults is not None else {}),
+    }
 
 
 def lantern_declared(rows: list[dict], engine, schema_defaults: dict | None = None) -> None:
@@ -118,18 +128,17 @@ def llguidance_env() -> Path:
 def llguidance_declared(rows: list[dict]) -> None:
     """Sets row["llguidance"]: None where llguidance accepts the schema, else its error."""
     text = "".join(json.dumps(r["schema"]) + "\n" for r in rows)
-    out = subprocess.run([str(llguidance_env()), "-c", _LLG_SCRIPT], input=text, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([str(llguidance_env()), "-c", _LLG_SCRIPT], input=text, capture_output=True, text=True, check=True)
     for row, err in zip(rows, json.loads(out.stdout)):
         row["llguidance"] = err
 
 
 # ---- instances ----------------------------------------------------------------------------------
 
+
 def _resolve(schema, root, depth: int = 0):
     """``schema`` with a local $ref followed (a few levels)."""
-    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#") \
-            and depth < 16:
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#") and depth < 16:
         node = root
         for part in schema["$ref"][1:].split("/")[1:]:
             part = part.replace("~1", "/").replace("~0", "~")
@@ -172,16 +181,20 @@ def in_schema_order(value, schema, root):
         names, subs = _property_order(schema, root, set(value))
         order = [k for k in names if k in value] + [k for k in value if k not in names]
         extra = _resolve(schema, root).get("additionalProperties") if isinstance(_resolve(schema, root), dict) else None
-        return {k: in_schema_order(value[k], subs.get(k, extra if isinstance(extra, dict) else {}), root)
-                for k in order}
+        return {k: in_schema_order(value[k], subs.get(k, extra if isinstance(extra, dict) else {}), root) for k in order}
     if isinstance(value, list):
         s = _resolve(schema, root)
         items = s.get("items") if isinstance(s, dict) else None
         prefix = s.get("prefixItems") if isinstance(s, dict) else None
         out = []
         for i, v in enumerate(value):
-            sub = prefix[i] if isinstance(prefix, list) and i < len(prefix) else \
-                items[i] if isinstance(items, list) and i < len(items) else items
+            sub = (
+                prefix[i]
+                if isinstance(prefix, list) and i < len(prefix)
+                else items[i]
+                if isinstance(items, list) and i < len(items)
+                else items
+            )
             out.append(in_schema_order(v, sub if isinstance(sub, dict) else {}, root))
         return out
     return value
@@ -225,6 +238,7 @@ def mask_times(rows: list[dict], engine, tokens_each: int = 48) -> None:
 
 # ---- answers ------------------------------------------------------------------------------------
 
+
 def _pattern(validator, pattern, instance, schema):
     """jsonschema's `pattern`, with the `regex` module (which reads \\p{..} as ajv does) where Python's re
     cannot read the pattern."""
@@ -234,6 +248,7 @@ def _pattern(validator, pattern, instance, schema):
         found = re.search(pattern, instance)
     except re.error:
         import regex  # a dependency of transformers
+
         found = regex.search(pattern, instance)
     if not found:
         yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
@@ -306,8 +321,9 @@ ASK = """async (req) => {
 }"""
 
 
-def browser_answers(rows: list[dict], artifact: Path, per_split: int, max_tokens: int,
-                    schema_defaults: dict | None = None) -> None:
+def browser_answers(
+    rows: list[dict], artifact: Path, per_split: int, max_tokens: int, schema_defaults: dict | None = None
+) -> None:
     """The same schemas answered by the browser engine (`wasm` device, 2 threads, headless Chromium), one
     at a time: row["browser_answer"] is valid, invalid, cut or refused (the browser refused a schema
     the server accepted), with row["browser_text"] and row["browser_s"]."""
@@ -335,6 +351,7 @@ def browser_answers(rows: list[dict], artifact: Path, per_split: int, max_tokens
 
 # ---- report -------------------------------------------------------------------------------------
 
+
 def pct(n: int, d: int) -> str:
     return f"{n / d:5.0%}" if d else "    -"
 
@@ -343,7 +360,7 @@ def report(rows: list[dict], answers: bool) -> None:
     by_split = defaultdict(list)
     for r in rows:
         by_split[r["split"]].append(r)
-    head = (f"{'split':16} {'n':>4} {'lantern':>8} {'llguid.':>8}  {'inst ok':>8} {'over':>5} {'under':>6}")
+    head = f"{'split':16} {'n':>4} {'lantern':>8} {'llguid.':>8}  {'inst ok':>8} {'over':>5} {'under':>6}"
     if answers:
         head += f"  {'answered':>8} {'valid':>5} {'invalid':>7} {'closed':>6} {'cut':>4} {'compliance':>10}"
     print(head)
@@ -354,8 +371,10 @@ def report(rows: list[dict], answers: bool) -> None:
         inst = [i for r in rs for i in r.get("instances", [])]
         over = sum(v and not a for v, a, _ in inst)
         under = sum(a and not v for v, a, _ in inst)
-        line = (f"{split:16} {n:4} {pct(ours, n):>8} {pct(theirs, n) if 'llguidance' in rs[0] else '-':>8}  "
-                f"{len(inst) - over - under:4}/{len(inst):<4} {over:5} {under:6}")
+        line = (
+            f"{split:16} {n:4} {pct(ours, n):>8} {pct(theirs, n) if 'llguidance' in rs[0] else '-':>8}  "
+            f"{len(inst) - over - under:4}/{len(inst):<4} {over:5} {under:6}"
+        )
         if answers:
             a = Counter(r.get("answer") for r in rs if "answer" in r)
             k = sum(a.values())
@@ -377,17 +396,22 @@ def report(rows: list[dict], answers: bool) -> None:
             print(f"answers: {len(answered)}, median {statistics.median(ms):.0f} ms a token (4 at once)")
     in_browser = [r for r in rows if "browser_answer" in r]
     if in_browser:
-        print(f"{'browser (wasm)':16} {'answered':>8} {'valid':>5} {'invalid':>7} {'closed':>6} {'cut':>4} {'refused':>7} "
-              f"{'compliance':>10} {'same text':>9}")
+        print(
+            f"{'browser (wasm)':16} {'answered':>8} {'valid':>5} {'invalid':>7} {'closed':>6} {'cut':>4} {'refused':>7} "
+            f"{'compliance':>10} {'same text':>9}"
+        )
         for split, rs in [*sorted(by_split.items()), ("all", rows)]:
             rs = [r for r in rs if "browser_answer" in r]
             a = Counter(r["browser_answer"] for r in rs)
             same = sum(r.get("browser_text") == r.get("answer_text") for r in rs)
-            print(f"{split:16} {len(rs):8} {a['valid']:5} {a['invalid']:7} {a['closed']:6} {a['cut']:4} {a['refused']:7} "
-                  f"{pct(a['valid'], len(rs)):>10} {same:9}")
+            print(
+                f"{split:16} {len(rs):8} {a['valid']:5} {a['invalid']:7} {a['closed']:6} {a['cut']:4} {a['refused']:7} "
+                f"{pct(a['valid'], len(rs)):>10} {same:9}"
+            )
         ms = [r["browser_s"] * 1000 / max(1, r.get("browser_tokens", 1)) for r in in_browser]
-        print(f"browser answers: {len(in_browser)}, median {statistics.median(ms):.0f} ms a token (one at a time, "
-              "prompt included)")
+        print(
+            f"browser answers: {len(in_browser)}, median {statistics.median(ms):.0f} ms a token (one at a time, prompt included)"
+        )
     reasons = Counter(_reason(r["lantern"]) for r in rows if r["lantern"] is not None)
     print("refusals by cause: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common(25)))
 
@@ -403,8 +427,17 @@ def _reason(message: str) -> str:
     return message.split(":")[0][:60]
 
 
-def main(folder: Path, artifact: Path | None, per_split: int, max_tokens: int, skip_llguidance: bool,
-         only: list[str] | None, dump: Path | None, schema_defaults: dict | None = None, browser: bool = False) -> int:
+def main(
+    folder: Path,
+    artifact: Path | None,
+    per_split: int,
+    max_tokens: int,
+    skip_llguidance: bool,
+    only: list[str] | None,
+    dump: Path | None,
+    schema_defaults: dict | None = None,
+    browser: bool = False,
+) -> int:
     from lantern.server.engine import ModelEngine
 
     rows = load(folder)
@@ -424,7 +457,23 @@ def main(folder: Path, artifact: Path | None, per_split: int, max_tokens: int, s
         browser_answers(rows, artifact, per_split, max_tokens, schema_defaults)
     report(rows, bool(per_split))
     if dump:
-        keep = ("split", "id", "lantern", "llguidance", "compile_s", "mask_us", "instances", "answer", "answer_error",
-                "answer_text", "tokens", "answer_s", "browser_answer", "browser_error", "browser_text", "browser_s")
+        keep = (
+            "split",
+            "id",
+            "lantern",
+            "llguidance",
+            "compile_s",
+            "mask_us",
+            "instances",
+            "answer",
+            "answer_error",
+            "answer_text",
+            "tokens",
+            "answer_s",
+            "browser_answer",
+            "browser_error",
+            "browser_text",
+            "browser_s",
+        )
         dump.write_text("\n".join(json.dumps({k: r[k] for k in keep if k in r}) for r in rows) + "\n")
     return 0

@@ -24,8 +24,10 @@ def table(support: dict) -> str:
         lines.append(f"| {names} | {'yes' if row['openai'] else 'no'} | {row['enforced'].replace('|', '&#124;')} |")
     refused = ", ".join(f"`{k}`" for k in support["refused"])
     lines.append(f"| {refused} | no | refused: 400 / `InvalidRequestError` naming the keyword and where it is |")
-    lines.append("| any keyword not above | no | unknown, so an annotation (JSON Schema 2020-12): ignored, and the "
-                 "response names it in `lantern_warnings` |")
+    lines.append(
+        "| any keyword not above | no | unknown, so an annotation (JSON Schema 2020-12): ignored, and the "
+        "response names it in `lantern_warnings` |"
+    )
     return "\n".join(lines)
 
 

@@ -22,24 +22,77 @@ OUT = Path(__file__).resolve().parent.parent / "server" / "unicode_categories.js
 
 # The two-letter categories an assigned code point of the BMP can have (Cs, the surrogates, is no
 # character of a string; Cn is "unassigned").
-CATEGORIES = ["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc", "Pd", "Ps", "Pe", "Pi", "Pf",
-              "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl", "Zp", "Cc", "Cf", "Co"]
+CATEGORIES = [
+    "Lu",
+    "Ll",
+    "Lt",
+    "Lm",
+    "Lo",
+    "Mn",
+    "Mc",
+    "Me",
+    "Nd",
+    "Nl",
+    "No",
+    "Pc",
+    "Pd",
+    "Ps",
+    "Pe",
+    "Pi",
+    "Pf",
+    "Po",
+    "Sm",
+    "Sc",
+    "Sk",
+    "So",
+    "Zs",
+    "Zl",
+    "Zp",
+    "Cc",
+    "Cf",
+    "Co",
+]
 # ECMA-262's names for the General_Category values (Unicode's PropertyValueAliases.txt), each to the
 # categories it covers.
 NAMES = {
-    "L": ("Letter", "Lu Ll Lt Lm Lo"), "LC": ("Cased_Letter", "Lu Ll Lt"), "Lu": ("Uppercase_Letter", "Lu"),
-    "Ll": ("Lowercase_Letter", "Ll"), "Lt": ("Titlecase_Letter", "Lt"), "Lm": ("Modifier_Letter", "Lm"),
-    "Lo": ("Other_Letter", "Lo"), "M": ("Mark", "Mn Mc Me"), "Mn": ("Nonspacing_Mark", "Mn"),
-    "Mc": ("Spacing_Mark", "Mc"), "Me": ("Enclosing_Mark", "Me"), "N": ("Number", "Nd Nl No"),
-    "Nd": ("Decimal_Number", "Nd"), "Nl": ("Letter_Number", "Nl"), "No": ("Other_Number", "No"),
-    "P": ("Punctuation", "Pc Pd Ps Pe Pi Pf Po"), "Pc": ("Connector_Punctuation", "Pc"),
-    "Pd": ("Dash_Punctuation", "Pd"), "Ps": ("Open_Punctuation", "Ps"), "Pe": ("Close_Punctuation", "Pe"),
-    "Pi": ("Initial_Punctuation", "Pi"), "Pf": ("Final_Punctuation", "Pf"), "Po": ("Other_Punctuation", "Po"),
-    "S": ("Symbol", "Sm Sc Sk So"), "Sm": ("Math_Symbol", "Sm"), "Sc": ("Currency_Symbol", "Sc"),
-    "Sk": ("Modifier_Symbol", "Sk"), "So": ("Other_Symbol", "So"), "Z": ("Separator", "Zs Zl Zp"),
-    "Zs": ("Space_Separator", "Zs"), "Zl": ("Line_Separator", "Zl"), "Zp": ("Paragraph_Separator", "Zp"),
-    "C": ("Other", "Cc Cf Cs Co Cn"), "Cc": ("Control", "Cc"), "Cf": ("Format", "Cf"), "Cs": ("Surrogate", "Cs"),
-    "Co": ("Private_Use", "Co"), "Cn": ("Unassigned", "Cn"),
+    "L": ("Letter", "Lu Ll Lt Lm Lo"),
+    "LC": ("Cased_Letter", "Lu Ll Lt"),
+    "Lu": ("Uppercase_Letter", "Lu"),
+    "Ll": ("Lowercase_Letter", "Ll"),
+    "Lt": ("Titlecase_Letter", "Lt"),
+    "Lm": ("Modifier_Letter", "Lm"),
+    "Lo": ("Other_Letter", "Lo"),
+    "M": ("Mark", "Mn Mc Me"),
+    "Mn": ("Nonspacing_Mark", "Mn"),
+    "Mc": ("Spacing_Mark", "Mc"),
+    "Me": ("Enclosing_Mark", "Me"),
+    "N": ("Number", "Nd Nl No"),
+    "Nd": ("Decimal_Number", "Nd"),
+    "Nl": ("Letter_Number", "Nl"),
+    "No": ("Other_Number", "No"),
+    "P": ("Punctuation", "Pc Pd Ps Pe Pi Pf Po"),
+    "Pc": ("Connector_Punctuation", "Pc"),
+    "Pd": ("Dash_Punctuation", "Pd"),
+    "Ps": ("Open_Punctuation", "Ps"),
+    "Pe": ("Close_Punctuation", "Pe"),
+    "Pi": ("Initial_Punctuation", "Pi"),
+    "Pf": ("Final_Punctuation", "Pf"),
+    "Po": ("Other_Punctuation", "Po"),
+    "S": ("Symbol", "Sm Sc Sk So"),
+    "Sm": ("Math_Symbol", "Sm"),
+    "Sc": ("Currency_Symbol", "Sc"),
+    "Sk": ("Modifier_Symbol", "Sk"),
+    "So": ("Other_Symbol", "So"),
+    "Z": ("Separator", "Zs Zl Zp"),
+    "Zs": ("Space_Separator", "Zs"),
+    "Zl": ("Line_Separator", "Zl"),
+    "Zp": ("Paragraph_Separator", "Zp"),
+    "C": ("Other", "Cc Cf Cs Co Cn"),
+    "Cc": ("Control", "Cc"),
+    "Cf": ("Format", "Cf"),
+    "Cs": ("Surrogate", "Cs"),
+    "Co": ("Private_Use", "Co"),
+    "Cn": ("Unassigned", "Cn"),
 }
 ALIASES = {"Combining_Mark": "M", "digit": "Nd", "punct": "P", "cntrl": "Cc"}
 
@@ -66,8 +119,9 @@ def ranges(codes: list[int]) -> str:
 
 
 def main() -> int:
-    node = json.loads(subprocess.run(["node", "-e", NODE, json.dumps(CATEGORIES)], check=True,
-                                     capture_output=True, text=True).stdout)
+    node = json.loads(
+        subprocess.run(["node", "-e", NODE, json.dumps(CATEGORIES)], check=True, capture_output=True, text=True).stdout
+    )
     agreed: dict[str, list[int]] = {c: [] for c in CATEGORIES}
     differ = 0
     for code in range(0x10000):
@@ -80,17 +134,21 @@ def main() -> int:
             differ += 1
     table = {
         "about": "Written by ci/unicode_table.py: each general category's code points of the BMP, in hex ranges, "
-                 "where Python's unicodedata and Node's RegExp agree; any other code point is unknown (unassigned or "
-                 "read differently). `names` maps every name ECMA-262 accepts to the categories it covers.",
+        "where Python's unicodedata and Node's RegExp agree; any other code point is unknown (unassigned or "
+        "read differently). `names` maps every name ECMA-262 accepts to the categories it covers.",
         "unicode": {"python": unicodedata.unidata_version, "node": node["unicode"]},
         "categories": {c: ranges(agreed[c]) for c in CATEGORIES},
-        "names": {**{short: cover.split() for short, (_, cover) in NAMES.items()},
-                  **{long: cover.split() for _, (long, cover) in NAMES.items()},
-                  **{alias: NAMES[short][1].split() for alias, short in ALIASES.items()}},
+        "names": {
+            **{short: cover.split() for short, (_, cover) in NAMES.items()},
+            **{long: cover.split() for _, (long, cover) in NAMES.items()},
+            **{alias: NAMES[short][1].split() for alias, short in ALIASES.items()},
+        },
     }
     OUT.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"{OUT.name}: Unicode {table['unicode']}, {differ} code points read differently, "
-          f"{sum(map(len, agreed.values()))} agreed", file=sys.stderr)
+    print(
+        f"{OUT.name}: Unicode {table['unicode']}, {differ} code points read differently, {sum(map(len, agreed.values()))} agreed",
+        file=sys.stderr,
+    )
     return 0
 
 

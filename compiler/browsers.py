@@ -34,10 +34,16 @@ from .errors import LanternError
 
 ENGINES = ("chromium", "firefox", "webkit")
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--enable-unsafe-webgpu",
-                 "--enable-dawn-features=disable_robustness"]
-
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-unsafe-webgpu",
+    "--enable-dawn-features=disable_robustness",
+]
 
 
 def chromium_path() -> str | None:
@@ -126,6 +132,7 @@ class Page(Protocol):
 
 class Browser(Protocol):
     name: str
+
     def new_page(self) -> Page: ...
     def close(self) -> None: ...
 
@@ -174,8 +181,7 @@ class _Chromium:
 
         self._pw = sync_playwright().start()
         try:
-            self.browser = self._pw.chromium.launch(executable_path=chromium_path(), headless=True,
-                                                    args=chromium_args(webgpu))
+            self.browser = self._pw.chromium.launch(executable_path=chromium_path(), headless=True, args=chromium_args(webgpu))
             self.context = self.browser.new_context()
         except BaseException:
             self._pw.stop()
@@ -202,9 +208,15 @@ class _FirefoxPage:
         self.fx.command("browsingContext.navigate", {"context": self.context, "url": url, "wait": "complete"})
 
     def evaluate(self, fn: str, arg: Any = None) -> Any:
-        result = self.fx.command("script.evaluate", {
-            "expression": _call_source(fn, arg), "target": {"context": self.context},
-            "awaitPromise": True, "resultOwnership": "none"})
+        result = self.fx.command(
+            "script.evaluate",
+            {
+                "expression": _call_source(fn, arg),
+                "target": {"context": self.context},
+                "awaitPromise": True,
+                "resultOwnership": "none",
+            },
+        )
         if result["type"] == "exception":
             details = result["exceptionDetails"]
             raise BrowserError(f"firefox: {details.get('text', 'the script threw')}")
@@ -235,7 +247,11 @@ class _Firefox:
         assert binary is not None  # open_browser checked missing("firefox")
         self.proc = subprocess.Popen(
             [binary, "--headless", "--no-remote", "--profile", self.profile, "--remote-debugging-port=0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         stderr = self.proc.stderr
         assert stderr is not None  # stderr=PIPE
         try:
@@ -307,9 +323,11 @@ class _WebKitPage:
 
     def evaluate(self, fn: str, arg: Any = None) -> Any:
         self._here()
-        script = ("const done = arguments[arguments.length - 1];"
-                  f"{_call_source(fn, arg)}.then((v) => done({{ok: v}}),"
-                  " (e) => done({err: String(e && e.name ? `${e.name}: ${e.message}` : e)}));")
+        script = (
+            "const done = arguments[arguments.length - 1];"
+            f"{_call_source(fn, arg)}.then((v) => done({{ok: v}}),"
+            " (e) => done({err: String(e && e.name ? `${e.name}: ${e.message}` : e)}));"
+        )
         result = self.wk.request("POST", "/execute/async", {"script": script, "args": []})
         if "err" in result:
             raise BrowserError(f"webkit: {result['err']}")
@@ -338,8 +356,13 @@ class _WebKit:
         env = {k: v for k, v in os.environ.items() if k != "JSC_useSharedArrayBuffer"}
         if shared_memory:
             env["JSC_useSharedArrayBuffer"] = "1"
-        self.proc = subprocess.Popen(["xvfb-run", "-a", "WebKitWebDriver", f"--port={port}"], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            ["xvfb-run", "-a", "WebKitWebDriver", f"--port={port}"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.base, self.session, self.current, self.timeout = f"http://127.0.0.1:{port}", None, None, timeout
         try:
             deadline = time.monotonic() + 60
@@ -351,8 +374,13 @@ class _WebKit:
                     if time.monotonic() > deadline or self.proc.poll() is not None:
                         raise BrowserError("WebKitWebDriver did not start") from None
                     time.sleep(0.1)
-            caps = {"browserName": "MiniBrowser", "webkitgtk:browserOptions": {
-                "binary": _minibrowser(), "args": ["--automation"] + ([f"--features={features}"] if features else [])}}
+            caps = {
+                "browserName": "MiniBrowser",
+                "webkitgtk:browserOptions": {
+                    "binary": _minibrowser(),
+                    "args": ["--automation"] + ([f"--features={features}"] if features else []),
+                },
+            }
             self.session = self._http("POST", "/session", {"capabilities": {"alwaysMatch": caps}})["sessionId"]
             self.request("POST", "/timeouts", {"script": timeout * 1000, "pageLoad": timeout * 1000})
             self._first: str | None = self.request("GET", "/window")
@@ -362,8 +390,7 @@ class _WebKit:
 
     def _http(self, method: str, path: str, body: dict | None = None) -> Any:
         data = json.dumps(body or {}).encode() if method == "POST" else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.base + path, data=data, method=method, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout + 30) as resp:
                 return json.load(resp)["value"]
@@ -395,9 +422,14 @@ class _WebKit:
 
 
 @contextlib.contextmanager
-def open_browser(name: str, webgpu: bool = True, firefox_prefs: dict | None = None,
-                 webkit_features: str = WEBKIT_FEATURES, shared_memory: bool = True,
-                 timeout: float = 600) -> Iterator[Browser]:
+def open_browser(
+    name: str,
+    webgpu: bool = True,
+    firefox_prefs: dict | None = None,
+    webkit_features: str = WEBKIT_FEATURES,
+    shared_memory: bool = True,
+    timeout: float = 600,
+) -> Iterator[Browser]:
     """A headless ``name`` (one of ENGINES) with a fresh profile, closed on exit. Each engine's own switches:
     ``webgpu`` (Chromium); ``firefox_prefs``: preferences (Firefox); ``webkit_features``: MiniBrowser's
     feature switches ("" for its defaults, which leave OPFS and the Storage API off) and ``shared_memory``:

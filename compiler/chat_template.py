@@ -33,12 +33,19 @@ def reasoning_tags(template: str | None) -> list[str] | None:
     return None
 
 
-def render(template: str, messages: list[dict], *, add_generation_prompt: bool = True,
-           bos_token: str = "", eos_token: str = "", tools: list | None = None, **extra) -> str:
+def render(
+    template: str,
+    messages: list[dict],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    tools: list | None = None,
+    **extra,
+) -> str:
     """Render a Hugging Face chat template the way transformers does; ``extra``: more template
     variables (a request's chat_template_kwargs, such as Qwen3's ``enable_thinking``)."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -47,8 +54,13 @@ def render(template: str, messages: list[dict], *, add_generation_prompt: bool =
     env.filters["tojson"] = _tojson
     try:
         return env.from_string(template).render(
-            **extra, messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token, eos_token=eos_token, tools=tools)
+            **extra,
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=tools,
+        )
     except jinja2.TemplateError as err:
         raise LanternError(f"chat template failed to render: {err}") from None
 
@@ -76,8 +88,9 @@ def _split(text: str, *markers: str) -> list[str]:
     return parts + [rest]
 
 
-def to_conv_template(template: str, *, bos_token: str, eos_token: str, stop_token_ids: list[int],
-                     name: str, bos_token_id: int | None = None) -> dict:
+def to_conv_template(
+    template: str, *, bos_token: str, eos_token: str, stop_token_ids: list[int], name: str, bos_token_id: int | None = None
+) -> dict:
     """Translate ``template`` into WebLLM's ``conv_template`` object (verified, or LanternError).
 
     A template that writes the BOS text itself (``{{ bos_token }}``: Llama 3, Gemma) gets it as
@@ -88,16 +101,22 @@ def to_conv_template(template: str, *, bos_token: str, eos_token: str, stop_toke
     kw: dict[str, Any] = {"bos_token": bos_token, "eos_token": eos_token}
     user = lambda c: {"role": "user", "content": c}  # noqa: E731
     try:
-        with_sys = render(template, [{"role": "system", "content": _SYS}, user(_U1),
-                                     {"role": "assistant", "content": _A1}, user(_U2)], **kw)
+        with_sys = render(
+            template, [{"role": "system", "content": _SYS}, user(_U1), {"role": "assistant", "content": _A1}, user(_U2)], **kw
+        )
         no_sys = render(template, [user(_U1)], **kw)
     except LanternError as err:
         raise LanternError(f"chat template cannot be probed for WebLLM: {err}") from None
     # a BOS written once, first (not a turn opener that doubles as the BOS, like SmolLM2's <|im_start|>)
-    bos_first = bool(bos_token) and bos_token_id is not None and with_sys.startswith(bos_token) \
-        and no_sys.startswith(bos_token) and with_sys.count(bos_token) == 1
+    bos_first = (
+        bool(bos_token)
+        and bos_token_id is not None
+        and with_sys.startswith(bos_token)
+        and no_sys.startswith(bos_token)
+        and with_sys.count(bos_token) == 1
+    )
     if bos_first:
-        with_sys, no_sys = with_sys[len(bos_token):], no_sys[len(bos_token):]
+        with_sys, no_sys = with_sys[len(bos_token) :], no_sys[len(bos_token) :]
     try:
         pre, sys_to_u1, u1_to_a1, a1_to_u2, tail = _split(with_sys, _SYS, _U1, _A1, _U2)
         default_head = no_sys.split(_U1, 1)[0]  # what the template writes when there is no system message
@@ -120,11 +139,11 @@ def to_conv_template(template: str, *, bos_token: str, eos_token: str, stop_toke
         system_template = pre + "{system_message}" + sys_to_u1
     else:
         raise LanternError("chat template does not fit WebLLM's conv_template format")
-    role_empty_sep = tail[len(sep + role_assistant):]
+    role_empty_sep = tail[len(sep + role_assistant) :]
     system_message = ""
     head_prefix, head_suffix = system_template.split("{system_message}")
     if not inside_first_turn and default_head.startswith(head_prefix) and default_head.endswith(head_suffix + role_user):
-        system_message = default_head[len(head_prefix): len(default_head) - len(head_suffix + role_user)]
+        system_message = default_head[len(head_prefix) : len(default_head) - len(head_suffix + role_user)]
     conv = {
         "name": name,
         "system_template": system_template,
@@ -132,8 +151,7 @@ def to_conv_template(template: str, *, bos_token: str, eos_token: str, stop_toke
         "system_prefix_token_ids": [bos_token_id] if bos_first else [],
         "add_role_after_system_message": not inside_first_turn,
         "roles": {"user": role_user, "assistant": role_assistant, "tool": role_user},
-        "role_templates": {"user": "{user_message}", "assistant": "{assistant_message}",
-                           "tool": "{tool_message}"},
+        "role_templates": {"user": "{user_message}", "assistant": "{assistant_message}", "tool": "{tool_message}"},
         "messages": [],
         "seps": [sep],
         "role_content_sep": "",
@@ -166,9 +184,14 @@ def render_conv_template(conv: dict, messages: list[dict]) -> str:
 
 
 def _verify(template: str, conv: dict, kw: dict, bos_text: str) -> None:
-    with_system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "One"},
-                   {"role": "assistant", "content": "Two"}, {"role": "user", "content": "Three"},
-                   {"role": "assistant", "content": "Four"}, {"role": "user", "content": "Five"}]
+    with_system = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "One"},
+        {"role": "assistant", "content": "Two"},
+        {"role": "user", "content": "Three"},
+        {"role": "assistant", "content": "Four"},
+        {"role": "user", "content": "Five"},
+    ]
     probes = [with_system]
     # WebLLM always renders its system template, unless told not to for an empty one. A template
     # that writes no system block when no system message is given (Llama 3) then differs by an empty

@@ -17,7 +17,8 @@ from .lower import SCHEDULE_CHOICES
 from .package import DEFAULT_CONTEXT, GENERATION_FIELDS, check_generation_defaults
 from .quantize import QUANTIZATIONS
 
-BUILD_EXAMPLES = """examples:
+BUILD_EXAMPLES = (
+    """examples:
   lantern build smollm2 --out dist/smollm2                              bundled SmolLM2-135M-Instruct
   lantern build gemma3-270m --out dist/gemma3                           bundled Gemma 3 270M (base)
   lantern build ./my-finetune --quant q4f32_1 --out dist/my-model       Hugging Face folder
@@ -26,22 +27,28 @@ BUILD_EXAMPLES = """examples:
   lantern build ./my-finetune --calibration train-sample.txt --out dist/m  GPTQ on your own text
 
 model families (config.json "architectures" / GGUF general.architecture):
-""" + "".join(f"  {f.name:8} {', '.join(f.architectures)} / {f.gguf.architecture}\n" for f in models.FAMILIES) + f"""
-GGUF tensor types read (dequantized, then quantized by Lantern): {', '.join(GGUF_INPUT_TYPES)}
 """
+    + "".join(f"  {f.name:8} {', '.join(f.architectures)} / {f.gguf.architecture}\n" for f in models.FAMILIES)
+    + f"""
+GGUF tensor types read (dequantized, then quantized by Lantern): {", ".join(GGUF_INPUT_TYPES)}
+"""
+)
 
 
 def _generation_arg(name: str):
     """argparse type of a sampling-default flag: a number within package.GENERATION_FIELDS' range."""
+
     def parse(text: str):
         try:
             value = int(text) if name == "top_k" else float(text)
             return check_generation_defaults({name: value}, name)[name]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{'an integer' if name == 'top_k' else 'a number'} expected, "
-                                             f"got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{'an integer' if name == 'top_k' else 'a number'} expected, got {text!r}"
+            ) from None
         except LanternError as err:
             raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
+
     return parse
 
 
@@ -52,9 +59,14 @@ class RichReporter:
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.console = console
-        self.progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[stage]:<9}"),
-                                 BarColumn(), TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-                                 console=console)
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.fields[stage]:<9}"),
+            BarColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
         self.task = None
 
     @contextlib.contextmanager
@@ -150,16 +162,19 @@ def cmd_build(args) -> int:
 
     console = Console(stderr=True)
     opts = BuildOptions(
-        source=args.source, out=Path(args.out), quant=args.quant,
+        source=args.source,
+        out=Path(args.out),
+        quant=args.quant,
         lora=Path(args.lora) if args.lora else None,
-        calibration=None if args.no_calibration else Path(args.calibration) if args.calibration
-        else DEFAULT_CALIBRATION,
+        calibration=None if args.no_calibration else Path(args.calibration) if args.calibration else DEFAULT_CALIBRATION,
         targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
-        webgpu_schedule=args.webgpu_schedule, context_window=args.context_window,
-        generation={k: v for k in ("temperature", "top_p", "top_k", "repetition_penalty")
-                    if (v := getattr(args, k)) is not None},
-        dump_dir=Path(args.dump_dir) if args.dump_dir else None, name=args.name,
-        use_cache=not args.no_cache)
+        webgpu_schedule=args.webgpu_schedule,
+        context_window=args.context_window,
+        generation={k: v for k in ("temperature", "top_p", "top_k", "repetition_penalty") if (v := getattr(args, k)) is not None},
+        dump_dir=Path(args.dump_dir) if args.dump_dir else None,
+        name=args.name,
+        use_cache=not args.no_cache,
+    )
     if args.cache_dir:
         opts.cache_dir = Path(args.cache_dir)
     if args.json:
@@ -179,9 +194,19 @@ def cmd_build(args) -> int:
                 raise
         console.print(_summary_table(result))
     if args.json:
-        print(json.dumps({"out": str(result.out), "cached": result.cached, "reused_libraries": result.reused_libraries,
-                          "stage_seconds": result.stage_seconds, "stage_peak_bytes": result.stage_peak_bytes,
-                          "manifest": result.manifest}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "out": str(result.out),
+                    "cached": result.cached,
+                    "reused_libraries": result.reused_libraries,
+                    "stage_seconds": result.stage_seconds,
+                    "stage_peak_bytes": result.stage_peak_bytes,
+                    "manifest": result.manifest,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 
@@ -200,19 +225,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise LanternError(f"{flag} must be a number of seconds, 0 or more (got {value})")
     api_key = args.api_key or os.environ.get("LANTERN_API_KEY")
     if args.host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        raise LanternError(f"binding to {args.host} exposes the API beyond this machine: "
-                           "set --api-key or LANTERN_API_KEY")
+        raise LanternError(f"binding to {args.host} exposes the API beyond this machine: set --api-key or LANTERN_API_KEY")
     config = ServerConfig(
-        [Path(d) for d in args.dirs], Path(args.site) if args.site else None, api_key=api_key,
+        [Path(d) for d in args.dirs],
+        Path(args.site) if args.site else None,
+        api_key=api_key,
         cors_origins=[o.strip() for o in (args.cors or "").split(",") if o.strip()],
-        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue,
-                      request_timeout_s=args.request_timeout or None), engine=args.engine,
-        parallel=args.parallel, threads=args.threads,
-        log=lambda line: print(f"lantern serve: {line}", file=sys.stderr, flush=True))
+        limits=Limits(max_tokens=args.max_tokens, max_queue=args.max_queue, request_timeout_s=args.request_timeout or None),
+        engine=args.engine,
+        parallel=args.parallel,
+        threads=args.threads,
+        log=lambda line: print(f"lantern serve: {line}", file=sys.stderr, flush=True),
+    )
     app = create_app(config)
     names = ", ".join(f"/models/{Path(d).resolve().name}/" for d in args.dirs)
-    print(f"lantern: serving {names}, the runtime, the site and the OpenAI API (/v1) on "
-          f"http://{args.host}:{args.port}/", file=sys.stderr)
+    print(
+        f"lantern: serving {names}, the runtime, the site and the OpenAI API (/v1) on http://{args.host}:{args.port}/",
+        file=sys.stderr,
+    )
     serve_until_signal(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
     return 0
 
@@ -237,6 +267,7 @@ def _metrics_table(report):
     table = Table(title="measured")
     table.add_column("metric")
     table.add_column("value", justify="right")
+
     def rows(metrics: dict, prefix: str = "") -> None:
         for k, v in metrics.items():
             if isinstance(v, dict) and k == "browsers":
@@ -269,11 +300,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise LanternError(f"--threads must be at least 1 (got {args.threads})")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     opts = ValidateOptions(
-        artifact=Path(args.artifact), budget=Path(args.budget) if args.budget else None,
+        artifact=Path(args.artifact),
+        budget=Path(args.budget) if args.budget else None,
         prompts=Path(args.prompts) if args.prompts else None,
-        baseline=Path(args.baseline) if args.baseline else None, max_tokens=args.max_tokens,
-        ppl_tokens=args.ppl_tokens, text=Path(args.text) if args.text else None, browsers=_browsers(args.browser),
-        threads=args.threads)
+        baseline=Path(args.baseline) if args.baseline else None,
+        max_tokens=args.max_tokens,
+        ppl_tokens=args.ppl_tokens,
+        text=Path(args.text) if args.text else None,
+        browsers=_browsers(args.browser),
+        threads=args.threads,
+    )
     try:
         if console.is_terminal:
             with console.status("validating") as status:
@@ -303,54 +339,89 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lantern",
         description="Compile language models into browser artifacts: WebGPU kernels in a wasm library, "
-                    "quantized weights and a hash manifest.")
+        "quantized weights and a hash manifest.",
+    )
     parser.add_argument("--version", action="version", version=f"lantern {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser(
-        "build", help="convert, quantize and compile a model into a browser artifact",
+        "build",
+        help="convert, quantize and compile a model into a browser artifact",
         description="Convert, quantize and compile a model into a folder that any static host can serve "
-                    "and `npm publish` accepts (WebGPU wasm libraries, CPU library, weights, a GGUF for llama.cpp, "
-                    "manifest).",
-        epilog=BUILD_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("source", help="a Hugging Face folder, a .gguf file (of a split GGUF: its first part), "
-                                  f"or a bundled name ({', '.join(BUNDLED)})")
+        "and `npm publish` accepts (WebGPU wasm libraries, CPU library, weights, a GGUF for llama.cpp, "
+        "manifest).",
+        epilog=BUILD_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument(
+        "source",
+        help=f"a Hugging Face folder, a .gguf file (of a split GGUF: its first part), or a bundled name ({', '.join(BUNDLED)})",
+    )
     b.add_argument("--out", required=True, help="artifact folder to create (replaced atomically)")
-    b.add_argument("--quant", default="q4f32_1", choices=list(QUANTIZATIONS),
-                   help="weight format (default: q4f32_1, which runs on every WebGPU adapter)")
+    b.add_argument(
+        "--quant",
+        default="q4f32_1",
+        choices=list(QUANTIZATIONS),
+        help="weight format (default: q4f32_1, which runs on every WebGPU adapter)",
+    )
     b.add_argument("--lora", help="PEFT LoRA adapter folder to merge into the base weights")
     calib = b.add_mutually_exclusive_group()
-    calib.add_argument("--calibration", metavar="TEXT_FILE",
-                       help="UTF-8 text that 4-bit builds calibrate on (GPTQ; the first 4096 tokens are used). "
-                            "Text like what your users will send gives the best model: for a fine-tune, a "
-                            "sample of its training data. Default: a built-in mix of English prose, chat, "
-                            "code and lists")
-    calib.add_argument("--no-calibration", action="store_true",
-                       help="round every weight to its nearest 4-bit level instead of GPTQ (faster build, "
-                            "less accurate model)")
-    b.add_argument("--targets", default="webgpu,cpu,gguf",
-                   help="comma-separated outputs: webgpu (the WebGPU libraries), cpu (the CPU library), gguf "
-                        "(the same weights as a GGUF for llama.cpp: the browser's wasm device, split into parts) "
-                        "(default: all three; a model llama.cpp cannot run skips gguf with a warning)")
-    b.add_argument("--webgpu-schedule", default="both", choices=SCHEDULE_CHOICES,
-                   help="kernel schedule of the webgpu libraries: gpu (for real GPUs), cpu-emulated (for "
-                        "software adapters such as SwiftShader, WARP, lavapipe: no GPU in the machine) or both "
-                        "(default): one library each, sharing the weights; the runtime picks by adapter")
-    b.add_argument("--context-window", type=int, metavar="TOKENS",
-                   help="tokens of context (prompt + answer) the runtimes allocate KV-cache memory for (default: "
-                        f"{DEFAULT_CONTEXT}, or the model's trained length if shorter). Sliding windows (Mistral, "
-                        "Phi-3, Gemma) hold at any length in the float32 CPU and cpu-emulated libraries; float16 "
-                        "and gpu-schedule libraries of those stop at the window")
+    calib.add_argument(
+        "--calibration",
+        metavar="TEXT_FILE",
+        help="UTF-8 text that 4-bit builds calibrate on (GPTQ; the first 4096 tokens are used). "
+        "Text like what your users will send gives the best model: for a fine-tune, a "
+        "sample of its training data. Default: a built-in mix of English prose, chat, "
+        "code and lists",
+    )
+    calib.add_argument(
+        "--no-calibration",
+        action="store_true",
+        help="round every weight to its nearest 4-bit level instead of GPTQ (faster build, less accurate model)",
+    )
+    b.add_argument(
+        "--targets",
+        default="webgpu,cpu,gguf",
+        help="comma-separated outputs: webgpu (the WebGPU libraries), cpu (the CPU library), gguf "
+        "(the same weights as a GGUF for llama.cpp: the browser's wasm device, split into parts) "
+        "(default: all three; a model llama.cpp cannot run skips gguf with a warning)",
+    )
+    b.add_argument(
+        "--webgpu-schedule",
+        default="both",
+        choices=SCHEDULE_CHOICES,
+        help="kernel schedule of the webgpu libraries: gpu (for real GPUs), cpu-emulated (for "
+        "software adapters such as SwiftShader, WARP, lavapipe: no GPU in the machine) or both "
+        "(default): one library each, sharing the weights; the runtime picks by adapter",
+    )
+    b.add_argument(
+        "--context-window",
+        type=int,
+        metavar="TOKENS",
+        help="tokens of context (prompt + answer) the runtimes allocate KV-cache memory for (default: "
+        f"{DEFAULT_CONTEXT}, or the model's trained length if shorter). Sliding windows (Mistral, "
+        "Phi-3, Gemma) hold at any length in the float32 CPU and cpu-emulated libraries; float16 "
+        "and gpu-schedule libraries of those stop at the window",
+    )
     gen = b.add_argument_group(
         "sampling defaults",
         "What both runtimes (and WebLLM) use when a request omits the field: a request's value wins, then these, "
         "then OpenAI's defaults. Unset flags come from the HF folder's generation_config.json (the bundled "
-        "smollm2: temperature 0.2, top_p 0.9).")
-    for name, metavar, meaning in (("temperature", "T", "0: greedy"), ("top_p", "P", "1: off"),
-                                   ("top_k", "K", "an integer, 0: off"), ("repetition_penalty", "R", "1: off")):
+        "smollm2: temperature 0.2, top_p 0.9).",
+    )
+    for name, metavar, meaning in (
+        ("temperature", "T", "0: greedy"),
+        ("top_p", "P", "1: off"),
+        ("top_k", "K", "an integer, 0: off"),
+        ("repetition_penalty", "R", "1: off"),
+    ):
         _, lo, hi = GENERATION_FIELDS[name]
-        gen.add_argument(f"--{name.replace('_', '-')}", type=_generation_arg(name), metavar=metavar,
-                         help=f"{lo:g} to {hi:g} ({meaning})" if hi is not None else f">= {lo:g} ({meaning})")
+        gen.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=_generation_arg(name),
+            metavar=metavar,
+            help=f"{lo:g} to {hi:g} ({meaning})" if hi is not None else f">= {lo:g} ({meaning})",
+        )
     b.add_argument("--name", help="model name used in file names and package.json (default: from source)")
     b.add_argument("--dump-dir", help="write the IR after every compiler phase to this folder")
     b.add_argument("--cache-dir", help="build cache folder (default: $LANTERN_CACHE or ~/.cache/lantern)")
@@ -359,65 +430,96 @@ def make_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
 
     s = sub.add_parser(
-        "serve", help="OpenAI-compatible API on the CPU, plus the site, runtime and artifacts over HTTP",
+        "serve",
+        help="OpenAI-compatible API on the CPU, plus the site, runtime and artifacts over HTTP",
         description="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) running "
-                    "each artifact on the CPU, /health and /metrics, and as static files the site at /, the "
-                    "runtime at /runtime/lantern.js and /runtime/worker.js, and each artifact folder at "
-                    "/models/<folder name>/ (the model's name in the API).")
+        "each artifact on the CPU, /health and /metrics, and as static files the site at /, the "
+        "runtime at /runtime/lantern.js and /runtime/worker.js, and each artifact folder at "
+        "/models/<folder name>/ (the model's name in the API).",
+    )
     s.add_argument("dirs", nargs="+", metavar="DIR", help="artifact folders built by `lantern build`")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    s.add_argument("--site", help="folder served at / (default: Lantern's own site: the chat demo, capability page "
-                                  "and embedding example)")
-    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $LANTERN_API_KEY); "
-                                     "needed for any bind address other than loopback")
+    s.add_argument(
+        "--site", help="folder served at / (default: Lantern's own site: the chat demo, capability page and embedding example)"
+    )
+    s.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` on /v1 (default: $LANTERN_API_KEY); "
+        "needed for any bind address other than loopback",
+    )
     s.add_argument("--cors", help="comma-separated origins allowed to call the API from a browser")
     s.add_argument("--max-tokens", type=int, default=4096, help="largest max_tokens a request may ask (default 4096)")
-    s.add_argument("--max-queue", type=int, default=16,
-                   help="requests that may wait per model before new ones get HTTP 429 (default 16)")
-    s.add_argument("--engine", choices=("auto", "llamacpp", "tvm"), default="auto",
-                   help="llamacpp: the artifact's GGUF on llama.cpp, several requests decoded together, shared "
-                        "prompt prefixes reused (needs the llamacpp extra); tvm: the artifact's CPU library, one "
-                        "request at a time (the reference). auto (default): llamacpp when the artifact has a GGUF "
-                        "and llama-cpp-python is installed, else tvm; the log says which runs and why")
-    s.add_argument("--parallel", type=int, default=8,
-                   help="llamacpp engine: sequences decoded together per model (default 8)")
+    s.add_argument(
+        "--max-queue", type=int, default=16, help="requests that may wait per model before new ones get HTTP 429 (default 16)"
+    )
+    s.add_argument(
+        "--engine",
+        choices=("auto", "llamacpp", "tvm"),
+        default="auto",
+        help="llamacpp: the artifact's GGUF on llama.cpp, several requests decoded together, shared "
+        "prompt prefixes reused (needs the llamacpp extra); tvm: the artifact's CPU library, one "
+        "request at a time (the reference). auto (default): llamacpp when the artifact has a GGUF "
+        "and llama-cpp-python is installed, else tvm; the log says which runs and why",
+    )
+    s.add_argument("--parallel", type=int, default=8, help="llamacpp engine: sequences decoded together per model (default 8)")
     s.add_argument("--threads", type=int, help="llamacpp engine: CPU threads (default: all cores)")
-    s.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="a request's deadline unless it sends its own `timeout` field, its wait in the queue "
-                        "included: past it the request ends with HTTP 504, or in a stream with finish_reason "
-                        "\"timeout\" and an error event (default 600; 0: none)")
-    s.add_argument("--shutdown-timeout", type=float, default=10.0, metavar="SECONDS",
-                   help="on SIGTERM or Ctrl-C, stop taking requests and give the running ones this long to "
-                        "finish before they are cancelled; requests whose clients left stop at once (default 10)")
+    s.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="a request's deadline unless it sends its own `timeout` field, its wait in the queue "
+        "included: past it the request ends with HTTP 504, or in a stream with finish_reason "
+        '"timeout" and an error event (default 600; 0: none)',
+    )
+    s.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, stop taking requests and give the running ones this long to "
+        "finish before they are cancelled; requests whose clients left stop at once (default 10)",
+    )
     s.set_defaults(func=cmd_serve)
 
     v = sub.add_parser(
-        "validate", help="run an artifact in headless browsers and check it against budgets (exit 0/1/2)",
+        "validate",
+        help="run an artifact in headless browsers and check it against budgets (exit 0/1/2)",
         description="Load the artifact with the real runtime (Web Worker, WebGPU) in headless Chromium and "
-                    "measure correctness against its CPU library (greedy tokens, logits, perplexity), speed "
-                    "(load cold and cached, TTFT, prefill and decode tokens/s), size and GPU memory, and that "
-                    "every kernel compiles as a WebGPU pipeline. In Firefox and WebKitGTK (--browser), which "
-                    "have no WebGPU here, the GGUF runs on the wasm device: greedy tokens, speed, loads and "
-                    "structured answers. Exit 0 within budget, 1 a budget was breached, 2 the validation could "
-                    "not run. Budget file format: see ci/budget.toml.")
+        "measure correctness against its CPU library (greedy tokens, logits, perplexity), speed "
+        "(load cold and cached, TTFT, prefill and decode tokens/s), size and GPU memory, and that "
+        "every kernel compiles as a WebGPU pipeline. In Firefox and WebKitGTK (--browser), which "
+        "have no WebGPU here, the GGUF runs on the wasm device: greedy tokens, speed, loads and "
+        "structured answers. Exit 0 within budget, 1 a budget was breached, 2 the validation could "
+        "not run. Budget file format: see ci/budget.toml.",
+    )
     v.add_argument("artifact", help="artifact folder built by `lantern build` (with the cpu target)")
     v.add_argument("--budget", help="TOML file of limits (absolute, or relative to --baseline)")
-    v.add_argument("--prompts", help='JSONL prompts: {"prompt": "raw text"} or {"messages": [...]} per line '
-                                     "(default: five built-in prompts)")
+    v.add_argument(
+        "--prompts", help='JSONL prompts: {"prompt": "raw text"} or {"messages": [...]} per line (default: five built-in prompts)'
+    )
     v.add_argument("--baseline", help="an earlier --json report; relative budgets and token matches use it")
     v.add_argument("--json", help="write the full report (metrics, checks, greedy tokens) here")
     v.add_argument("--junit", help="write the checks as JUnit XML here")
     v.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     v.add_argument("--ppl-tokens", type=int, default=256, help="held-out text tokens for perplexity (default 256)")
     v.add_argument("--text", help="held-out text file for perplexity (default: a built-in passage)")
-    v.add_argument("--browser", default="chromium", metavar="NAMES",
-                   help="browser engines to run in: chromium, firefox, webkit (comma-separated), or all; each "
-                        "must be installed (Debian: chromium, firefox-esr, webkit2gtk-driver and xvfb). "
-                        "Checks are then named <browser>:<budget key> (default: chromium)")
-    v.add_argument("--threads", type=int, metavar="N",
-                   help="llama.cpp threads on the wasm device (the browsers without WebGPU here) (default: the "
-                        "runtime's choice, as a page gets it)")
+    v.add_argument(
+        "--browser",
+        default="chromium",
+        metavar="NAMES",
+        help="browser engines to run in: chromium, firefox, webkit (comma-separated), or all; each "
+        "must be installed (Debian: chromium, firefox-esr, webkit2gtk-driver and xvfb). "
+        "Checks are then named <browser>:<budget key> (default: chromium)",
+    )
+    v.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="llama.cpp threads on the wasm device (the browsers without WebGPU here) (default: the "
+        "runtime's choice, as a page gets it)",
+    )
     v.set_defaults(func=cmd_validate)
     return parser
 

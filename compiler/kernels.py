@@ -21,8 +21,7 @@ def loops(gpu: bool):
     """(block loop, thread loop) for hand-written kernels: GPU thread bindings, or serial loops
     for a CPU build of the same TIR (the server samples with it; tests compare the two)."""
     if gpu:
-        return (lambda n: T.thread_binding(n, thread="blockIdx.x"),
-                lambda n: T.thread_binding(n, thread="threadIdx.x"))
+        return (lambda n: T.thread_binding(n, thread="blockIdx.x"), lambda n: T.thread_binding(n, thread="threadIdx.x"))
     return (lambda n: T.serial(n)), (lambda n: T.serial(n))
 
 
@@ -43,21 +42,22 @@ def merge_state_inplace(v_dtype: str):
                     scale = T.sblock_alloc_buffer((2,), "float32", scope="local")
                     s_max = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     if bx * THREADS + tx < N * H:
-                        s_max[0] = T.max(S[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H],
-                                         S_other[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H])
+                        s_max[0] = T.max(
+                            S[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H],
+                            S_other[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H],
+                        )
                         scale[0] = T.exp2(S[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H] - s_max[0])
-                        scale[1] = T.exp2(S_other[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H]
-                                          - s_max[0])
+                        scale[1] = T.exp2(S_other[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H] - s_max[0])
                         for d in T.serial(D):
                             V[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H, d] = T.Cast(
                                 v_dtype,
-                                (T.Cast("float32", V[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H, d])
-                                 * scale[0]
-                                 + T.Cast("float32",
-                                          V_other[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H, d])
-                                 * scale[1]) / (scale[0] + scale[1]))
-                        S[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H] = (
-                            T.log2(scale[0] + scale[1]) + s_max[0])
+                                (
+                                    T.Cast("float32", V[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H, d]) * scale[0]
+                                    + T.Cast("float32", V_other[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H, d]) * scale[1]
+                                )
+                                / (scale[0] + scale[1]),
+                            )
+                        S[(bx * THREADS + tx) // H, (bx * THREADS + tx) % H] = T.log2(scale[0] + scale[1]) + s_max[0]
 
     return merge_state
 
@@ -90,9 +90,15 @@ def nibble(word, j: int):
 def q4_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     groups = k // GROUP
     if residual:
+
         @T.prim_func(s_tir=True)
-        def gemv_res(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
-                     var_qw: T.handle, var_qs: T.handle, var_res: T.handle, var_out: T.handle):
+        def gemv_res(
+            x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+            var_qw: T.handle,
+            var_qs: T.handle,
+            var_res: T.handle,
+            var_out: T.handle,
+        ):
             T.func_attr(SCHEDULED)
             n = T.int32()
             qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
@@ -100,23 +106,30 @@ def q4_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
             res = T.match_buffer(var_res, (1, 1, n), "float32")
             out = T.match_buffer(var_out, (1, 1, n), "float32")
             body(x, qw, qs, res, out, n)
+
         return gemv_res
 
     @T.prim_func(s_tir=True)
-    def gemv(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
-             var_qw: T.handle, var_qs: T.handle, var_out: T.handle):
+    def gemv(
+        x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+        var_qw: T.handle,
+        var_qs: T.handle,
+        var_out: T.handle,
+    ):
         T.func_attr(SCHEDULED)
         n = T.int32()
         qw = T.match_buffer(var_qw, (n, k // 8), "uint32")
         qs = T.match_buffer(var_qs, (n, groups), "float32")
         out = T.match_buffer(var_out, (1, 1, n), "float32")
         body(x, qw, qs, None, out, n)
+
     return gemv
 
 
 def q4_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     groups = k // GROUP
     if residual:
+
         @T.prim_func(s_tir=True)
         def matmul_res(var_x: T.handle, var_qw: T.handle, var_qs: T.handle, var_res: T.handle, var_out: T.handle):
             T.func_attr(SCHEDULED)
@@ -132,6 +145,7 @@ def q4_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
             resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
             outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
             body(xf, qw, qs, resf, outf, b * s, n)
+
         return matmul_res
 
     @T.prim_func(s_tir=True)
@@ -147,35 +161,47 @@ def q4_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
         xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
         outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
         body(xf, qw, qs, None, outf, b * s, n)
+
     return matmul
 
 
 def f32_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     if residual:
+
         @T.prim_func(s_tir=True)
-        def gemv_res(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
-                     var_w: T.handle, var_res: T.handle, var_out: T.handle):
+        def gemv_res(
+            x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+            var_w: T.handle,
+            var_res: T.handle,
+            var_out: T.handle,
+        ):
             T.func_attr(SCHEDULED)
             n = T.int32()
             w = T.match_buffer(var_w, (n, k), "float32")
             res = T.match_buffer(var_res, (1, 1, n), "float32")
             out = T.match_buffer(var_out, (1, 1, n), "float32")
             body(x, w, res, out, n)
+
         return gemv_res
 
     @T.prim_func(s_tir=True)
-    def gemv(x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
-             var_w: T.handle, var_out: T.handle):
+    def gemv(
+        x: T.Buffer((1, 1, k), "float32"),  # type: ignore[valid-type]  # TVMScript's T.Buffer(...)
+        var_w: T.handle,
+        var_out: T.handle,
+    ):
         T.func_attr(SCHEDULED)
         n = T.int32()
         w = T.match_buffer(var_w, (n, k), "float32")
         out = T.match_buffer(var_out, (1, 1, n), "float32")
         body(x, w, None, out, n)
+
     return gemv
 
 
 def f32_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     if residual:
+
         @T.prim_func(s_tir=True)
         def matmul_res(var_x: T.handle, var_w: T.handle, var_res: T.handle, var_out: T.handle):
             T.func_attr(SCHEDULED)
@@ -190,6 +216,7 @@ def f32_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
             resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
             outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
             body(xf, w, resf, outf, b * s, n)
+
         return matmul_res
 
     @T.prim_func(s_tir=True)
@@ -204,4 +231,5 @@ def f32_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
         xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
         outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
         body(xf, w, None, outf, b * s, n)
+
     return matmul

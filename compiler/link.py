@@ -32,8 +32,21 @@ CFLAGS = ["-O3", "-std=c++17", "-Wno-ignored-attributes"]
 # -O1 at link time: the objects are already optimized (-O3), and binaryen's whole-module -O3 pass
 # took ~75 s of a ~78 s link for a 5 MB library, for a 13% smaller gzipped file. --strip-all drops
 # the name section (1.4 MB) that -O1 would otherwise keep.
-LDFLAGS = ["-O1", "-Wl,--strip-all", "--no-entry", "-s", "WASM_BIGINT=1", "-s", "ERROR_ON_UNDEFINED_SYMBOLS=0",
-           "-s", "STANDALONE_WASM=1", "-s", "ALLOW_MEMORY_GROWTH=1", "-s", "INITIAL_MEMORY=64MB"]
+LDFLAGS = [
+    "-O1",
+    "-Wl,--strip-all",
+    "--no-entry",
+    "-s",
+    "WASM_BIGINT=1",
+    "-s",
+    "ERROR_ON_UNDEFINED_SYMBOLS=0",
+    "-s",
+    "STANDALONE_WASM=1",
+    "-s",
+    "ALLOW_MEMORY_GROWTH=1",
+    "-s",
+    "INITIAL_MEMORY=64MB",
+]
 # Headers missing from the apache-tvm wheel, taken from tilelang's copy of the TVM tree.
 HEADER_WHEEL = "tilelang==0.1.15"
 HEADERS_FROM_WHEEL = (
@@ -63,8 +76,9 @@ def emscripten_version() -> str | None:
 
 def _require_emcc() -> None:
     if not shutil.which("emcc") or not shutil.which("em++"):
-        raise LanternError("emscripten is not installed (emcc not found): `apt-get install emscripten`, "
-                           "or build with --targets cpu")
+        raise LanternError(
+            "emscripten is not installed (emcc not found): `apt-get install emscripten`, or build with --targets cpu"
+        )
 
 
 def _wheel_dirs() -> tuple[Path, Path]:
@@ -94,12 +108,14 @@ def _missing_headers(dest: Path, cache_dir: Path) -> None:
     wheels = list(wheel_dir.glob("tilelang-*.whl"))
     if not wheels:
         wheel_dir.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                               HEADER_WHEEL, "-d", str(wheel_dir)], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", HEADER_WHEEL, "-d", str(wheel_dir)],
+            capture_output=True,
+            text=True,
+        )
         wheels = list(wheel_dir.glob("tilelang-*.whl"))
         if proc.returncode != 0 or not wheels:
-            raise LanternError(f"could not download {HEADER_WHEEL} (needed for TVM headers): "
-                               f"{proc.stderr.strip()[-300:]}")
+            raise LanternError(f"could not download {HEADER_WHEEL} (needed for TVM headers): {proc.stderr.strip()[-300:]}")
     with zipfile.ZipFile(wheels[0]) as zf:
         for rel in HEADERS_FROM_WHEEL:
             target = dest / rel
@@ -125,8 +141,12 @@ def runtime_objects(cache_dir: Path, on_step: Callable[[str], None] = lambda _: 
     """Compile (once per toolchain, cached) TVM's web runtime into wasm object files."""
     _require_emcc()
     key = _runtime_key()
-    with _RUNTIME_LOCK, cache_lock(cache_dir / "webruntime" / f"{key}.lock",
-                                   lambda: on_step("runtime: waiting for another process compiling it")):
+    with (
+        _RUNTIME_LOCK,
+        cache_lock(
+            cache_dir / "webruntime" / f"{key}.lock", lambda: on_step("runtime: waiting for another process compiling it")
+        ),
+    ):
         return _runtime_objects(cache_dir, key, on_step)
 
 
@@ -140,14 +160,17 @@ def _runtime_objects(cache_dir: Path, key: str, on_step: Callable[[str], None]) 
     try:
         root = work / "tvm"
         _assemble_tree(root, cache_dir)
-        includes = [f"-I{root}", f"-I{root / 'include'}", f"-I{root / '3rdparty/tvm-ffi/include'}",
-                    f"-I{root / '3rdparty/tvm-ffi/3rdparty/dlpack/include'}",
-                    f"-I{root / '3rdparty/compiler-rt'}"]
+        includes = [
+            f"-I{root}",
+            f"-I{root / 'include'}",
+            f"-I{root / '3rdparty/tvm-ffi/include'}",
+            f"-I{root / '3rdparty/tvm-ffi/3rdparty/dlpack/include'}",
+            f"-I{root / '3rdparty/compiler-rt'}",
+        ]
 
         def compile_unit(unit: str) -> None:
             on_step(f"runtime: {unit}")
-            cmd = ["em++", *CFLAGS, *includes, "-c", "-o", str(work / f"{Path(unit).stem}.o"),
-                   str(root / "web" / "emcc" / unit)]
+            cmd = ["em++", *CFLAGS, *includes, "-c", "-o", str(work / f"{Path(unit).stem}.o"), str(root / "web" / "emcc" / unit)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise LanternError(f"compiling TVM's web runtime ({unit}) failed: {proc.stderr.strip()[-800:]}")

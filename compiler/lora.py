@@ -46,7 +46,7 @@ def merge_lora(weights: Tensors, folder: Path) -> Tensors:
     scale = alpha / np.sqrt(r) if cfg.get("use_rslora") else alpha / r
     pairs: dict[str, dict[str, np.ndarray]] = {}
     for name, t in tensors.items():
-        stem = name[len(_PREFIX):] if name.startswith(_PREFIX) else name
+        stem = name[len(_PREFIX) :] if name.startswith(_PREFIX) else name
         for part in ("lora_A", "lora_B"):
             marker = f".{part}."
             if marker in stem:
@@ -69,7 +69,9 @@ def merge_lora(weights: Tensors, folder: Path) -> Tensors:
         if a.shape[1] != shape[1] or b.shape[0] != shape[0] or a.shape[0] != b.shape[1]:
             raise LanternError(
                 f"LoRA does not match its base: '{module}' has A{list(a.shape)} B{list(b.shape)} "
-                f"for a base weight of shape {list(shape)}")
+                f"for a base weight of shape {list(shape)}"
+            )
         merged[base_name] = lambda load=weights.loader(base_name), a=a, b=b: (  # noqa: B008 (bound now, on purpose)
-            load().astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))).astype(np.float32)
+            load().astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))
+        ).astype(np.float32)
     return weights.replaced(merged)

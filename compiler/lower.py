@@ -43,15 +43,19 @@ def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata:
     if target.kind.name != "llvm":
         mod = replace_racy_kernels(mod, spec.model_dtype)
     if config.attention_softcap or config.windowed:  # TVM's attention kernels can do neither: Lantern's can
-        mod = emulated.custom_attention(mod, config.attention_softcap, config.sliding_window if config.windowed else 0,
-                                        gpu=target.kind.name != "llvm")
+        mod = emulated.custom_attention(
+            mod, config.attention_softcap, config.sliding_window if config.windowed else 0, gpu=target.kind.name != "llvm"
+        )
     mod = attach_sampler(mod, config.vocab_size, target)
     names = [n for n, _ in named]
     shapes = [[int(d) for d in p.shape] for _, p in named]
     dtypes = [p.dtype for _, p in named]
-    meta = dict(metadata, params=[
-        {"name": n, "shape": s, "dtype": d, "preprocs": [], "pipeline_stages": [0]}
-        for n, s, d in zip(names, shapes, dtypes)])
+    meta = dict(
+        metadata,
+        params=[
+            {"name": n, "shape": s, "dtype": d, "preprocs": [], "pipeline_stages": [0]} for n, s, d in zip(names, shapes, dtypes)
+        ],
+    )
     return Exported(_attach_metadata(mod, meta), names)
 
 
@@ -78,8 +82,9 @@ def schedules(choice: str) -> tuple[str, ...]:
     return WEBGPU_SCHEDULES if choice == "both" else (choice,)
 
 
-def _phases(target: tvm.target.Target, quantized: bool,
-            schedule_profile: str = "gpu") -> list[tuple[str, list[tvm.transform.Pass]]]:
+def _phases(
+    target: tvm.target.Target, quantized: bool, schedule_profile: str = "gpu"
+) -> list[tuple[str, list[tvm.transform.Pass]]]:
     from tvm.s_tir import dlight as dl
 
     graph = [
@@ -100,8 +105,11 @@ def _phases(target: tvm.target.Target, quantized: bool,
     elif schedule_profile == "cpu-emulated":
         schedule = [emulated.rewrite_pass, dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.Fallback())]
     else:
-        schedule = [dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())]
+        schedule = [
+            dl.ApplyDefaultSchedule(
+                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+            )
+        ]
     lower = [
         relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
@@ -120,9 +128,15 @@ def _phases(target: tvm.target.Target, quantized: bool,
     return [("graph", graph), ("schedule", schedule), ("lower", lower), ("vm", vm)]
 
 
-def compile_module(mod: tvm.IRModule, target: tvm.target.Target, *, quantized: bool = False,
-                   schedule_profile: str = "gpu", dump_dir: Path | None = None,
-                   on_phase: Callable[[str], None] = lambda _: None) -> tuple[relax.Executable, int, int]:
+def compile_module(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    *,
+    quantized: bool = False,
+    schedule_profile: str = "gpu",
+    dump_dir: Path | None = None,
+    on_phase: Callable[[str], None] = lambda _: None,
+) -> tuple[relax.Executable, int, int]:
     """Run the phases, then build TIR and VM bytecode for ``target``.
 
     Returns the executable, its kernel count and the size of its largest kernel

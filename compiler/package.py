@@ -101,8 +101,7 @@ class Library:
     context_window: int | None = None
 
 
-def choose_library(libraries: list[dict], target: str, features: frozenset[str] = frozenset(),
-                   emulated: bool = False) -> dict:
+def choose_library(libraries: list[dict], target: str, features: frozenset[str] = frozenset(), emulated: bool = False) -> dict:
     """The library of ``target`` that a device runs best, as the browser runtime picks it
     (``chooseLibrary`` in webruntime/src/library.ts is the twin; a test holds them equal).
 
@@ -112,11 +111,18 @@ def choose_library(libraries: list[dict], target: str, features: frozenset[str] 
     """
     want = "cpu-emulated" if emulated else "gpu"
     candidates = [lib for lib in libraries if lib["target"] == target]
-    usable = [lib for lib in candidates if set(lib["required_features"]) <= features
-              and (target != "webgpu" or (lib.get("schedule") or "gpu") in SCHEDULES)]
+    usable = [
+        lib
+        for lib in candidates
+        if set(lib["required_features"]) <= features and (target != "webgpu" or (lib.get("schedule") or "gpu") in SCHEDULES)
+    ]
     if not usable:
-        needs = [f"{lib['file']} needs {' + '.join(lib['required_features'])}" if lib["required_features"]
-                 else f"{lib['file']} has the unknown schedule '{lib.get('schedule')}'" for lib in candidates]
+        needs = [
+            f"{lib['file']} needs {' + '.join(lib['required_features'])}"
+            if lib["required_features"]
+            else f"{lib['file']} has the unknown schedule '{lib.get('schedule')}'"
+            for lib in candidates
+        ]
         raise ValueError(f"no {target} library runs here ({'; '.join(needs) or 'none was built'})")
     rank = lambda lib: (2 if lib.get("param_upcast") else 0) + ((lib.get("schedule") or "gpu") != want)  # noqa: E731
     return min(usable, key=rank)
@@ -169,11 +175,26 @@ def write_shards(out: Path, names: list[str], arrays: list[np.ndarray]) -> dict:
             for name, arr in current:
                 data = np.ascontiguousarray(arr).tobytes()
                 f.write(data)
-                records.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype),
-                                "format": "raw", "nbytes": len(data), "byteOffset": offset})
+                records.append(
+                    {
+                        "name": name,
+                        "shape": list(arr.shape),
+                        "dtype": str(arr.dtype),
+                        "format": "raw",
+                        "nbytes": len(data),
+                        "byteOffset": offset,
+                    }
+                )
                 offset += len(data)
-        shards.append({"dataPath": path.name, "format": "raw-shard", "nbytes": offset,
-                       "records": records, "md5sum": hashlib.md5(path.read_bytes()).hexdigest()})
+        shards.append(
+            {
+                "dataPath": path.name,
+                "format": "raw-shard",
+                "nbytes": offset,
+                "records": records,
+                "md5sum": hashlib.md5(path.read_bytes()).hexdigest(),
+            }
+        )
         current, size = [], 0
 
     for name, arr in zip(names, arrays):
@@ -184,8 +205,10 @@ def write_shards(out: Path, names: list[str], arrays: list[np.ndarray]) -> dict:
     flush()
     total = sum(s["nbytes"] for s in shards)
     count = sum(int(np.prod(a.shape)) for a in arrays)
-    return {"metadata": {"ParamSize": len(names), "ParamBytes": total, "BitsPerParam": 8 * total / max(count, 1)},
-            "records": shards}
+    return {
+        "metadata": {"ParamSize": len(names), "ParamBytes": total, "BitsPerParam": 8 * total / max(count, 1)},
+        "records": shards,
+    }
 
 
 def sha256_file(path: Path) -> str:
@@ -231,17 +254,19 @@ def generation_summary(manifest: dict) -> str:
 
 
 def write_readme(out: Path, manifest: dict) -> None:
-    libs = "\n".join(f"- `{lib['file']}`: {lib['target']}, {lib['dtype']}"
-                     + (f", needs {', '.join(lib['required_features'])}" if lib["required_features"] else "")
-                     for lib in manifest["libraries"])
-    text = f"""# {manifest['model']['name']} ({manifest['quantization']})
+    libs = "\n".join(
+        f"- `{lib['file']}`: {lib['target']}, {lib['dtype']}"
+        + (f", needs {', '.join(lib['required_features'])}" if lib["required_features"] else "")
+        for lib in manifest["libraries"]
+    )
+    text = f"""# {manifest["model"]["name"]} ({manifest["quantization"]})
 
-Built by Lantern {manifest['versions']['lantern']} from source `{manifest['source']['sha256'][:16]}`.
+Built by Lantern {manifest["versions"]["lantern"]} from source `{manifest["source"]["sha256"][:16]}`.
 
-- parameters: {manifest['model']['parameters']:,}; weights: {manifest['weights']['bytes']:,} bytes
-- context window: {manifest['model']['context_window']} tokens
+- parameters: {manifest["model"]["parameters"]:,}; weights: {manifest["weights"]["bytes"]:,} bytes
+- context window: {manifest["model"]["context_window"]} tokens
 - 4-bit encoder: {encoder_summary(manifest)}
-- estimated GPU memory: {manifest['memory']['estimated_gpu_bytes']:,} bytes
+- estimated GPU memory: {manifest["memory"]["estimated_gpu_bytes"]:,} bytes
 - sampling defaults (a request's own values win): {generation_summary(manifest)}
 
 Libraries:
@@ -251,7 +276,7 @@ Load it in a page with the Lantern runtime:
 
 ```js
 import {{ createEngine }} from "/runtime/lantern.js";
-const engine = await createEngine({{ model: "/models/{manifest['model']['name']}/" }});
+const engine = await createEngine({{ model: "/models/{manifest["model"]["name"]}/" }});
 ```
 
 `lantern.json` lists every file with its sha256; the runtime refuses a file that does not match.

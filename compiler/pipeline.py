@@ -120,8 +120,7 @@ def fit_context(config, requested: int | None, log: Callable[[str], None]):
 
 
 def _with_context(config, context: int):
-    return dataclasses.replace(config, context_window_size=context,
-                               prefill_chunk_size=min(config.prefill_chunk_size, context))
+    return dataclasses.replace(config, context_window_size=context, prefill_chunk_size=min(config.prefill_chunk_size, context))
 
 
 def library_config(config, dtype: str, schedule: str | None):
@@ -145,8 +144,12 @@ def toolchain_versions() -> dict[str, str | None]:
     import tvm
     import tvm_ffi
 
-    return {"lantern": __version__, "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__,
-            "emscripten": link.emscripten_version()}
+    return {
+        "lantern": __version__,
+        "tvm": tvm.__version__,
+        "tvm_ffi": tvm_ffi.__version__,
+        "emscripten": link.emscripten_version(),
+    }
 
 
 # The modules the stored weights depend on; the rest of the compiler only shapes the libraries.
@@ -160,8 +163,12 @@ def _code_hash(weights_only: bool = False) -> str:
 
     here = Path(__file__).parent
     not_compiler = (here / "runtime", here / "validate")  # the layers above read artifacts, never make them
-    files = [p for root in (here, Path(models.__file__).parent) for p in sorted(root.rglob("*"))
-             if p.suffix in (".py", ".h") and not any(d in p.parents for d in not_compiler)]
+    files = [
+        p
+        for root in (here, Path(models.__file__).parent)
+        for p in sorted(root.rglob("*"))
+        if p.suffix in (".py", ".h") and not any(d in p.parents for d in not_compiler)
+    ]
     if weights_only:
         files = [p for p in files if p.parent != here or p.name in WEIGHT_MODULES]
     h = hashlib.sha256()
@@ -177,24 +184,49 @@ def _hash(facts: dict) -> str:
 def _weights_key(src: SourceModel, opts: BuildOptions, calibration_hash: str | None) -> str:
     """What the stored weights depend on. Builds for other targets or schedules share them, so
     GPTQ (minutes) runs once for all of them."""
-    return _hash({"source": src.source_hash, "code": _code_hash(weights_only=True), "quant": opts.quant,
-                  "calibration": calibration_hash, "lora": adapter_hash(opts.lora) if opts.lora else None})
+    return _hash(
+        {
+            "source": src.source_hash,
+            "code": _code_hash(weights_only=True),
+            "quant": opts.quant,
+            "calibration": calibration_hash,
+            "lora": adapter_hash(opts.lora) if opts.lora else None,
+        }
+    )
 
 
 def _cache_key(weights_key: str, opts: BuildOptions, name: str, versions: dict) -> str:
     """What the whole artifact depends on: its weights, plus what the compiled libraries do."""
-    return _hash({"weights": weights_key, "code": _code_hash(), "targets": sorted(opts.targets),
-                  "schedule": opts.webgpu_schedule, "name": name, "versions": versions,
-                  "context": opts.context_window})
+    return _hash(
+        {
+            "weights": weights_key,
+            "code": _code_hash(),
+            "targets": sorted(opts.targets),
+            "schedule": opts.webgpu_schedule,
+            "name": name,
+            "versions": versions,
+            "context": opts.context_window,
+        }
+    )
 
 
-def _library_key(src: SourceModel, config, lib_spec: QuantSpec, target: str, schedule: str | None,
-                 metadata: dict, versions: dict) -> str:
+def _library_key(
+    src: SourceModel, config, lib_spec: QuantSpec, target: str, schedule: str | None, metadata: dict, versions: dict
+) -> str:
     """What one model library depends on: the family and its config (shapes), the spec, the target
     and schedule, the metadata compiled into it, Lantern's code and the toolchain. Not the weights."""
-    return _hash({"family": src.family.name, "config": dataclasses.asdict(config), "spec": dataclasses.asdict(lib_spec),
-                  "target": target, "schedule": schedule, "metadata": metadata, "code": _code_hash(),
-                  "versions": versions})
+    return _hash(
+        {
+            "family": src.family.name,
+            "config": dataclasses.asdict(config),
+            "spec": dataclasses.asdict(lib_spec),
+            "target": target,
+            "schedule": schedule,
+            "metadata": metadata,
+            "code": _code_hash(),
+            "versions": versions,
+        }
+    )
 
 
 def _cached_library(opts: BuildOptions, key: str, dest: Path) -> dict | None:
@@ -270,8 +302,7 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
     if not set(opts.targets) & set(lower.TARGETS):
         raise LanternError("--targets needs webgpu or cpu: the gguf target is written next to a model library")
     if opts.webgpu_schedule not in lower.SCHEDULE_CHOICES:
-        raise LanternError(f"unknown WebGPU schedule '{opts.webgpu_schedule}' "
-                           f"(choose from: {', '.join(lower.SCHEDULE_CHOICES)})")
+        raise LanternError(f"unknown WebGPU schedule '{opts.webgpu_schedule}' (choose from: {', '.join(lower.SCHEDULE_CHOICES)})")
     if opts.context_window is not None and opts.context_window < 1:
         raise LanternError(f"context window must be a positive number of tokens, got {opts.context_window}")
     if opts.lora is not None and not opts.lora.is_dir():
@@ -299,8 +330,12 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
             key = _cache_key(weights_key, opts, name, versions)
             cached = opts.cache_dir / "artifacts" / key
             if opts.use_cache:  # a build of the same inputs running elsewhere: wait for it, then take its result
-                held.enter_context(cache_lock(cached.with_name(f"{key}.lock"), lambda: reporter.log(
-                    f"waiting for another build of the same inputs ({key[:12]}) to finish")))
+                held.enter_context(
+                    cache_lock(
+                        cached.with_name(f"{key}.lock"),
+                        lambda: reporter.log(f"waiting for another build of the same inputs ({key[:12]}) to finish"),
+                    )
+                )
             if opts.use_cache and (cached / package.MANIFEST).exists():
                 tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
                 shutil.copytree(cached, tmp, dirs_exist_ok=True)
@@ -318,8 +353,7 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
                     gguf_export.check(src.family, config, src.tokenizer.tokenizer_json)
                 except gguf_export.GGUFUnsupported as err:
                     reporter.log(f"warning: skipping the gguf target: {err}")
-                    opts = dataclasses.replace(opts, targets=tuple(t for t in opts.targets if t != "gguf"),
-                                               gguf_skipped=str(err))
+                    opts = dataclasses.replace(opts, targets=tuple(t for t in opts.targets if t != "gguf"), gguf_skipped=str(err))
             weights = src.load_weights()
             if opts.lora is not None:
                 weights = merge_lora(weights, opts.lora)
@@ -327,16 +361,18 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
             if calibration_hash is not None:
                 if src.family.calibration_forward is not None:
                     assert opts.calibration is not None  # calibration_hash is made from it
-                    calibration = gptq.load_calibration(opts.calibration, src.tokenizer.tokenizer_json,
-                                                         config.context_window_size)
+                    calibration = gptq.load_calibration(
+                        opts.calibration, src.tokenizer.tokenizer_json, config.context_window_size
+                    )
                 else:
                     reporter.log(f"the {src.family.name} family has no calibration pass; rounding to nearest")
 
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
             reused: list[str] = []
-            manifest = _build_into(tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions,
-                                   reporter, meter, reused)
+            manifest = _build_into(
+                tmp, src, name, config, weights, calibration, weights_key, spec, opts, versions, reporter, meter, reused
+            )
             manifest = package.set_generation_defaults(tmp, generation)
             _store_in_cache(tmp, cached)
             _install(tmp, out)
@@ -354,9 +390,21 @@ def _store_in_cache(folder: Path, cached: Path) -> None:
     staging.rename(cached)
 
 
-def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors,
-                calibration: gptq.Calibration | None, weights_key: str, spec: QuantSpec, opts: BuildOptions,
-                versions: dict, reporter: ProgressSink, meter: StageMeter, reused_files: list[str]) -> dict:
+def _build_into(
+    tmp: Path,
+    src: SourceModel,
+    name: str,
+    config,
+    weights: Tensors,
+    calibration: gptq.Calibration | None,
+    weights_key: str,
+    spec: QuantSpec,
+    opts: BuildOptions,
+    versions: dict,
+    reporter: ProgressSink,
+    meter: StageMeter,
+    reused_files: list[str],
+) -> dict:
     float_params = src.family.to_lantern(weights, config)  # nothing read yet: each tensor is read as it is quantized
     del weights
     n_params = sum(float_params.size(n) for n in float_params)
@@ -368,14 +416,23 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
         if stored is not None:
             reporter.advance(len(quantized), "cached")
         else:
+
             def gptq_all(params: Tensors = float_params):
                 # the pass reads each layer's weights several times: keep about one layer's worth
                 assert src.family.calibration_forward is not None and calibration is not None  # only when calibrated
                 layer_cached = params.cached(gptq.LAYER_CACHE_BYTES)
-                return gptq.quantize_calibrated(src.family.calibration_forward, layer_cached, config, spec,
-                                                calibration, on_weight=lambda n: reporter.advance(1, f"GPTQ {n}"))
-            stored = quantize_params(float_params, quantized, spec, gptq_all if calibrated else None,
-                                     on_weight=lambda n: reporter.advance(1, n))
+                return gptq.quantize_calibrated(
+                    src.family.calibration_forward,
+                    layer_cached,
+                    config,
+                    spec,
+                    calibration,
+                    on_weight=lambda n: reporter.advance(1, f"GPTQ {n}"),
+                )
+
+            stored = quantize_params(
+                float_params, quantized, spec, gptq_all if calibrated else None, on_weight=lambda n: reporter.advance(1, n)
+            )
             if calibrated:
                 _store_cached_weights(opts, weights_key, stored)
         del float_params
@@ -403,8 +460,9 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
         for stem, target_name, lib_spec, schedule in builds:
             file = f"{stem}.wasm" if target_name == "webgpu" else f"{stem}.so"
             lib_config = library_config(config, lib_spec.model_dtype, schedule)
-            lib_metadata = dict(metadata, context_window_size=lib_config.context_window_size,
-                                prefill_chunk_size=lib_config.prefill_chunk_size)
+            lib_metadata = dict(
+                metadata, context_window_size=lib_config.context_window_size, prefill_chunk_size=lib_config.prefill_chunk_size
+            )
             contexts[stem] = lib_config.context_window_size
             key = _library_key(src, lib_config, lib_spec, target_name, schedule, lib_metadata, versions)
             hit = _cached_library(opts, key, tmp / file)
@@ -418,9 +476,13 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
             exported = lower.export(src.family, lib_config, lib_spec, target, lib_metadata)
             param_names = exported.param_names
             ex, kernels, largest = lower.compile_module(
-                exported.mod, target, quantized=lib_spec.quantized, schedule_profile=schedule or "gpu",
+                exported.mod,
+                target,
+                quantized=lib_spec.quantized,
+                schedule_profile=schedule or "gpu",
                 dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
-                on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"))  # type: ignore[misc]  # mypy#15459
+                on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"),  # type: ignore[misc]  # mypy#15459
+            )
             facts[stem] = {"kernels": kernels, "largest": largest, "param_names": param_names}
             executables.append((stem, file, target_name, lib_spec, schedule, ex, key))
             reporter.advance(1, stem)
@@ -439,8 +501,19 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
                 _store_library(opts, key, tmp / file, facts[stem])
             features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
             upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
-            libraries.append(package.Library(file, target_name, lib_spec.model_dtype, features, facts[stem]["kernels"],
-                                             facts[stem]["largest"], upcast, schedule, contexts[stem]))
+            libraries.append(
+                package.Library(
+                    file,
+                    target_name,
+                    lib_spec.model_dtype,
+                    features,
+                    facts[stem]["kernels"],
+                    facts[stem]["largest"],
+                    upcast,
+                    schedule,
+                    contexts[stem],
+                )
+            )
             reporter.advance(1, file)
 
     with meter("write"), reporter.stage("write", total=4 if "gguf" in opts.targets else 3):
@@ -453,40 +526,62 @@ def _build_into(tmp: Path, src: SourceModel, name: str, config, weights: Tensors
         gguf = None
         if "gguf" in opts.targets:
             trained = src.family.config.from_hf(src.hf_config)  # the GGUF states the model's own length
-            parts = gguf_export.write(tmp, f"{name}-{spec.name}", stored, src.family, trained, spec.name,
-                                      src.tokenizer.tokenizer_json, src.tokenizer.chat_template, bos_id, eos_id,
-                                      src.tokenizer.add_bos_token)
-            gguf = {"files": parts, "tensor_type": gguf_export.tensor_type(spec.name),
-                    "context_window": gguf_export.context_window(src.family, config),
-                    "kv_overrides": src.family.gguf.load_overrides(config),
-                    "bytes": sum((tmp / p).stat().st_size for p in parts)}
+            parts = gguf_export.write(
+                tmp,
+                f"{name}-{spec.name}",
+                stored,
+                src.family,
+                trained,
+                spec.name,
+                src.tokenizer.tokenizer_json,
+                src.tokenizer.chat_template,
+                bos_id,
+                eos_id,
+                src.tokenizer.add_bos_token,
+            )
+            gguf = {
+                "files": parts,
+                "tensor_type": gguf_export.tensor_type(spec.name),
+                "context_window": gguf_export.context_window(src.family, config),
+                "kv_overrides": src.family.gguf.load_overrides(config),
+                "bytes": sum((tmp / p).stat().st_size for p in parts),
+            }
             reporter.advance(1, f"{len(parts)} GGUF part(s)")
         weight_bytes = cache_index["metadata"]["ParamBytes"]
         manifest = {
             "format": "lantern-artifact",
             "manifest_version": package.MANIFEST_VERSION,
-            "model": {"name": name, "family": src.family.name,
-                      "architecture": (src.hf_config.get("architectures") or ["?"])[0],
-                      "parameters": n_params, "context_window": config.context_window_size,
-                      "prefill_chunk_size": config.prefill_chunk_size, "vocab_size": config.vocab_size,
-                      # the <think>…</think> tags both runtimes return as reasoning_content, or null
-                      "reasoning_tags": chat_template.reasoning_tags(src.tokenizer.chat_template)},
+            "model": {
+                "name": name,
+                "family": src.family.name,
+                "architecture": (src.hf_config.get("architectures") or ["?"])[0],
+                "parameters": n_params,
+                "context_window": config.context_window_size,
+                "prefill_chunk_size": config.prefill_chunk_size,
+                "vocab_size": config.vocab_size,
+                # the <think>…</think> tags both runtimes return as reasoning_content, or null
+                "reasoning_tags": chat_template.reasoning_tags(src.tokenizer.chat_template),
+            },
             "quantization": spec.name,
             "calibration": calibration.manifest() if calibrated and calibration is not None else None,
-            "source": {"input": Path(opts.source).name, "sha256": src.source_hash,
-                       "lora_sha256": adapter_hash(opts.lora) if opts.lora else None},
+            "source": {
+                "input": Path(opts.source).name,
+                "sha256": src.source_hash,
+                "lora_sha256": adapter_hash(opts.lora) if opts.lora else None,
+            },
             "targets": sorted(set(opts.targets)),
             "libraries": [dataclasses.asdict(lib) for lib in libraries],
             # llama.cpp's copy of the same weights (the wasm device, the llamacpp engine), or null
             "gguf": gguf,
             "gguf_skipped": opts.gguf_skipped,  # why a requested gguf target was not written
             # The artifact runs where at least one WebGPU library's features are present.
-            "required_features": min((lib.required_features for lib in libraries if lib.target == "webgpu"),
-                                     key=len, default=[]),
-            "weights": {"bytes": weight_bytes, "bytes_per_param": weight_bytes / n_params,
-                        "shards": len(cache_index["records"])},
-            "memory": {"estimated_gpu_bytes": package.estimate_gpu_bytes(
-                weight_bytes, config, spec.model_dtype, config.context_window_size)},
+            "required_features": min((lib.required_features for lib in libraries if lib.target == "webgpu"), key=len, default=[]),
+            "weights": {"bytes": weight_bytes, "bytes_per_param": weight_bytes / n_params, "shards": len(cache_index["records"])},
+            "memory": {
+                "estimated_gpu_bytes": package.estimate_gpu_bytes(
+                    weight_bytes, config, spec.model_dtype, config.context_window_size
+                )
+            },
             "versions": versions,
         }
         package.write_readme(tmp, manifest)
@@ -518,13 +613,23 @@ def _library_builds(name: str, spec: QuantSpec, opts: BuildOptions) -> list[tupl
     return builds
 
 
-def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec,
-                                 libraries: list[package.Library], reporter: ProgressSink) -> tuple[int | None, int | None]:
+def _write_tokenizer_and_configs(
+    tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec, libraries: list[package.Library], reporter: ProgressSink
+) -> tuple[int | None, int | None]:
     tok = src.tokenizer
     (tmp / "tokenizer.json").write_text(tok.tokenizer_json)
-    (tmp / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
-        "add_bos_token": tok.add_bos_token}, indent=2) + "\n")
+    (tmp / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "chat_template": tok.chat_template,
+                "bos_token": tok.bos_token,
+                "eos_token": tok.eos_token,
+                "add_bos_token": tok.add_bos_token,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     vocab = json.loads(tok.tokenizer_json)
     added = {t["content"]: t["id"] for t in vocab.get("added_tokens", [])}
     model_vocab = vocab.get("model", {}).get("vocab", {})
@@ -534,8 +639,13 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
     if tok.chat_template:
         try:
             conv = chat_template.to_conv_template(
-                tok.chat_template, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
-                stop_token_ids=[eos_id] if eos_id is not None else [], name=name, bos_token_id=bos_id)
+                tok.chat_template,
+                bos_token=tok.bos_token or "",
+                eos_token=tok.eos_token or "",
+                stop_token_ids=[eos_id] if eos_id is not None else [],
+                name=name,
+                bos_token_id=bos_id,
+            )
         except LanternError as err:
             # Lantern's runtime renders the Jinja template itself; only WebLLM loses the chat format.
             reporter.log(f"warning: no WebLLM conv_template: {err}")
@@ -562,15 +672,19 @@ def _write_tokenizer_and_configs(tmp: Path, src: SourceModel, name: str, config,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "tokenizer_files": ["tokenizer.json"],
-        "tokenizer_info": {"token_postproc_method": _token_postproc(vocab), "prepend_space_in_encode": False,
-                           "strip_space_in_decode": False},
+        "tokenizer_info": {
+            "token_postproc_method": _token_postproc(vocab),
+            "prepend_space_in_encode": False,
+            "strip_space_in_decode": False,
+        },
         "conv_template": conv,
         "pad_token_id": 0,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         # Not read by WebLLM (its ModelRecord names the library); recorded for tools.
-        "model_lib": next((lib.file for lib in webgpu if lib.schedule == "gpu" and not lib.param_upcast),
-                          webgpu[0].file if webgpu else None),
+        "model_lib": next(
+            (lib.file for lib in webgpu if lib.schedule == "gpu" and not lib.param_upcast), webgpu[0].file if webgpu else None
+        ),
     }
     (tmp / "mlc-chat-config.json").write_text(json.dumps(chat_config, indent=2) + "\n")
     return bos_id, eos_id

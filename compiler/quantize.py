@@ -104,8 +104,7 @@ def pack_codes(codes: np.ndarray, scale: np.ndarray, spec: QuantSpec) -> tuple[n
 
 def no_clip_scale(groups: np.ndarray, spec: QuantSpec) -> np.ndarray:
     """Per group (last axis): the smallest scale whose grid covers the group's extremes."""
-    return np.maximum(groups.max(axis=-1, keepdims=True) / (spec.max_int + 1),
-                      -groups.min(axis=-1, keepdims=True) / spec.max_int)
+    return np.maximum(groups.max(axis=-1, keepdims=True) / (spec.max_int + 1), -groups.min(axis=-1, keepdims=True) / spec.max_int)
 
 
 ROWS_AT_ONCE = 8192  # rows quantized at a time: a 152k-row embedding's temporaries stay small
@@ -126,11 +125,11 @@ def quantize_weight(w: np.ndarray, spec: QuantSpec) -> tuple[np.ndarray, np.ndar
     q_weight = np.empty((out_dim, in_dim // spec.per_uint32), np.uint32)
     q_scale = np.empty((out_dim, in_dim // spec.group_size), spec.model_dtype)
     for r in range(0, out_dim, ROWS_AT_ONCE):
-        rows = w[r:r + ROWS_AT_ONCE].astype(np.float32)
+        rows = w[r : r + ROWS_AT_ONCE].astype(np.float32)
         groups = rows.reshape(len(rows), in_dim // spec.group_size, spec.group_size)
         scale = stored_scale(no_clip_scale(groups, spec), spec)
         codes = round_to_grid(groups, scale, spec).reshape(len(rows), in_dim)
-        q_weight[r:r + ROWS_AT_ONCE], q_scale[r:r + ROWS_AT_ONCE] = pack_codes(codes, scale, spec)
+        q_weight[r : r + ROWS_AT_ONCE], q_scale[r : r + ROWS_AT_ONCE] = pack_codes(codes, scale, spec)
     return q_weight, q_scale
 
 
@@ -157,15 +156,15 @@ def _dequantized(q_weight: te.Tensor, q_scale: te.Tensor, spec: QuantSpec, dtype
 
 def _te_dequantize(q_weight: te.Tensor, q_scale: te.Tensor, spec: QuantSpec, in_dim: int, dtype: str):
     """TE stage: packed ``[rows, in/8]`` -> ``[rows, in_dim]`` in ``dtype``."""
-    return te.compute((q_weight.shape[0], in_dim),
-                      lambda r, i: _dequantized(q_weight, q_scale, spec, dtype, r, i), name="dequantize")
+    return te.compute(
+        (q_weight.shape[0], in_dim), lambda r, i: _dequantized(q_weight, q_scale, spec, dtype, r, i), name="dequantize"
+    )
 
 
 def _matmul_transposed(x: te.Tensor, w: te.Tensor) -> te.Tensor:
     """TE stage ``x @ w.T`` for ``w[out, in]``, reading rows of ``w`` (no transpose kernel)."""
     k = te.reduce_axis((0, w.shape[1]), name="k")
-    return te.compute((*x.shape[:-1], w.shape[0]),
-                      lambda *idx: te.sum(x[(*idx[:-1], k)] * w[idx[-1], k], axis=k), name="matmul")
+    return te.compute((*x.shape[:-1], w.shape[0]), lambda *idx: te.sum(x[(*idx[:-1], k)] * w[idx[-1], k], axis=k), name="matmul")
 
 
 class GroupQuantLinear(nn.Module):
@@ -204,8 +203,9 @@ class GroupQuantEmbedding(nn.Module):
         spec, hidden, dtype = self.spec, self.hidden_size, self.spec.model_dtype
 
         def lookup(ids: te.Tensor, qw: te.Tensor, qs: te.Tensor) -> te.Tensor:
-            return te.compute((ids.shape[0], hidden),
-                              lambda n, i: _dequantized(qw, qs, spec, dtype, ids[n], i), name="embedding_lookup")
+            return te.compute(
+                (ids.shape[0], hidden), lambda n, i: _dequantized(qw, qs, spec, dtype, ids[n], i), name="embedding_lookup"
+            )
 
         return op.tensor_expr_op(lookup, "dequantize_embedding", [input_ids, self.q_weight, self.q_scale])
 
@@ -256,7 +256,9 @@ def make_embedding(vocab_size: int, hidden_size: int, spec: QuantSpec) -> nn.Mod
 
 
 def quantize_params(
-    float_params: Mapping[str, np.ndarray], quantized_names: set[str], spec: QuantSpec,
+    float_params: Mapping[str, np.ndarray],
+    quantized_names: set[str],
+    spec: QuantSpec,
     encode_calibrated: Callable[[], dict[str, tuple[np.ndarray, np.ndarray]]] | None = None,
     on_weight: Callable[[str], None] = lambda name: None,
 ) -> dict[str, np.ndarray]:

@@ -36,9 +36,11 @@ def message(name: str, **params: Any) -> str:
 
 def _fill(template: str, params: dict) -> str:
     """Each {name} replaced by its parameter: a string as it is, anything else as show() writes it."""
+
     def one(m: re.Match) -> str:
         value = params[m.group(1)]
         return value if isinstance(value, str) else show(value)
+
     return re.sub(r"\{(\w+)\}", one, template)
 
 
@@ -118,8 +120,7 @@ def _check(rule: dict, value: Any, field: str) -> Any:
         return int(value)  # 2.0 is an integer in JavaScript (and 1e20 too large for pydantic's float parsing)
     if kind == "strings":
         items = [value] if isinstance(value, str) else value
-        if not (isinstance(items, list) and len(items) <= rule["max_items"]
-                and all(isinstance(s, str) and s for s in items)):
+        if not (isinstance(items, list) and len(items) <= rule["max_items"] and all(isinstance(s, str) and s for s in items)):
             raise _fail(rule, "strings", field, value, max_items=rule["max_items"])
     if kind in ("object", "token_map") and not isinstance(value, dict):
         raise _fail(rule, "object", field, value)
@@ -176,8 +177,9 @@ def template_messages(messages: list[dict]) -> list[dict]:
 
 def generation_fields() -> dict[str, tuple[float, float, float | None]]:
     """The fields an artifact may carry defaults for: name -> (OpenAI's default, min, max or None)."""
-    return {name: (rule["fallback"], rule["min"], rule.get("max"))
-            for name, rule in RULES["shared"].items() if "fallback" in rule}
+    return {
+        name: (rule["fallback"], rule["min"], rule.get("max")) for name, rule in RULES["shared"].items() if "fallback" in rule
+    }
 
 
 def stop_token_ids(chat_config: dict) -> set[int]:

@@ -55,8 +55,8 @@ def logit_bias_kernel(gpu: bool, vocab: int):
                 with T.sblock("bias"):
                     if bx * THREADS + tx < N:
                         logits[pos2seq[bx * THREADS + tx], ids[bx * THREADS + tx]] = (
-                            logits[pos2seq[bx * THREADS + tx], ids[bx * THREADS + tx]]
-                            + bias[bx * THREADS + tx])
+                            logits[pos2seq[bx * THREADS + tx], ids[bx * THREADS + tx]] + bias[bx * THREADS + tx]
+                        )
 
     return apply_logit_bias
 
@@ -65,8 +65,14 @@ def penalty_kernel(gpu: bool, vocab: int):
     block, thread = loops(gpu)
 
     @T.prim_func(s_tir=True)
-    def apply_penalty(var_logits: T.handle, var_seq_ids: T.handle, var_pos2seq: T.handle, var_ids: T.handle,
-                      var_cnt: T.handle, var_penalties: T.handle):
+    def apply_penalty(
+        var_logits: T.handle,
+        var_seq_ids: T.handle,
+        var_pos2seq: T.handle,
+        var_ids: T.handle,
+        var_cnt: T.handle,
+        var_penalties: T.handle,
+    ):
         T.func_attr(_attrs(gpu))
         B = T.int32()
         S = T.int32()
@@ -83,14 +89,16 @@ def penalty_kernel(gpu: bool, vocab: int):
                     value = T.sblock_alloc_buffer((1,), "float32", scope="local")
                     if bx * THREADS + tx < N:
                         # presence and frequency first, then repetition on the result (MLC's order)
-                        value[0] = (logits[seq_ids[pos2seq[bx * THREADS + tx]], ids[bx * THREADS + tx]]
-                                    - penalties[pos2seq[bx * THREADS + tx], 0]
-                                    - T.Cast("float32", cnt[bx * THREADS + tx])
-                                    * penalties[pos2seq[bx * THREADS + tx], 1])
+                        value[0] = (
+                            logits[seq_ids[pos2seq[bx * THREADS + tx]], ids[bx * THREADS + tx]]
+                            - penalties[pos2seq[bx * THREADS + tx], 0]
+                            - T.Cast("float32", cnt[bx * THREADS + tx]) * penalties[pos2seq[bx * THREADS + tx], 1]
+                        )
                         logits[seq_ids[pos2seq[bx * THREADS + tx]], ids[bx * THREADS + tx]] = T.if_then_else(
                             value[0] < T.float32(0),
                             value[0] * penalties[pos2seq[bx * THREADS + tx], 2],
-                            value[0] / penalties[pos2seq[bx * THREADS + tx], 2])
+                            value[0] / penalties[pos2seq[bx * THREADS + tx], 2],
+                        )
 
     return apply_penalty
 
@@ -113,11 +121,17 @@ def bitmask_kernel(gpu: bool, vocab: int):
                     if bx * THREADS + tx < S * vocab:
                         # bits are LSB-first within each int32 word; a masked token gets the
                         # lowest float (not -inf, so softmax never sees inf - inf)
-                        if T.bitwise_and(T.shift_right(
-                                bitmask[seq_ids[(bx * THREADS + tx) // vocab], ((bx * THREADS + tx) % vocab) // 32],
-                                ((bx * THREADS + tx) % vocab) % 32), 1) == 0:
-                            logits[seq_ids[(bx * THREADS + tx) // vocab], (bx * THREADS + tx) % vocab] = T.min_value(
-                                "float32")
+                        if (
+                            T.bitwise_and(
+                                T.shift_right(
+                                    bitmask[seq_ids[(bx * THREADS + tx) // vocab], ((bx * THREADS + tx) % vocab) // 32],
+                                    ((bx * THREADS + tx) % vocab) % 32,
+                                ),
+                                1,
+                            )
+                            == 0
+                        ):
+                            logits[seq_ids[(bx * THREADS + tx) // vocab], (bx * THREADS + tx) % vocab] = T.min_value("float32")
 
     return apply_bitmask
 
@@ -144,25 +158,27 @@ def softmax_kernels(gpu: bool, vocab: int):
                         acc[2] = T.float32(0)
                         for j in T.serial(CHUNK):
                             if ((bx * THREADS + tx) % chunks) * CHUNK + j < vocab:
-                                acc[0] = T.max(acc[0], logits[(bx * THREADS + tx) // chunks,
-                                                              ((bx * THREADS + tx) % chunks) * CHUNK + j])
+                                acc[0] = T.max(
+                                    acc[0], logits[(bx * THREADS + tx) // chunks, ((bx * THREADS + tx) % chunks) * CHUNK + j]
+                                )
                         for j in T.serial(CHUNK):
                             if ((bx * THREADS + tx) % chunks) * CHUNK + j < vocab:
-                                if logits[(bx * THREADS + tx) // chunks,
-                                          ((bx * THREADS + tx) % chunks) * CHUNK + j] == acc[0]:
+                                if logits[(bx * THREADS + tx) // chunks, ((bx * THREADS + tx) % chunks) * CHUNK + j] == acc[0]:
                                     acc[2] = acc[2] + T.float32(1)
                                 if temperature[(bx * THREADS + tx) // chunks] > T.float32(GREEDY_TEMPERATURE):
                                     acc[1] = acc[1] + T.exp(
-                                        (logits[(bx * THREADS + tx) // chunks,
-                                                ((bx * THREADS + tx) % chunks) * CHUNK + j] - acc[0])
-                                        / temperature[(bx * THREADS + tx) // chunks])
+                                        (
+                                            logits[(bx * THREADS + tx) // chunks, ((bx * THREADS + tx) % chunks) * CHUNK + j]
+                                            - acc[0]
+                                        )
+                                        / temperature[(bx * THREADS + tx) // chunks]
+                                    )
                         stats[(bx * THREADS + tx) // chunks, (bx * THREADS + tx) % chunks, 0] = acc[0]
                         stats[(bx * THREADS + tx) // chunks, (bx * THREADS + tx) % chunks, 1] = acc[1]
                         stats[(bx * THREADS + tx) // chunks, (bx * THREADS + tx) % chunks, 2] = acc[2]
 
     @T.prim_func(s_tir=True)
-    def softmax_normalize(var_logits: T.handle, var_temperature: T.handle, var_stats: T.handle,
-                          var_probs: T.handle):
+    def softmax_normalize(var_logits: T.handle, var_temperature: T.handle, var_stats: T.handle, var_probs: T.handle):
         T.func_attr(_attrs(gpu))
         B = T.int32()
         logits = T.match_buffer(var_logits, (B, vocab), "float32")
@@ -187,15 +203,22 @@ def softmax_kernels(gpu: bool, vocab: int):
                             if temperature[(bx * THREADS + tx) // vocab] > T.float32(GREEDY_TEMPERATURE):
                                 row[1] = row[1] + stats[(bx * THREADS + tx) // vocab, c, 1] * T.exp(
                                     (stats[(bx * THREADS + tx) // vocab, c, 0] - row[0])
-                                    / temperature[(bx * THREADS + tx) // vocab])
+                                    / temperature[(bx * THREADS + tx) // vocab]
+                                )
                         if temperature[(bx * THREADS + tx) // vocab] > T.float32(GREEDY_TEMPERATURE):
-                            probs[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] = T.exp(
-                                (logits[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] - row[0])
-                                / temperature[(bx * THREADS + tx) // vocab]) / row[1]
+                            probs[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] = (
+                                T.exp(
+                                    (logits[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] - row[0])
+                                    / temperature[(bx * THREADS + tx) // vocab]
+                                )
+                                / row[1]
+                            )
                         else:
                             probs[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] = T.if_then_else(
                                 logits[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] == row[0],
-                                T.float32(1) / row[2], T.float32(0))
+                                T.float32(1) / row[2],
+                                T.float32(0),
+                            )
 
     return softmax_chunk_stats, softmax_normalize
 
@@ -220,9 +243,9 @@ def sort_kernels(gpu: bool, vocab: int):
                         keys[(bx * THREADS + tx) // padded, (bx * THREADS + tx) % padded] = T.if_then_else(
                             (bx * THREADS + tx) % padded < vocab,
                             probs[(bx * THREADS + tx) // padded, T.min((bx * THREADS + tx) % padded, vocab - 1)],
-                            T.float32(-1))
-                        ids[(bx * THREADS + tx) // padded, (bx * THREADS + tx) % padded] = (
-                            (bx * THREADS + tx) % padded)
+                            T.float32(-1),
+                        )
+                        ids[(bx * THREADS + tx) // padded, (bx * THREADS + tx) % padded] = (bx * THREADS + tx) % padded
 
     @T.prim_func(s_tir=True)
     def sort_pass(var_keys: T.handle, var_ids: T.handle, k: T.int32, j: T.int32):
@@ -270,12 +293,13 @@ def sort_kernels(gpu: bool, vocab: int):
                 with T.sblock("unpad"):
                     if bx * THREADS + tx < B * vocab:
                         sorted_probs[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] = keys[
-                            (bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab]
+                            (bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab
+                        ]
                         sorted_ids[(bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab] = ids[
-                            (bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab]
+                            (bx * THREADS + tx) // vocab, (bx * THREADS + tx) % vocab
+                        ]
 
-    passes = [(k, j) for k in (1 << e for e in range(1, padded.bit_length()))
-              for j in (k >> s for s in range(1, k.bit_length()))]
+    passes = [(k, j) for k in (1 << e for e in range(1, padded.bit_length())) for j in (k >> s for s in range(1, k.bit_length()))]
     return sort_pad, sort_pass, sort_unpad, padded, passes
 
 
@@ -298,13 +322,22 @@ def top_p_kernels(gpu: bool, vocab: int):
                         acc[0] = T.float32(0)
                         for j in T.serial(CHUNK):
                             if ((bx * THREADS + tx) % chunks) * CHUNK + j < vocab:
-                                acc[0] = acc[0] + sorted_probs[(bx * THREADS + tx) // chunks,
-                                                               ((bx * THREADS + tx) % chunks) * CHUNK + j]
+                                acc[0] = (
+                                    acc[0]
+                                    + sorted_probs[(bx * THREADS + tx) // chunks, ((bx * THREADS + tx) % chunks) * CHUNK + j]
+                                )
                         sums[(bx * THREADS + tx) // chunks, (bx * THREADS + tx) % chunks] = acc[0]
 
     @T.prim_func(s_tir=True)
-    def top_p_sample(var_sorted: T.handle, var_sorted_ids: T.handle, var_sums: T.handle, var_uniform: T.handle,
-                     var_sample_idx: T.handle, var_top_p: T.handle, var_out: T.handle):
+    def top_p_sample(
+        var_sorted: T.handle,
+        var_sorted_ids: T.handle,
+        var_sums: T.handle,
+        var_uniform: T.handle,
+        var_sample_idx: T.handle,
+        var_top_p: T.handle,
+        var_out: T.handle,
+    ):
         T.func_attr(_attrs(gpu))
         B = T.int32()
         N = T.int32()
@@ -328,8 +361,7 @@ def top_p_kernels(gpu: bool, vocab: int):
                         at[0] = -1
                         for c in T.serial(chunks):
                             if at[0] < 0:
-                                if run[0] + sums[sample_idx[bx * THREADS + tx], c] >= top_p[
-                                        sample_idx[bx * THREADS + tx]]:
+                                if run[0] + sums[sample_idx[bx * THREADS + tx], c] >= top_p[sample_idx[bx * THREADS + tx]]:
                                     at[0] = c
                                 else:
                                     run[0] = run[0] + sums[sample_idx[bx * THREADS + tx], c]
@@ -384,56 +416,71 @@ def attach_sampler(mod: tvm.IRModule, vocab: int, target: tvm.target.Target) -> 
     def inplace(name: str, kernel, params: list[relax.Var]) -> None:
         with bb.function(name, params):
             gv = bb.add_func(kernel, f"{name}_kernel")
-            out = bb.emit(relax.call_tir_inplace(gv, params, inplace_indices=[0],
-                                                 out_ty=params[0].ty))
+            out = bb.emit(relax.call_tir_inplace(gv, params, inplace_indices=[0], out_ty=params[0].ty))
             bb.emit_func_output(out)
 
     logits = lambda: relax.Var("logits", f32(batch, vocab))  # noqa: E731
-    inplace("apply_logit_bias_inplace", logit_bias_kernel(gpu, vocab),
-            [logits(), relax.Var("pos2seq_id", i32(n)), relax.Var("token_ids", i32(n)),
-             relax.Var("logit_bias", f32(n))])
-    inplace("apply_penalty_inplace", penalty_kernel(gpu, vocab),
-            [logits(), relax.Var("seq_ids", i32(s)), relax.Var("pos2seq_id", i32(n)),
-             relax.Var("token_ids", i32(n)), relax.Var("token_cnt", i32(n)), relax.Var("penalties", f32(s, 3))])
-    inplace("apply_bitmask_inplace", bitmask_kernel(gpu, vocab),
-            [logits(), relax.Var("seq_ids", i32(s)), relax.Var("bitmask", i32(batch, (vocab + 31) // 32))])
+    inplace(
+        "apply_logit_bias_inplace",
+        logit_bias_kernel(gpu, vocab),
+        [logits(), relax.Var("pos2seq_id", i32(n)), relax.Var("token_ids", i32(n)), relax.Var("logit_bias", f32(n))],
+    )
+    inplace(
+        "apply_penalty_inplace",
+        penalty_kernel(gpu, vocab),
+        [
+            logits(),
+            relax.Var("seq_ids", i32(s)),
+            relax.Var("pos2seq_id", i32(n)),
+            relax.Var("token_ids", i32(n)),
+            relax.Var("token_cnt", i32(n)),
+            relax.Var("penalties", f32(s, 3)),
+        ],
+    )
+    inplace(
+        "apply_bitmask_inplace",
+        bitmask_kernel(gpu, vocab),
+        [logits(), relax.Var("seq_ids", i32(s)), relax.Var("bitmask", i32(batch, (vocab + 31) // 32))],
+    )
 
     chunks = (vocab + CHUNK - 1) // CHUNK
     stats_k, norm_k = softmax_kernels(gpu, vocab)
     x, temp = relax.Var("logits", f32(batch, 1, vocab)), relax.Var("temperature", f32(batch))
     with bb.function("softmax_with_temperature", [x, temp]):
         flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([batch, vocab])))
-        stats = bb.emit(relax.call_tir(bb.add_func(stats_k, "softmax_chunk_stats"), [flat, temp],
-                                       f32(batch, chunks, 3)))
-        probs = bb.emit(relax.call_tir(bb.add_func(norm_k, "softmax_normalize"), [flat, temp, stats],
-                                       f32(batch, vocab)))
+        stats = bb.emit(relax.call_tir(bb.add_func(stats_k, "softmax_chunk_stats"), [flat, temp], f32(batch, chunks, 3)))
+        probs = bb.emit(relax.call_tir(bb.add_func(norm_k, "softmax_normalize"), [flat, temp, stats], f32(batch, vocab)))
         bb.emit_func_output(bb.emit(relax.op.reshape(probs, relax.ShapeExpr([batch, 1, vocab]))))
 
     pad_k, pass_k, unpad_k, padded, passes = sort_kernels(gpu, vocab)
     probs = relax.Var("probs", f32(batch, vocab))
     with bb.function("argsort_probs", [probs]):
-        work = bb.emit(relax.call_tir(bb.add_func(pad_k, "sort_pad"), [probs],
-                                      [f32(batch, padded), i32(batch, padded)]))
+        work = bb.emit(relax.call_tir(bb.add_func(pad_k, "sort_pad"), [probs], [f32(batch, padded), i32(batch, padded)]))
         pass_gv = bb.add_func(pass_k, "sort_pass")
         keys, ids = bb.emit(relax.TupleGetItem(work, 0)), bb.emit(relax.TupleGetItem(work, 1))
         for k, j in passes:
-            work = bb.emit(relax.call_tir_inplace(
-                pass_gv, [keys, ids, relax.prim_value(tirx.IntImm("int32", k)),
-                          relax.prim_value(tirx.IntImm("int32", j))],
-                inplace_indices=[0, 1], out_ty=[keys.ty, ids.ty]))
+            work = bb.emit(
+                relax.call_tir_inplace(
+                    pass_gv,
+                    [keys, ids, relax.prim_value(tirx.IntImm("int32", k)), relax.prim_value(tirx.IntImm("int32", j))],
+                    inplace_indices=[0, 1],
+                    out_ty=[keys.ty, ids.ty],
+                )
+            )
             keys, ids = bb.emit(relax.TupleGetItem(work, 0)), bb.emit(relax.TupleGetItem(work, 1))
-        out = bb.emit(relax.call_tir(bb.add_func(unpad_k, "sort_unpad"), [keys, ids],
-                                     [f32(batch, vocab), i32(batch, vocab)]))
+        out = bb.emit(relax.call_tir(bb.add_func(unpad_k, "sort_unpad"), [keys, ids], [f32(batch, vocab), i32(batch, vocab)]))
         bb.emit_func_output(out)
 
     sums_k, walk_k = top_p_kernels(gpu, vocab)
     samples = tirx.Var("num_samples", "int64")
     sp, si = relax.Var("sorted_probs", f32(batch, vocab)), relax.Var("sorted_indices", i32(batch, vocab))
-    u, idx, top_p = (relax.Var("uniform_samples", f32(samples)), relax.Var("sample_indices", i32(samples)),
-                     relax.Var("top_p", f32(batch)))
+    u, idx, top_p = (
+        relax.Var("uniform_samples", f32(samples)),
+        relax.Var("sample_indices", i32(samples)),
+        relax.Var("top_p", f32(batch)),
+    )
     with bb.function("sample_with_top_p", [sp, si, u, idx, top_p]):
         sums = bb.emit(relax.call_tir(bb.add_func(sums_k, "top_p_chunk_sums"), [sp], f32(batch, chunks)))
-        tokens = bb.emit(relax.call_tir(bb.add_func(walk_k, "top_p_sample"), [sp, si, sums, u, idx, top_p],
-                                        i32(samples)))
+        tokens = bb.emit(relax.call_tir(bb.add_func(walk_k, "top_p_sample"), [sp, si, sums, u, idx, top_p], i32(samples)))
         bb.emit_func_output(tokens)
     return bb.finalize()

@@ -32,8 +32,12 @@ Loader = Callable[[], np.ndarray]
 class Tensors(Mapping[str, np.ndarray]):
     """name -> float array, made on each look-up (see the module's docstring)."""
 
-    def __init__(self, loaders: Mapping[str, Loader], shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 origins: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        loaders: Mapping[str, Loader],
+        shapes: Mapping[str, tuple[int, ...]] | None = None,
+        origins: Mapping[str, str] | None = None,
+    ):
         self._loaders = dict(loaders)
         self._shapes = {k: tuple(v) for k, v in (shapes or {}).items() if k in self._loaders}
         self._origins = {k: v for k, v in (origins or {}).items() if k in self._loaders}  # name -> its file
@@ -74,8 +78,9 @@ class Tensors(Mapping[str, np.ndarray]):
     def size(self, name: str) -> int:
         return int(np.prod(self.shape(name), dtype=np.int64))
 
-    def replaced(self, loaders: Mapping[str, Loader], shapes: Mapping[str, tuple[int, ...]] | None = None,
-                 drop: tuple[str, ...] = ()) -> "Tensors":
+    def replaced(
+        self, loaders: Mapping[str, Loader], shapes: Mapping[str, tuple[int, ...]] | None = None, drop: tuple[str, ...] = ()
+    ) -> "Tensors":
         """These tensors with ``loaders`` added or replacing, and ``drop`` left out. A replaced tensor
         keeps its known shape unless ``shapes`` gives another."""
         merged = {k: v for k, v in self._loaders.items() if k not in drop}
@@ -157,8 +162,10 @@ def safetensors_tensors(path: Path) -> Tensors:
         if start + end > size:
             raise LanternError(f"{path.name} is truncated (tensor '{name}' ends past the file)")
         if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-            raise LanternError(f"{path.name}: tensor '{name}' holds {end - begin} bytes, not the "
-                               f"{int(np.prod(shape, dtype=np.int64)) * dtype.itemsize} its shape {list(shape)} needs")
+            raise LanternError(
+                f"{path.name}: tensor '{name}' holds {end - begin} bytes, not the "
+                f"{int(np.prod(shape, dtype=np.int64)) * dtype.itemsize} its shape {list(shape)} needs"
+            )
 
         def load(offset=start + begin, n=end - begin, dtype=dtype, shape=shape, bf16=info["dtype"] == "BF16"):
             raw = pread_array(path, offset, n, dtype, shape)

@@ -26,10 +26,28 @@ from .. import request_rules
 from . import reasoning
 from .engine import InvalidRequest, ModelEngine, Step, Stop, new_id
 from .metrics import Metrics
-from .protocol import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Choice,
-                       ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta, ErrorBody,
-                       ErrorResponse, FinishReason, Logprobs, ModelCard, ModelList, NamedToolChoice, SamplingFields,
-                       ToolCall, ToolCallDelta)
+from .protocol import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    Delta,
+    ErrorBody,
+    ErrorResponse,
+    FinishReason,
+    Logprobs,
+    ModelCard,
+    ModelList,
+    NamedToolChoice,
+    SamplingFields,
+    ToolCall,
+    ToolCallDelta,
+)
 from .static import SITE, model_folders, mount_static
 from .structured import TOOL_OPEN, GrammarCompileFault, StructuredOutputError, calls_tools, parse_tool_calls, request_spec
 
@@ -58,8 +76,15 @@ class ServerConfig:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         self.status, self.body = status, ErrorBody(message=message, type=type_, param=param, code=code)
         self.headers = headers
 
@@ -90,8 +115,7 @@ class ModelSlot:
         started = time.monotonic()
         self.log(f"loading {self.name} (checking hashes, weights)")
         try:
-            self.engine = ModelEngine(self.path, self.config.engine, slots=self.config.parallel,
-                                      threads=self.config.threads)
+            self.engine = ModelEngine(self.path, self.config.engine, slots=self.config.parallel, threads=self.config.threads)
             self.log(f"{self.name}: {self.engine.describe()}")
             self.log(f"{self.name} ready in {time.monotonic() - started:.1f} s")
         except Exception as err:  # noqa: BLE001 (reported on every request for this model)
@@ -107,8 +131,7 @@ class Server:
     def __init__(self, config: ServerConfig):
         self.config, self.limits = config, config.limits
         self.folders = model_folders(config.model_dirs)
-        self.slots = ({name: ModelSlot(name, path, config) for name, path in self.folders.items()}
-                      if config.api else {})
+        self.slots = {name: ModelSlot(name, path, config) for name, path in self.folders.items()} if config.api else {}
         self.metrics = Metrics()
         self.active: set[Stop] = set()  # the Stop of every admitted request not yet answered
         self.draining = False  # set on SIGTERM: no new requests; lifespan's end stops what still runs
@@ -123,8 +146,13 @@ class Server:
         if name is None:
             raise ApiError(400, "several models are served: name one in `model`", param="model")
         if name not in slots:
-            raise ApiError(404, f"the model {name!r} does not exist (served: {', '.join(slots)})",
-                           type_="not_found_error", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model {name!r} does not exist (served: {', '.join(slots)})",
+                type_="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
         slot = slots[name]
         if not slot.ready.is_set():
             raise ApiError(503, f"model {name} is still loading", type_="server_error", code="model_loading")
@@ -141,8 +169,13 @@ class Server:
             raise ApiError(503, "the server is shutting down", type_="server_error", code="shutting_down")
         if slot.waiting >= self.limits.max_queue:
             wait = self.retry_after(slot)
-            raise ApiError(429, f"{slot.waiting} requests are already waiting for {slot.name}; retry in {wait} s",
-                           type_="rate_limit_error", code="queue_full", headers={"Retry-After": str(wait)})
+            raise ApiError(
+                429,
+                f"{slot.waiting} requests are already waiting for {slot.name}; retry in {wait} s",
+                type_="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(wait)},
+            )
 
     def admit(self, slot: ModelSlot) -> None:
         """Take a place in the model's queue (checked again: others may have taken the last one)."""
@@ -160,11 +193,11 @@ class Server:
         per_second = len(recent) / max(now - recent[0], 1.0)
         return max(1, min(60, math.ceil(1 / per_second)))
 
-    async def run(self, slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, stop: Stop,
-                  **constraint):
+    async def run(self, slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, stop: Stop, **constraint):
         """Generate on a worker thread for an admitted request. A task cancelled meanwhile (the
         graceful shutdown's time is up) stops its generation at the next step."""
         assert slot.engine is not None  # slot_for admits only a loaded model
+
         def step(s: Step) -> None:
             if s.finish is not None:  # the terminal step, also for a client that has gone away
                 self.metrics.observe(s)
@@ -172,7 +205,8 @@ class Server:
 
         try:
             await asyncio.get_running_loop().run_in_executor(
-                slot.executor, functools.partial(slot.engine.generate, prompt, req, stop, step, **constraint))
+                slot.executor, functools.partial(slot.engine.generate, prompt, req, stop, step, **constraint)
+            )
         except InvalidRequest as err:
             raise ApiError(400, str(err)) from None
         except asyncio.CancelledError:
@@ -192,8 +226,9 @@ class Server:
             raise ApiError(400, str(err)) from None
         return slot.engine.encode(prompt_text, raw=raw)
 
-    async def respond(self, request: Request, req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk,
-                      make_final, **constraint):
+    async def respond(
+        self, request: Request, req: SamplingFields, slot: ModelSlot, prompt: list[int], make_chunk, make_final, **constraint
+    ):
         """Non-streaming: one JSON body. Streaming: SSE chunks and `data: [DONE]`. Either way the
         generation stops at the next step once the client disconnects or the deadline passes."""
         stop = Stop(req.timeout or self.limits.request_timeout_s)
@@ -217,8 +252,7 @@ class Server:
 
         async def produce():
             try:
-                await self.run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s),
-                               stop, **constraint)
+                await self.run(slot, prompt, req, lambda s: loop.call_soon_threadsafe(queue.put_nowait, s), stop, **constraint)
                 loop.call_soon_threadsafe(queue.put_nowait, None)
             except ApiError as err:
                 queue.put_nowait(err)
@@ -262,8 +296,9 @@ class Server:
             self.active.discard(stop)
             return self.draining and not complete
 
-        response = _Stream(events(), closed, media_type="text/event-stream",
-                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        response = _Stream(
+            events(), closed, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         response.producer = producer  # keep a reference: the task must not be collected mid-run
         return response
 
@@ -308,8 +343,13 @@ def _sse_error(body: ErrorBody) -> str:
 def _timed_out(stop: Stop, last: Step) -> ApiError:
     made = last.usage.completion_tokens if last.usage else 0
     where = f"after {made} tokens" if last.usage else "before it started (it waited in the queue)"
-    return ApiError(504, f"the request reached its timeout of {stop.timeout_s:g} s {where}",
-                    type_="server_error", param="timeout", code="timeout")
+    return ApiError(
+        504,
+        f"the request reached its timeout of {stop.timeout_s:g} s {where}",
+        type_="server_error",
+        param="timeout",
+        code="timeout",
+    )
 
 
 # --------------------------------------------------------------------------- middleware and errors
@@ -360,8 +400,11 @@ class ApiGuard:
     async def shut_down(status: int, send) -> None:
         """End a request that the shutdown cancelled: a 503, or a stream's error event and its end
         (without `data: [DONE]`, so no client takes it for a whole answer)."""
-        body = ErrorBody(message="the server shut down before the answer was complete (--shutdown-timeout)",
-                         type="server_error", code="shutting_down")
+        body = ErrorBody(
+            message="the server shut down before the answer was complete (--shutdown-timeout)",
+            type="server_error",
+            code="shutting_down",
+        )
         with contextlib.suppress(Exception):
             if not status:
                 await _error(503, body)({"type": "http"}, None, send)  # type: ignore[arg-type]  # a Response never receives
@@ -372,8 +415,14 @@ class ApiGuard:
     def refusal(self, headers: dict[bytes, bytes]) -> JSONResponse | None:
         key, limit = self.server.config.api_key, self.server.limits.max_body_bytes
         if key and headers.get(b"authorization") != f"Bearer {key}".encode():
-            return _error(401, ErrorBody(message="missing or wrong API key (Authorization: Bearer ...)",
-                                         type="authentication_error", code="invalid_api_key"))
+            return _error(
+                401,
+                ErrorBody(
+                    message="missing or wrong API key (Authorization: Bearer ...)",
+                    type="authentication_error",
+                    code="invalid_api_key",
+                ),
+            )
         size = headers.get(b"content-length", b"")
         if size.isdigit() and int(size) > limit:
             return self.too_large(limit)
@@ -381,8 +430,9 @@ class ApiGuard:
 
     @staticmethod
     def too_large(limit: int) -> JSONResponse:
-        return _error(413, ErrorBody(message=f"request body over {limit} bytes", type="invalid_request_error",
-                                     code="request_too_large"))
+        return _error(
+            413, ErrorBody(message=f"request body over {limit} bytes", type="invalid_request_error", code="request_too_large")
+        )
 
     async def read_body(self, receive) -> tuple[bytes | None, JSONResponse | None]:
         """(body, None), (None, a refusal), or (None, None) when the client left before sending it."""
@@ -400,9 +450,14 @@ class ApiGuard:
                     if not message.get("more_body"):
                         return b"".join(parts), None
         except TimeoutError:
-            return None, _error(408, ErrorBody(
-                message=f"the request body did not arrive within {limits.body_timeout_s:g} s ({size} bytes came)",
-                type="invalid_request_error", code="request_timeout"))
+            return None, _error(
+                408,
+                ErrorBody(
+                    message=f"the request body did not arrive within {limits.body_timeout_s:g} s ({size} bytes came)",
+                    type="invalid_request_error",
+                    code="request_timeout",
+                ),
+            )
 
 
 def _replay(body: bytes, receive):
@@ -415,6 +470,7 @@ def _replay(body: bytes, receive):
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return replayed
 
 
@@ -427,8 +483,7 @@ async def internal_error(_: Request, err: Exception):
 
 
 async def compile_fault(_: Request, err: Exception):
-    return _error(503, ErrorBody(message=str(err), type="server_error", code="grammar_compile_timeout"),
-                  {"Retry-After": "1"})
+    return _error(503, ErrorBody(message=str(err), type="server_error", code="grammar_compile_timeout"), {"Retry-After": "1"})
 
 
 async def invalid_request(_: Request, err: Exception):
@@ -438,11 +493,14 @@ async def invalid_request(_: Request, err: Exception):
 async def validation_error(_: Request, err: RequestValidationError):
     first = err.errors()[0] if err.errors() else {}
     if first.get("type") == "request_rule":  # request_rules.json's message, as the browser words it
-        return _error(400, ErrorBody(message=first["msg"], type="invalid_request_error",
-                                     param=first["ctx"]["param"]))
+        return _error(400, ErrorBody(message=first["msg"], type="invalid_request_error", param=first["ctx"]["param"]))
     loc = ".".join(str(x) for x in first.get("loc", ())[1:])
-    return _error(400, ErrorBody(message=f"{loc or 'body'}: {first.get('msg', 'invalid request')}",
-                                 type="invalid_request_error", param=loc or None))
+    return _error(
+        400,
+        ErrorBody(
+            message=f"{loc or 'body'}: {first.get('msg', 'invalid request')}", type="invalid_request_error", param=loc or None
+        ),
+    )
 
 
 async def http_error(_: Request, err: StarletteHTTPException):
@@ -452,10 +510,14 @@ async def http_error(_: Request, err: StarletteHTTPException):
 
 # each handler takes the kind it is registered for (Starlette's handler type takes any Exception)
 ERROR_HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Any], Awaitable[JSONResponse]]], ...] = (
-    (ApiError, api_error), (Exception, internal_error), (InvalidRequest, invalid_request),
-    (StructuredOutputError, invalid_request), (GrammarCompileFault, compile_fault),
+    (ApiError, api_error),
+    (Exception, internal_error),
+    (InvalidRequest, invalid_request),
+    (StructuredOutputError, invalid_request),
+    (GrammarCompileFault, compile_fault),
     (RequestValidationError, validation_error),
-    (StarletteHTTPException, http_error))
+    (StarletteHTTPException, http_error),
+)
 
 
 # --------------------------------------------------------------------------- routes
@@ -467,29 +529,44 @@ router = APIRouter()
 def health(request: Request) -> dict:
     slots = _server(request).slots
     states = {n: ("failed" if s.load_error else "ready" if s.engine else "loading") for n, s in slots.items()}
-    return {"status": "ok" if all(v == "ready" for v in states.values()) else "loading", "models": states,
-            "engines": {n: s.engine.engine for n, s in slots.items() if s.engine}}
+    return {
+        "status": "ok" if all(v == "ready" for v in states.values()) else "loading",
+        "models": states,
+        "engines": {n: s.engine.engine for n, s in slots.items() if s.engine},
+    }
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
 def metrics_text(request: Request) -> str:
     server = _server(request)
-    return server.metrics.render({n: s.waiting for n, s in server.slots.items()},
-                                 {n: s.engine.decoder.peak_batch for n, s in server.slots.items() if s.engine})
+    return server.metrics.render(
+        {n: s.waiting for n, s in server.slots.items()},
+        {n: s.engine.decoder.peak_batch for n, s in server.slots.items() if s.engine},
+    )
 
 
 @router.get("/v1/models")
 def list_models(request: Request) -> ModelList:
-    return ModelList(data=[ModelCard(id=n, created=int(p.joinpath("lantern.json").stat().st_mtime))
-                           for n, p in _server(request).folders.items()])
+    return ModelList(
+        data=[
+            ModelCard(id=n, created=int(p.joinpath("lantern.json").stat().st_mtime)) for n, p in _server(request).folders.items()
+        ]
+    )
 
 
 class ChatTurn:
     """One chat completion's answer, streamed or whole: the reasoning split off, tool calls parsed from
     the whole text (they arrive whole in the last chunk)."""
 
-    def __init__(self, slot: ModelSlot, req: ChatCompletionRequest, prompt_text: str, calling: bool, strict: bool,
-                 warnings: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        slot: ModelSlot,
+        req: ChatCompletionRequest,
+        prompt_text: str,
+        calling: bool,
+        strict: bool,
+        warnings: tuple[str, ...] = (),
+    ):
         self.slot, self.calling, self.logprobs_on = slot, calling, req.logprobs
         # what the schema's rewrite ignored (unknown keywords, ...): on the answer, the first chunk of a stream
         self.extra: dict[str, Any] = {"lantern_warnings": list(warnings)} if warnings else {}
@@ -497,8 +574,9 @@ class ChatTurn:
         self.streamed: list[str] = []  # content so far, for the tool calls in the last chunk
         assert slot.engine is not None  # slot_for admits only a loaded model
         tags = slot.engine.reasoning_tags
-        self.splitter = (reasoning.ReasoningSplitter(tags, reasoning.opens_in_prompt(prompt_text, tags))
-                         if tags and not strict else None)
+        self.splitter = (
+            reasoning.ReasoningSplitter(tags, reasoning.opens_in_prompt(prompt_text, tags)) if tags and not strict else None
+        )
 
     def split(self, step: Step) -> tuple[str | None, str]:
         """(reasoning, content) deltas of a step's text."""
@@ -526,16 +604,25 @@ class ChatTurn:
             content, calls, calls_finish = self.split_calls("".join(self.streamed))
             if calls:
                 sent = "".join(self.streamed[:-1])
-                delta.content = (content or "")[len(sent):] if (content or "").startswith(sent) else ""
+                delta.content = (content or "")[len(sent) :] if (content or "").startswith(sent) else ""
                 delta.tool_calls = [ToolCallDelta(index=i, **c.model_dump()) for i, c in enumerate(calls)]
                 finish = calls_finish
         # lantern_route: an extra field (extra="allow"), as the browser's router adds it (router.ts)
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.slot.name,  # type: ignore[call-arg]
-                                   usage=step.usage,
-                                   choices=[ChunkChoice(delta=delta, finish_reason=finish,
-                                                        logprobs=Logprobs(content=step.logprobs)
-                                                        if self.logprobs_on and step.logprobs else None)],
-                                   lantern_route="cloud", **(self.extra if first else {}))
+        return ChatCompletionChunk(
+            id=self.id,
+            created=self.created,
+            model=self.slot.name,  # type: ignore[call-arg]
+            usage=step.usage,
+            choices=[
+                ChunkChoice(
+                    delta=delta,
+                    finish_reason=finish,
+                    logprobs=Logprobs(content=step.logprobs) if self.logprobs_on and step.logprobs else None,
+                )
+            ],
+            lantern_route="cloud",
+            **(self.extra if first else {}),
+        )
 
     def final(self, steps: list[Step]) -> ChatCompletion:
         lps = [lp for s in steps for lp in (s.logprobs or [])]
@@ -546,11 +633,20 @@ class ChatTurn:
         assert last.usage is not None and last.finish is not None  # the terminal step of a request that ran
         # lantern_route: an extra field (extra="allow"), as the browser's router adds it (router.ts)
         return ChatCompletion(  # type: ignore[call-arg]
-            id=self.id, created=self.created, model=self.slot.name, usage=last.usage, lantern_route="cloud",
+            id=self.id,
+            created=self.created,
+            model=self.slot.name,
+            usage=last.usage,
+            lantern_route="cloud",
             **self.extra,
-            choices=[Choice(message=AssistantMessage(content=content, reasoning_content=thought, tool_calls=calls),
-                            finish_reason=finish or last.finish,
-                            logprobs=Logprobs(content=lps) if self.logprobs_on else None)])
+            choices=[
+                Choice(
+                    message=AssistantMessage(content=content, reasoning_content=thought, tool_calls=calls),
+                    finish_reason=finish or last.finish,
+                    logprobs=Logprobs(content=lps) if self.logprobs_on else None,
+                )
+            ],
+        )
 
 
 @router.post("/v1/chat/completions")
@@ -577,8 +673,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     prompt = server.prepare(slot, prompt_text, req)
     grammar = await asyncio.to_thread(slot.engine.compile_grammar, spec) if spec else None
     turn = ChatTurn(slot, req, prompt_text, calling, strict, spec.warnings if spec else ())
-    return await server.respond(request, req, slot, prompt, turn.chunk, turn.final, grammar=grammar,
-                                hold_from=TOOL_OPEN if calling else None)
+    return await server.respond(
+        request, req, slot, prompt, turn.chunk, turn.final, grammar=grammar, hold_from=TOOL_OPEN if calling else None
+    )
 
 
 @router.post("/v1/completions")
@@ -590,13 +687,23 @@ async def completions(req: CompletionRequest, request: Request):
 
     def make_chunk(step: Step, first: bool) -> Completion:
         text = (req.prompt if first and req.echo else "") + step.delta
-        return Completion(id=cid, created=created, model=slot.name, usage=step.usage,
-                          choices=[CompletionChoice(text=text, finish_reason=step.finish)])
+        return Completion(
+            id=cid,
+            created=created,
+            model=slot.name,
+            usage=step.usage,
+            choices=[CompletionChoice(text=text, finish_reason=step.finish)],
+        )
 
     def make_final(steps: list[Step]) -> Completion:
         text = (req.prompt if req.echo else "") + "".join(s.delta for s in steps)
-        return Completion(id=cid, created=created, model=slot.name, usage=steps[-1].usage,
-                          choices=[CompletionChoice(text=text, finish_reason=steps[-1].finish)])
+        return Completion(
+            id=cid,
+            created=created,
+            model=slot.name,
+            usage=steps[-1].usage,
+            choices=[CompletionChoice(text=text, finish_reason=steps[-1].finish)],
+        )
 
     return await server.respond(request, req, slot, prompt, make_chunk, make_final)
 
@@ -632,8 +739,12 @@ def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) 
     app = FastAPI(title="Lantern", version="0.1.0", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.lantern = server
     if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
-                           allow_headers=["authorization", "content-type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=config.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+        )
     app.add_middleware(ApiGuard, server=server)
     for kind, handler in ERROR_HANDLERS:
         app.add_exception_handler(kind, handler)

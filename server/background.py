@@ -44,6 +44,13 @@ def serve_until_signal(app: FastAPI, host: str, port: int, shutdown_timeout: flo
             app.state.lantern.drain()
             super().handle_exit(sig, frame)
 
-    Draining(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            # annotated int by uvicorn, which waits with asyncio.timeout: a float works
-                            timeout_graceful_shutdown=shutdown_timeout)).run()  # type: ignore[arg-type]
+    Draining(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            # annotated int by uvicorn, which waits with asyncio.timeout: a float works
+            timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
+        )
+    ).run()

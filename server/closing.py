@@ -93,8 +93,7 @@ class Closer:
         """``texts``: each token decoded alone; ``left``: tokens the policy never writes (stop and added
         tokens)."""
         self.texts = texts
-        self.orders = tuple(np.array(closing_order(texts, left, where), dtype=np.int64)
-                            for where in (VALUE, AFTER, INSIDE))
+        self.orders = tuple(np.array(closing_order(texts, left, where), dtype=np.int64) for where in (VALUE, AFTER, INSIDE))
         inside = self.orders[INSIDE]
         self.enders = inside[: sum(_rank(texts[i], INSIDE)[0] == 0 for i in inside)]  # tokens that end a string
         self.stop_ids = np.array(sorted(stop_ids), dtype=np.int64)

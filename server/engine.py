@@ -62,12 +62,22 @@ def sampling_params(req: SamplingFields, vocab_size: int, defaults: dict) -> Sam
     def pick(name: str):
         value = getattr(req, name)
         return value if value is not None else defaults.get(name, GENERATION_FIELDS[name][0])
-    return SamplingParams(temperature=pick("temperature"), top_p=pick("top_p"), top_k=min(pick("top_k"), vocab_size),
-                          repetition_penalty=pick("repetition_penalty"), frequency_penalty=req.frequency_penalty,
-                          presence_penalty=req.presence_penalty, dry_multiplier=dry_multiplier(req),
-                          dry_base=req.dry_base, dry_allowed_length=req.dry_allowed_length,
-                          dry_penalty_last_n=req.dry_penalty_last_n, logit_bias=bias, seed=req.seed,
-                          top_logprobs=(req.top_logprobs or 0) if req.logprobs else -1)
+
+    return SamplingParams(
+        temperature=pick("temperature"),
+        top_p=pick("top_p"),
+        top_k=min(pick("top_k"), vocab_size),
+        repetition_penalty=pick("repetition_penalty"),
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        dry_multiplier=dry_multiplier(req),
+        dry_base=req.dry_base,
+        dry_allowed_length=req.dry_allowed_length,
+        dry_penalty_last_n=req.dry_penalty_last_n,
+        logit_bias=bias,
+        seed=req.seed,
+        top_logprobs=(req.top_logprobs or 0) if req.logprobs else -1,
+    )
 
 
 def dry_multiplier(req: SamplingFields) -> float:
@@ -76,8 +86,11 @@ def dry_multiplier(req: SamplingFields) -> float:
     else 0. The twin of dryMultiplier in webruntime/src/sampler.ts."""
     if req.dry_multiplier is not None:
         return req.dry_multiplier
-    if isinstance(req, ChatCompletionRequest) and req.response_format is not None \
-            and req.response_format.type in ("json_schema", "json_object"):  # response_format: a chat request's field
+    if (
+        isinstance(req, ChatCompletionRequest)
+        and req.response_format is not None
+        and req.response_format.type in ("json_schema", "json_object")
+    ):  # response_format: a chat request's field
         return req.schema_defaults.dryMultiplier
     return 0.0
 
@@ -87,8 +100,7 @@ def closes_cut_answers(req: SamplingFields, hold_from: str | None, params: Sampl
     JSON answer without logprobs (a closing token has none). The twin of closesCutAnswers in
     webruntime/src/closing.ts."""
     fmt = req.response_format if isinstance(req, ChatCompletionRequest) else None  # a chat request's field
-    return (hold_from is None and params.top_logprobs < 0 and fmt is not None
-            and fmt.type in ("json_schema", "json_object"))
+    return hold_from is None and params.top_logprobs < 0 and fmt is not None and fmt.type in ("json_schema", "json_object")
 
 
 ENGINES = ("auto", "llamacpp", "tvm")
@@ -145,8 +157,10 @@ def choose_engine(art: Artifact, requested: str = "auto") -> tuple[str, str]:
         return "tvm", "asked for"
     if not gguf:
         if requested == "llamacpp":
-            raise LanternError(f"artifact {art.path.name} has no GGUF for the llamacpp engine: "
-                               "rebuild it with the gguf target (lantern build --targets webgpu,cpu,gguf)")
+            raise LanternError(
+                f"artifact {art.path.name} has no GGUF for the llamacpp engine: "
+                "rebuild it with the gguf target (lantern build --targets webgpu,cpu,gguf)"
+            )
         return "tvm", "the artifact has no GGUF"
     if not llamacpp.available():
         if requested == "llamacpp":
@@ -168,9 +182,13 @@ class ModelEngine:
             # llama.cpp ignores some architectures' sliding windows: their GGUF is exact up to the window
             self.context_window = gguf.get("context_window", model["context_window"])
             self.decoder = llamacpp.LlamaCppDecoder(
-                self.art.path / gguf["files"][0], vocab_size=model["vocab_size"],
-                context_window=self.context_window, slots=slots, threads=threads,
-                kv_overrides=gguf.get("kv_overrides"))
+                self.art.path / gguf["files"][0],
+                vocab_size=model["vocab_size"],
+                context_window=self.context_window,
+                slots=slots,
+                threads=threads,
+                kv_overrides=gguf.get("kv_overrides"),
+            )
         else:
             self.context_window = self.art.context_window("cpu")
             self.decoder = TvmDecoder(self.art)
@@ -195,8 +213,14 @@ class ModelEngine:
             raise InvalidRequest(f"model {self.name} has no chat template; use /v1/completions")
         native = tools and request_rules.template_knows_tools(self.template)
         try:
-            return render(self.template, messages if native else tool_messages(messages, tools),
-                          bos_token=self.bos, eos_token=self.eos, tools=tools if native else None, **(kwargs or {}))
+            return render(
+                self.template,
+                messages if native else tool_messages(messages, tools),
+                bos_token=self.bos,
+                eos_token=self.eos,
+                tools=tools if native else None,
+                **(kwargs or {}),
+            )
         except LanternError as err:
             raise InvalidRequest(str(err)) from None
 
@@ -204,8 +228,12 @@ class ModelEngine:
     def grammars(self) -> GrammarCompiler:
         with self._grammars_lock:
             if self._grammars is None:
-                self._grammars = GrammarCompiler(json.loads((self.art.path / "tokenizer.json").read_text()),
-                                                 self.token_postproc, self.vocab_size, sorted(self.stop_ids))
+                self._grammars = GrammarCompiler(
+                    json.loads((self.art.path / "tokenizer.json").read_text()),
+                    self.token_postproc,
+                    self.vocab_size,
+                    sorted(self.stop_ids),
+                )
             return self._grammars
 
     @property
@@ -232,10 +260,18 @@ class ModelEngine:
         def entry(i: int, lp: float) -> dict:
             text = self.tokenizer.decode([i], skip_special_tokens=False)
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
         return TokenLogprob(**entry(s.token, s.logprob), top_logprobs=[TopLogprob(**entry(i, lp)) for i, lp in s.top])
 
-    def generate(self, prompt: list[int], req: SamplingFields, stop: Stop,
-                 on_step: Callable[[Step], None], grammar=None, hold_from: str | None = None) -> None:
+    def generate(
+        self,
+        prompt: list[int],
+        req: SamplingFields,
+        stop: Stop,
+        on_step: Callable[[Step], None],
+        grammar=None,
+        hold_from: str | None = None,
+    ) -> None:
         """Run one request to a terminal state, reporting text deltas through ``on_step``.
 
         ``grammar`` (compiled) masks every step's tokens; text from ``hold_from`` on (a tool call's
@@ -247,8 +283,7 @@ class ModelEngine:
             raise InvalidRequest("the prompt is empty: give at least one token of text")
         room = self.context_window - len(prompt)
         if room < 1:
-            raise InvalidRequest(request_rules.message("prompt_too_long", tokens=len(prompt),
-                                                       window=self.context_window))
+            raise InvalidRequest(request_rules.message("prompt_too_long", tokens=len(prompt), window=self.context_window))
         max_tokens = min(req.token_limit() or room, room)
         stops = req.stop_list()
         stop_ids = self.stop_ids | set(req.stop_token_ids or [])
@@ -316,14 +351,20 @@ class ModelEngine:
                     continue  # the check at the top of the loop ends it
         decode_s = time.perf_counter() - first_at if first_at else 0.0
         n = len(ids)
-        usage = Usage(prompt_tokens=len(prompt), completion_tokens=n, total_tokens=len(prompt) + n,
-                      ttft_ms=(first_at - started) * 1000 if first_at else 0.0,
-                      prefill_tokens_per_s=len(prompt) / prefill_s if prefill_s else 0.0,
-                      decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
-                      tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0, cached_prompt_tokens=cached)
+        usage = Usage(
+            prompt_tokens=len(prompt),
+            completion_tokens=n,
+            total_tokens=len(prompt) + n,
+            ttft_ms=(first_at - started) * 1000 if first_at else 0.0,
+            prefill_tokens_per_s=len(prompt) / prefill_s if prefill_s else 0.0,
+            decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
+            tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0,
+            cached_prompt_tokens=cached,
+        )
         stopped = stop.reason if finish in ("abort", "timeout") else None  # not one that ended on its own
-        on_step(Step(text[sent:], pending or None, finish, usage, stopped=stopped,
-                     unused=max_tokens - n if stopped else 0, late=late))
+        on_step(
+            Step(text[sent:], pending or None, finish, usage, stopped=stopped, unused=max_tokens - n if stopped else 0, late=late)
+        )
 
     def describe(self) -> str:
         return f"engine {self.decoder.describe()}: {self.engine_reason}"

@@ -50,6 +50,7 @@ def available() -> bool:
 @dataclass
 class _Seq:
     """One request's sequence while it is open: what is left to feed and where its answer goes."""
+
     slot: int = -1
     todo: list[int] = field(default_factory=list)  # tokens to decode next (prompt rest, or the sampled one)
     prompt: list[int] = field(default_factory=list)
@@ -79,9 +80,18 @@ class LlamaCppDecoder:
 
     name = "llamacpp"
 
-    def __init__(self, gguf: Path, *, vocab_size: int, context_window: int, slots: int = 8,
-                 threads: int | None = None, kv_tokens: int | None = None, batch_tokens: int = 512,
-                 kv_overrides: dict[str, int] | None = None):
+    def __init__(
+        self,
+        gguf: Path,
+        *,
+        vocab_size: int,
+        context_window: int,
+        slots: int = 8,
+        threads: int | None = None,
+        kv_tokens: int | None = None,
+        batch_tokens: int = 512,
+        kv_overrides: dict[str, int] | None = None,
+    ):
         try:
             import llama_cpp as lc
         except ImportError:
@@ -107,8 +117,7 @@ class LlamaCppDecoder:
         n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
         if n_vocab != vocab_size:
             lc.llama_model_free(self.model)
-            raise LanternError(f"{gguf.name} has {n_vocab} tokens, the artifact's tokenizer {vocab_size}: "
-                               "rebuild the artifact")
+            raise LanternError(f"{gguf.name} has {n_vocab} tokens, the artifact's tokenizer {vocab_size}: rebuild the artifact")
         self.vocab_size = n_vocab
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = self.kv_tokens, batch_tokens, batch_tokens
@@ -137,8 +146,10 @@ class LlamaCppDecoder:
         self.thread.start()
 
     def describe(self) -> str:
-        return (f"llamacpp ({self.gguf.name}, {self.slots} parallel sequences, {self.threads} threads, "
-                f"{self.kv_tokens}-token KV cache)")
+        return (
+            f"llamacpp ({self.gguf.name}, {self.slots} parallel sequences, {self.threads} threads, "
+            f"{self.kv_tokens}-token KV cache)"
+        )
 
     # -- request side (any thread) --------------------------------------------------------------
 
@@ -228,7 +239,8 @@ class LlamaCppDecoder:
 
     def _has_work(self) -> bool:
         return any(s is not None and (s.closed or s.todo) for s in self.busy) or (
-            bool(self.waiting) and (None in self.busy or any(s is not None and s.closed for s in self.busy)))
+            bool(self.waiting) and (None in self.busy or any(s is not None and s.closed for s in self.busy))
+        )
 
     def _release_closed(self) -> None:
         for i, seq in enumerate(self.busy):
@@ -253,7 +265,7 @@ class LlamaCppDecoder:
             if shared[donor] > shared[slot]:  # a running sequence holds more of this prompt: share its cells
                 lc.llama_memory_seq_rm(self.mem, slot, -1, -1)
                 lc.llama_memory_seq_cp(self.mem, donor, slot, 0, shared[donor])
-                self.kv[slot] = self.kv[donor][:shared[donor]]
+                self.kv[slot] = self.kv[donor][: shared[donor]]
                 shared[slot] = shared[donor]
             keep = min(shared[slot], len(prompt) - 1)  # the last prompt token always runs, for its logits
             if not lc.llama_memory_seq_rm(self.mem, slot, keep, -1):
@@ -271,7 +283,7 @@ class LlamaCppDecoder:
             take = seq.todo[:room]
             if not take:
                 break
-            del seq.todo[:len(take)]
+            del seq.todo[: len(take)]
             seq.started = seq.started or time.perf_counter()
             plan.append((seq, take))
             room -= len(take)
@@ -302,8 +314,7 @@ class LlamaCppDecoder:
             rc = lc.llama_decode(self.ctx, b)
         with self.cv:
             if rc != 0:
-                why = ("the KV cache is full (too many long requests at once)" if rc == 1
-                       else f"llama_decode returned {rc}")
+                why = "the KV cache is full (too many long requests at once)" if rc == 1 else f"llama_decode returned {rc}"
                 for seq, _ in plan:  # these sequences' state is unknown now: end them and forget their cache
                     lc.llama_memory_seq_rm(self.mem, seq.slot, -1, -1)
                     self.kv[seq.slot] = []
@@ -338,8 +349,10 @@ def _quiet_logs(lc) -> None:
     """llama.cpp prints every load step to stderr; keep only its errors."""
     global _LOG_CALLBACK
     if _LOG_CALLBACK is None:
+
         def log(level, text, _user):
             if level == 4:  # GGML_LOG_LEVEL_ERROR (not the loader's progress dots)
                 os.write(2, text)
+
         _LOG_CALLBACK = lc.llama_log_callback(log)
         lc.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))

@@ -72,27 +72,33 @@ class Metrics:
     def render(self, queue_depth: dict[str, int], peak_batch: dict[str, int]) -> str:
         with self.lock:
             lines = ["# TYPE lantern_requests_total counter"]
-            lines += [f'lantern_requests_total{{path="{p}",status="{s}"}} {n}'
-                      for (p, s), n in sorted(self.requests.items())]
+            lines += [f'lantern_requests_total{{path="{p}",status="{s}"}} {n}' for (p, s), n in sorted(self.requests.items())]
             lines += self.ttft.lines("lantern_ttft_seconds") + self.tpot.lines("lantern_tpot_seconds")
             lines += ["# TYPE lantern_queue_depth gauge"]
             lines += [f'lantern_queue_depth{{model="{m}"}} {d}' for m, d in sorted(queue_depth.items())]
             lines += ["# TYPE lantern_batch_sequences_max gauge"]  # most sequences decoded in one step
             lines += [f'lantern_batch_sequences_max{{model="{m}"}} {d}' for m, d in sorted(peak_batch.items())]
-            lines += ["# TYPE lantern_prompt_tokens_total counter", f"lantern_prompt_tokens_total {self.tokens_in}",
-                      "# TYPE lantern_completion_tokens_total counter",
-                      f"lantern_completion_tokens_total {self.tokens_out}",
-                      "# TYPE lantern_generations_total counter"]
+            lines += [
+                "# TYPE lantern_prompt_tokens_total counter",
+                f"lantern_prompt_tokens_total {self.tokens_in}",
+                "# TYPE lantern_completion_tokens_total counter",
+                f"lantern_completion_tokens_total {self.tokens_out}",
+                "# TYPE lantern_generations_total counter",
+            ]
             lines += [f'lantern_generations_total{{finish_reason="{f}"}} {n}' for f, n in sorted(self.finished.items())]
-            lines += ["# HELP lantern_cancelled_requests_total requests stopped before their answer was complete: "
-                      "client_gone, timeout (past their deadline, in the queue or running) or shutdown",
-                      "# TYPE lantern_cancelled_requests_total counter"]
+            lines += [
+                "# HELP lantern_cancelled_requests_total requests stopped before their answer was complete: "
+                "client_gone, timeout (past their deadline, in the queue or running) or shutdown",
+                "# TYPE lantern_cancelled_requests_total counter",
+            ]
             lines += [f'lantern_cancelled_requests_total{{reason="{r}"}} {n}' for r, n in sorted(self.stopped.items())]
-            lines += ["# HELP lantern_cancelled_tokens_saved_total tokens the cancelled requests were allowed "
-                      "(max_tokens, else the context window's room) and never generated",
-                      "# TYPE lantern_cancelled_tokens_saved_total counter",
-                      f"lantern_cancelled_tokens_saved_total {self.tokens_saved}",
-                      "# HELP lantern_tokens_after_cancel_total tokens generated after their client had gone",
-                      "# TYPE lantern_tokens_after_cancel_total counter",
-                      f"lantern_tokens_after_cancel_total {self.tokens_late}"]
+            lines += [
+                "# HELP lantern_cancelled_tokens_saved_total tokens the cancelled requests were allowed "
+                "(max_tokens, else the context window's room) and never generated",
+                "# TYPE lantern_cancelled_tokens_saved_total counter",
+                f"lantern_cancelled_tokens_saved_total {self.tokens_saved}",
+                "# HELP lantern_tokens_after_cancel_total tokens generated after their client had gone",
+                "# TYPE lantern_tokens_after_cancel_total counter",
+                f"lantern_tokens_after_cancel_total {self.tokens_late}",
+            ]
         return "\n".join(lines) + "\n"

@@ -103,8 +103,13 @@ class Bound:
 def placeholder(kind: str, schema: dict) -> str:
     """The placeholder string for a bounded ``kind`` ("number"/"integer") subschema; every bound kept."""
     parts = [PREFIX + kind]
-    for key, op in (("minimum", "ge"), ("exclusiveMinimum", "gt"), ("maximum", "le"), ("exclusiveMaximum", "lt"),
-                    ("multipleOf", "mul")):
+    for key, op in (
+        ("minimum", "ge"),
+        ("exclusiveMinimum", "gt"),
+        ("maximum", "le"),
+        ("exclusiveMaximum", "lt"),
+        ("multipleOf", "mul"),
+    ):
         if key in schema:
             parts.append(f"{op}={decimal_of(schema[key]).text()}")
     return ":".join(parts)
@@ -132,10 +137,12 @@ def multiple_of(text: str) -> tuple[int, int]:
     if d.negative or not (d.whole or d.fraction):
         raise NumberRangeError("must be a number above 0")
     m, e = int(d.whole + d.fraction), len(d.fraction)
-    if m % 5 ** e:
-        raise NumberRangeError(f"{text} is not a binary fraction, and validators dividing doubles reject exact "
-                               f"multiples of it (0.07 / 0.01 = {0.07 / 0.01!r}); use an integer or a power-of-two "
-                               "fraction such as 0.5 or 0.25, or scale the value (cents as an integer)")
+    if m % 5**e:
+        raise NumberRangeError(
+            f"{text} is not a binary fraction, and validators dividing doubles reject exact "
+            f"multiples of it (0.07 / 0.01 = {0.07 / 0.01!r}); use an integer or a power-of-two "
+            "fraction such as 0.5 or 0.25, or scale the value (cents as an integer)"
+        )
     return m, e
 
 
@@ -150,7 +157,7 @@ def _tighter(a: tuple[float, bool] | None, b: tuple[float, bool] | None, lower: 
 def parse_placeholder(key: str):
     """(kind, lower, upper, multiple) of a placeholder; a bound is (decimal, inclusive), cut to MAX_DIGITS
     inwards; multiple is multiple_of's (m, e) or None."""
-    kind, *ops = key[len(PREFIX):].split(":")
+    kind, *ops = key[len(PREFIX) :].split(":")
     lower = upper = multiple = None
     for op in ops:
         name, value = op.split("=")
@@ -179,6 +186,7 @@ def _inwards(bound: tuple[float, bool] | None, up: bool) -> tuple[Decimal, bool]
 # ---- comparing a magnitude with a bound, one character at a time -------------------------------
 # A comparator state: ("i", n, c) in the integer part, after n digits, c the comparison of those
 # digits with the bound's first n; ("f", j) equal so far, j fraction digits in; "<" or ">" settled.
+
 
 def _digit(state, d: str, bound: Decimal, in_fraction: bool):
     if isinstance(state, str):
@@ -290,8 +298,9 @@ def _is_zero(d: Decimal) -> bool:
     return not (d.whole or d.fraction)
 
 
-def number_automaton(kind: str, lower: tuple[Decimal, bool] | None, upper: tuple[Decimal, bool] | None,
-                     multiple: tuple[int, int] | None = None):
+def number_automaton(
+    kind: str, lower: tuple[Decimal, bool] | None, upper: tuple[Decimal, bool] | None, multiple: tuple[int, int] | None = None
+):
     """(start, step, accepts) of the DFA for numbers of ``kind`` within the bounds (and multiples of
     ``multiple``, multiple_of's (m, e), if given)."""
     integer = kind == "integer"
@@ -427,11 +436,11 @@ def number_rules(key: str, name: str) -> list[str]:
 def _dfa(key: str) -> tuple[list[dict[str, int]], list[bool]]:
     kind, lower, upper, multiple = parse_placeholder(key)
     if multiple and multiple[0] > MAX_MULTIPLE:
-        raise NumberRangeError(f"a multipleOf whose digits read above {MAX_MULTIPLE} is not supported (its grammar "
-                               "keeps a rule per remainder)")
+        raise NumberRangeError(
+            f"a multipleOf whose digits read above {MAX_MULTIPLE} is not supported (its grammar keeps a rule per remainder)"
+        )
     dfa = minimal_dfa(*number_automaton(kind, lower, upper, multiple))
     if dfa is None:
         between = "lies between the bounds" if lower or upper else "exists"
-        raise NumberRangeError(f"no {kind} of at most {MAX_DIGITS} digits{' that is a multiple' if multiple else ''} "
-                               f"{between}")
+        raise NumberRangeError(f"no {kind} of at most {MAX_DIGITS} digits{' that is a multiple' if multiple else ''} {between}")
     return dfa

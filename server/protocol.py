@@ -180,9 +180,11 @@ class CompletionRequest(SamplingFields):
         would not hold to them."""
         for param in ("response_format", "tools", "tool_choice"):
             if param in (self.model_extra or {}):
-                raise PydanticCustomError("request_rule", "{message}", {
-                    "message": f"{param} is a /v1/chat/completions field; /v1/completions answers plain text",
-                    "param": param})
+                raise PydanticCustomError(
+                    "request_rule",
+                    "{message}",
+                    {"message": f"{param} is a /v1/chat/completions field; /v1/completions answers plain text", "param": param},
+                )
         return self
 
 

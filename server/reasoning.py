@@ -33,8 +33,10 @@ def template_kwargs(kwargs: dict | None, tags: list[str] | None, strict: bool) -
             raise ValueError(f"chat_template_kwargs.{key} is set by Lantern and cannot be overridden")
     if tags and strict:
         if kwargs.get("enable_thinking") is True:
-            raise ValueError("chat_template_kwargs.enable_thinking cannot be true with response_format or a "
-                             "required tool call: the grammar constrains every token, reasoning included")
+            raise ValueError(
+                "chat_template_kwargs.enable_thinking cannot be true with response_format or a "
+                "required tool call: the grammar constrains every token, reasoning included"
+            )
         kwargs.setdefault("enable_thinking", False)
     return kwargs
 
@@ -65,7 +67,7 @@ class ReasoningSplitter:
         while True:
             if self.state == "start":
                 if self.buffer.startswith(self.open):
-                    self.buffer = self.buffer[len(self.open):]
+                    self.buffer = self.buffer[len(self.open) :]
                     self.state = "reasoning"
                 elif self.open.startswith(self.buffer) and not final:
                     return reasoning, content  # could still become the open tag
@@ -80,7 +82,7 @@ class ReasoningSplitter:
                 end = self.buffer.find(self.close)
                 if end >= 0:
                     reasoning += self.buffer[:end].rstrip("\n")
-                    self.buffer = self.buffer[end + len(self.close):]
+                    self.buffer = self.buffer[end + len(self.close) :]
                     self.state, self.fresh = "content", True
                     continue
                 if final:

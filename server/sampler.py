@@ -42,7 +42,7 @@ class Rng:
         self.s0 = s0
         s1 = (s1 ^ (s1 << 23)) & _MASK
         self.s1 = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26)
-        return (((self.s1 + s0) & _MASK) >> 11) / 2.0 ** 53
+        return (((self.s1 + s0) & _MASK) >> 11) / 2.0**53
 
 
 @dataclass
@@ -159,7 +159,7 @@ def dry_penalties(history: list[int], p: SamplingParams) -> dict[int, float]:
     loses ``dry_multiplier * dry_base ** (n - dry_allowed_length)`` of its logit, for the longest such n.
     The repeats are found with the Z-algorithm over the reversed window: linear in its length. The twin
     of dryPenalties in webruntime/src/sampler.ts."""
-    window = history[-p.dry_penalty_last_n:] if p.dry_penalty_last_n > 0 else history
+    window = history[-p.dry_penalty_last_n :] if p.dry_penalty_last_n > 0 else history
     rev = window[::-1]
     n = len(rev)
     if n <= p.dry_allowed_length:

@@ -74,8 +74,17 @@ class Contradiction(SchemaError):
 
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_ONE = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "propertyNames", "not",
-        "if", "then", "else")
+_ONE = (
+    "items",
+    "additionalProperties",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
 _DRAFTS = {"draft-04": 4, "draft-06": 6, "draft-07": 7, "2019-09": 2019, "2020-12": 2020}
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 _SCALARS = ("string", "number", "integer", "boolean", "null")
@@ -162,33 +171,34 @@ class _Normalizer:
             places.append(where)
 
     def warnings(self) -> list[str]:
-        return [f"{what} at {places[0]}" + (f" and {len(places) - 1} more places" if len(places) > 1 else "")
-                for what, places in self.ignored.items()]
+        return [
+            f"{what} at {places[0]}" + (f" and {len(places) - 1} more places" if len(places) > 1 else "")
+            for what, places in self.ignored.items()
+        ]
 
     # ---- one node ---------------------------------------------------------------------------
 
     def node(self, schema, where: str):
         self.nodes += 1
         if self.nodes > MAX_NODES:
-            raise SchemaError(f"schema at {self.where}: more than {MAX_NODES} subschemas after resolving allOf "
-                              "and $ref")
+            raise SchemaError(f"schema at {self.where}: more than {MAX_NODES} subschemas after resolving allOf and $ref")
         if isinstance(schema, bool):
             return schema
         if not isinstance(schema, dict):
             raise SchemaError(f"schema at {where} must be an object or a boolean, not {_type_of(schema)}")
         schema = self.draft_spellings(schema, where)
-        for t in ([schema["type"]] if isinstance(schema.get("type"), str) else schema.get("type") or []):
+        for t in [schema["type"]] if isinstance(schema.get("type"), str) else schema.get("type") or []:
             if t not in _TYPES:
-                raise SchemaError(f"schema keyword 'type' at {where}: {json.dumps(t)} is not a JSON Schema type "
-                                  f"({', '.join(_TYPES)})")
+                raise SchemaError(
+                    f"schema keyword 'type' at {where}: {json.dumps(t)} is not a JSON Schema type ({', '.join(_TYPES)})"
+                )
         out, doubled = {}, None
         for key, value in schema.items():
             if key == "not" and isinstance(value, dict) and set(value) - ANNOTATIONS == {"not"}:
                 doubled = self.node(value["not"], f"{where}/not/not")  # a double negation: its schema, merged below
                 continue
             if key in REFUSED:
-                raise SchemaError(f"schema keyword '{key}' at {where} is not supported: Lantern cannot enforce it "
-                                  "in a grammar")
+                raise SchemaError(f"schema keyword '{key}' at {where} is not supported: Lantern cannot enforce it in a grammar")
             if key in ANNOTATIONS:
                 continue
             if key not in KEYWORDS:
@@ -288,8 +298,12 @@ class _Normalizer:
             return self.merge(rest, lowered, where)
         others = [t for t in types if t not in numeric]  # the format checks nothing on these
         other = {k: v for k, v in rest.items() if k not in _NUMBER_KEYWORDS}
-        return {"anyOf": [self.merge({**rest, "type": numeric if len(numeric) > 1 else numeric[0]}, lowered, where),
-                          {**other, "type": others if len(others) > 1 else others[0]}]}
+        return {
+            "anyOf": [
+                self.merge({**rest, "type": numeric if len(numeric) > 1 else numeric[0]}, lowered, where),
+                {**other, "type": others if len(others) > 1 else others[0]},
+            ]
+        }
 
     def unique_items(self, schema: dict, where: str) -> dict:
         """uniqueItems over items the grammar cannot list (strings, objects): at most one item, which is
@@ -316,12 +330,12 @@ class _Normalizer:
         if not out["patternProperties"]:
             del out["patternProperties"]
         for p in (p for p in pats if p in ANY_NAME):
-            props = {n: self.try_merge(v, pats[p], f"{where}/properties/{n}")
-                     for n, v in (out.get("properties") or {}).items()}
+            props = {n: self.try_merge(v, pats[p], f"{where}/properties/{n}") for n, v in (out.get("properties") or {}).items()}
             if props:
                 out["properties"] = props
-            out["additionalProperties"] = self.try_merge(out.get("additionalProperties", True), pats[p],
-                                                         f"{where}/patternProperties/{p}")
+            out["additionalProperties"] = self.try_merge(
+                out.get("additionalProperties", True), pats[p], f"{where}/patternProperties/{p}"
+            )
         return out
 
     def children(self, key: str, value, where: str):
@@ -373,8 +387,10 @@ class _Normalizer:
         if not rest:
             return schema
         if self.draft is not None and self.draft <= 7:
-            self.warn(f"applied {', '.join(repr(k) for k in rest)} beside '$ref', which draft-0{self.draft} "
-                      "ignores (ajv applies them)", where)
+            self.warn(
+                f"applied {', '.join(repr(k) for k in rest)} beside '$ref', which draft-0{self.draft} ignores (ajv applies them)",
+                where,
+            )
         target = self.resolve(schema["$ref"], where)
         merged = self.merge(rest, target, where)
         return merged if merged is False else {**{k: v for k, v in keep.items() if k != "$ref"}, **merged}
@@ -388,8 +404,10 @@ class _Normalizer:
         if ref in self.refs:
             return self.refs[ref]
         if ref in self.resolving:
-            raise SchemaError(f"schema keyword '$ref' at {where}: '{ref}' refers to itself through allOf or a "
-                              "$ref with siblings, which cannot be merged")
+            raise SchemaError(
+                f"schema keyword '$ref' at {where}: '{ref}' refers to itself through allOf or a "
+                "$ref with siblings, which cannot be merged"
+            )
         target = _json_pointer(self.root, ref)
         if target is None:
             raise SchemaError(f"schema keyword '$ref' at {where}: '{ref}' points to nothing")
@@ -417,8 +435,9 @@ class _Normalizer:
         if _same(a, b):  # two uses of one $ref, too: merged without following it (it may recurse)
             return a
         if len(self.merging) >= MAX_DEPTH:
-            raise SchemaError(f"schema at {where}: allOf and $ref merge deeper than {MAX_DEPTH} levels (a recursive "
-                              "$ref under allOf?)")
+            raise SchemaError(
+                f"schema at {where}: allOf and $ref merge deeper than {MAX_DEPTH} levels (a recursive $ref under allOf?)"
+            )
         self.merging.append(where)
         try:
             return self.merge_schemas(self.deref(a, where), self.deref(b, where), where)
@@ -466,15 +485,18 @@ class _Normalizer:
                 out[key] = self.cross(mine, value, f"{where}/{key}")
             elif key == "prefixItems" and isinstance(mine, list) and isinstance(value, list):
                 if len(mine) != len(value):
-                    raise SchemaError(f"schema keyword 'prefixItems' at {where}: cannot merge tuples of "
-                                      f"{len(mine)} and {len(value)} items")
+                    raise SchemaError(
+                        f"schema keyword 'prefixItems' at {where}: cannot merge tuples of {len(mine)} and {len(value)} items"
+                    )
                 out[key] = [self.try_merge(x, y, f"{where}/prefixItems/{i}") for i, (x, y) in enumerate(zip(mine, value))]
             elif key == "multipleOf" and numbers:
                 out[key] = self.merge_multiple(mine, value, where)
             elif not _same(mine, value):  # pattern, format, if/then/else...: equal or refused
-                raise SchemaError(f"schema keyword '{key}' at {where}: cannot merge two different values "
-                                  f"({json.dumps(mine, ensure_ascii=False)[:60]} and "
-                                  f"{json.dumps(value, ensure_ascii=False)[:60]})")
+                raise SchemaError(
+                    f"schema keyword '{key}' at {where}: cannot merge two different values "
+                    f"({json.dumps(mine, ensure_ascii=False)[:60]} and "
+                    f"{json.dumps(value, ensure_ascii=False)[:60]})"
+                )
         if any(k in a or k in b for k in ("properties", "additionalProperties", "patternProperties")):
             self.merge_properties(a, b, out, where)
         return self.finish(out, where)
@@ -502,8 +524,7 @@ class _Normalizer:
 
     def cross(self, xs: list, ys: list, where: str) -> list:
         if len(xs) * len(ys) > MAX_BRANCHES:
-            raise SchemaError(f"schema at {where}: merging gives {len(xs) * len(ys)} branches, over the limit of "
-                              f"{MAX_BRANCHES}")
+            raise SchemaError(f"schema at {where}: merging gives {len(xs) * len(ys)} branches, over the limit of {MAX_BRANCHES}")
         out = [m for x in xs for y in ys if (m := self.try_merge(x, y, where)) is not False]
         if not out:
             raise Contradiction(f"schema at {where}: no branch holds with the other's")
@@ -529,18 +550,17 @@ class _Normalizer:
         return {} if extra is True else extra
 
     def merge_properties(self, a: dict, b: dict, out: dict, where: str) -> None:
-        if "patternProperties" in a and "patternProperties" in b and not _same(a["patternProperties"],
-                                                                               b["patternProperties"]):
+        if "patternProperties" in a and "patternProperties" in b and not _same(a["patternProperties"], b["patternProperties"]):
             raise SchemaError(f"schema keyword 'patternProperties' at {where}: cannot merge two different values")
         names = list(dict.fromkeys([*(a.get("properties") or {}), *(b.get("properties") or {})]))
         props = {}
         for name in names:
-            merged = self.try_merge(self.property_schema(a, name), self.property_schema(b, name),
-                                    f"{where}/properties/{name}")
+            merged = self.try_merge(self.property_schema(a, name), self.property_schema(b, name), f"{where}/properties/{name}")
             if merged is False:
                 if name in out.get("required", []):
-                    raise Contradiction(f"schema keyword 'required' at {where}: '{name}' is required but no value "
-                                      "of it holds in every allOf part")
+                    raise Contradiction(
+                        f"schema keyword 'required' at {where}: '{name}' is required but no value of it holds in every allOf part"
+                    )
                 merged = False
             props[name] = merged
         if props:
@@ -566,12 +586,13 @@ class _Normalizer:
         keys = set(neg) - ANNOTATIONS
         if keys == {"type"}:
             banned = _types(neg) or []
-            allowed = [t for t in (_types(schema) or ["string", "number", "integer", "boolean", "null", "array",
-                                                      "object"])
-                       if t not in banned and not (t == "integer" and "number" in banned)]
+            allowed = [
+                t
+                for t in (_types(schema) or ["string", "number", "integer", "boolean", "null", "array", "object"])
+                if t not in banned and not (t == "integer" and "number" in banned)
+            ]
             if "number" in (_types(schema) or ["number"]) and "integer" in banned and "number" not in banned:
-                raise SchemaError(f"schema keyword 'not' at {where}: a number that is not an integer cannot be "
-                                  "written exactly")
+                raise SchemaError(f"schema keyword 'not' at {where}: a number that is not an integer cannot be written exactly")
             if not allowed:
                 return False
             return {**schema, "type": allowed[0] if len(allowed) == 1 else allowed}
@@ -592,8 +613,11 @@ class _Normalizer:
                     return False
             return schema
         if keys == {"allOf"} and isinstance(neg["allOf"], list) and neg["allOf"]:  # one of them fails
-            branches = [b for i, part in enumerate(neg["allOf"])
-                        if (b := self.negation({"not": part}, f"{where}/not/allOf/{i}")) is not False]
+            branches = [
+                b
+                for i, part in enumerate(neg["allOf"])
+                if (b := self.negation({"not": part}, f"{where}/not/allOf/{i}")) is not False
+            ]
             if not branches:
                 return False
             if {} in branches:  # a part whose negation always holds
@@ -612,8 +636,10 @@ class _Normalizer:
                 return {**schema, "enum": kept} if kept else False
             if _types(schema) == ["null"]:
                 return False if any(w is None for w in banned) else schema
-        raise SchemaError(f"schema keyword 'not' at {where}: only 'not' of a type, of required names, of values of a "
-                          "boolean or listed type, or of anyOf or allOf of those is supported")
+        raise SchemaError(
+            f"schema keyword 'not' at {where}: only 'not' of a type, of required names, of values of a "
+            "boolean or listed type, or of anyOf or allOf of those is supported"
+        )
 
     def conditionals(self, schema: dict, where: str):
         """dependentRequired, dependentSchemas and if/then/else as a choice of branches (anyOf)."""
@@ -632,8 +658,7 @@ class _Normalizer:
                 branches.append([other])
             else:
                 if set(cond) != {"required"} or not isinstance(cond["required"], list) or len(cond["required"]) != 1:
-                    raise SchemaError(f"schema keyword 'if' at {where}: only a condition of one required name "
-                                      "is supported")
+                    raise SchemaError(f"schema keyword 'if' at {where}: only a condition of one required name is supported")
                 name = cond["required"][0]
                 yes = self.merge({"required": [name]}, then, f"{where}/then")
                 no = self.merge({"properties": {name: False}}, other, f"{where}/else")
@@ -665,14 +690,15 @@ class _Normalizer:
             own = {k: v for k, v in schema.items() if k not in (key, "$defs", "definitions")}
             if not own or not any(k != key for k in own):
                 continue
-            branches = [m for i, b in enumerate(schema[key])
-                        if (m := self.try_merge(own, b, f"{where}/{key}/{i}")) is not False]
+            branches = [m for i, b in enumerate(schema[key]) if (m := self.try_merge(own, b, f"{where}/{key}/{i}")) is not False]
             if not branches:
                 raise Contradiction(f"schema keyword '{key}' at {where}: no branch holds with the keywords beside it")
             schema = {**{k: v for k, v in schema.items() if k in ("$defs", "definitions")}, key: branches}
         if "anyOf" in schema and "oneOf" in schema:
-            schema = {**{k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")},
-                      "anyOf": self.cross(schema.pop("anyOf"), schema.pop("oneOf"), where)}
+            schema = {
+                **{k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")},
+                "anyOf": self.cross(schema.pop("anyOf"), schema.pop("oneOf"), where),
+            }
         return schema
 
     def only_listed(self, schema: dict, where: str) -> dict:
@@ -696,10 +722,16 @@ class _Normalizer:
             if name in (schema.get("properties") or {}):
                 sub = self.with_patterns(schema, name, sub, where)
             props[name] = sub
-        self.warn("generated only the listed and required properties (xgrammar enforces neither required nor "
-                  "listed names' schemas beside patternProperties, nor distinct names for minProperties)", where)
-        return {**{k: v for k, v in schema.items() if k != "patternProperties"}, "properties": props,
-                "additionalProperties": False}
+        self.warn(
+            "generated only the listed and required properties (xgrammar enforces neither required nor "
+            "listed names' schemas beside patternProperties, nor distinct names for minProperties)",
+            where,
+        )
+        return {
+            **{k: v for k, v in schema.items() if k != "patternProperties"},
+            "properties": props,
+            "additionalProperties": False,
+        }
 
     def property_names(self, schema: dict, where: str) -> dict:
         """propertyNames beside the keywords that give values to names: xgrammar then generates names
@@ -719,8 +751,9 @@ class _Normalizer:
         for name in dict.fromkeys([*required, *props]):
             if not self.name_allowed(names, name, f"{where}/propertyNames"):
                 if name in required:
-                    raise Contradiction(f"schema keyword 'propertyNames' at {where}: the required name '{name}' is not "
-                                        "an allowed name")
+                    raise Contradiction(
+                        f"schema keyword 'propertyNames' at {where}: the required name '{name}' is not an allowed name"
+                    )
                 props = {k: v for k, v in props.items() if k != name}
         rest = {k: v for k, v in schema.items() if k != "propertyNames"}
         if "properties" in schema:
@@ -734,23 +767,31 @@ class _Normalizer:
         listed = self.name_list(names, f"{where}/propertyNames")
         if listed is not None:
             out = {k: v for k, v in rest.items() if k != "patternProperties"}
-            out["properties"] = {**{n: self.with_patterns(schema, n, sub, where) for n, sub in props.items()},
-                                 **{n: self.property_schema(schema, n) for n in listed if n not in props}}
+            out["properties"] = {
+                **{n: self.with_patterns(schema, n, sub, where) for n, sub in props.items()},
+                **{n: self.property_schema(schema, n) for n in listed if n not in props},
+            }
             out["additionalProperties"] = False
             return out
         pattern = names.get("pattern")
-        if not patterns and set(names) <= {"type", "pattern"} and names.get("type", "string") == "string" \
-                and isinstance(pattern, str):
+        if (
+            not patterns
+            and set(names) <= {"type", "pattern"}
+            and names.get("type", "string") == "string"
+            and isinstance(pattern, str)
+        ):
             try:
                 string_grammar.check_plain_pattern(pattern)
             except string_grammar.PatternError as err:
-                raise SchemaError(f"schema keyword 'propertyNames' at {where}: pattern '{pattern}' beside "
-                                  f"additionalProperties: {err}") from None
-            return {**rest, "patternProperties": {pattern: {} if values is True else values},
-                    "additionalProperties": False}
-        raise SchemaError(f"schema keyword 'propertyNames' at {where}: names it allows beside a schema for their "
-                          "values (additionalProperties or patternProperties) are enforced only as a list of names "
-                          "or one pattern")
+                raise SchemaError(
+                    f"schema keyword 'propertyNames' at {where}: pattern '{pattern}' beside additionalProperties: {err}"
+                ) from None
+            return {**rest, "patternProperties": {pattern: {} if values is True else values}, "additionalProperties": False}
+        raise SchemaError(
+            f"schema keyword 'propertyNames' at {where}: names it allows beside a schema for their "
+            "values (additionalProperties or patternProperties) are enforced only as a list of names "
+            "or one pattern"
+        )
 
     def with_patterns(self, schema: dict, name: str, sub, where: str):
         """A listed property's schema with the patternProperties its name matches merged in."""
@@ -766,22 +807,27 @@ class _Normalizer:
             return names
         known = {"type", "enum", "const", "pattern", "minLength", "maxLength", "anyOf", "oneOf", "not"}
         if set(names) - known:
-            raise SchemaError(f"schema keyword 'propertyNames' at {where}: cannot check a name against keyword "
-                              f"'{sorted(set(names) - known)[0]}'")
+            raise SchemaError(
+                f"schema keyword 'propertyNames' at {where}: cannot check a name against keyword "
+                f"'{sorted(set(names) - known)[0]}'"
+            )
         types = _types(names)
-        return ((types is None or "string" in types)
-                and ("enum" not in names or name in names["enum"])
-                and ("const" not in names or names["const"] == name)
-                and ("pattern" not in names or _search(names["pattern"], name))
-                and len(name) >= names.get("minLength", 0)
-                and ("maxLength" not in names or len(name) <= names["maxLength"])
-                and ("anyOf" not in names or any(self.name_allowed(b, name, where) for b in names["anyOf"]))
-                and ("oneOf" not in names or sum(self.name_allowed(b, name, where) for b in names["oneOf"]) == 1)
-                and ("not" not in names or not self.name_allowed(names["not"], name, where)))
+        return (
+            (types is None or "string" in types)
+            and ("enum" not in names or name in names["enum"])
+            and ("const" not in names or names["const"] == name)
+            and ("pattern" not in names or _search(names["pattern"], name))
+            and len(name) >= names.get("minLength", 0)
+            and ("maxLength" not in names or len(name) <= names["maxLength"])
+            and ("anyOf" not in names or any(self.name_allowed(b, name, where) for b in names["anyOf"]))
+            and ("oneOf" not in names or sum(self.name_allowed(b, name, where) for b in names["oneOf"]) == 1)
+            and ("not" not in names or not self.name_allowed(names["not"], name, where))
+        )
 
     def name_list(self, names, where: str) -> list[str] | None:
         """Every name the propertyNames schema ``names`` allows, where they are finitely many (at most
         normalize_limits.names); None where it allows a pattern's names."""
+
         def candidates(node):
             node = self.deref(node, where)
             if not isinstance(node, dict):
@@ -795,13 +841,16 @@ class _Normalizer:
                 found = [candidates(b) for b in branches]
                 return None if any(f is None for f in found) else [n for f in found for n in f]
             return None
+
         found = candidates(names)
         if found is None:
             return None
         listed = [n for n in dict.fromkeys(n for n in found if isinstance(n, str)) if self.name_allowed(names, n, where)]
         if len(listed) > MAX_NAMES:
-            raise SchemaError(f"schema keyword 'propertyNames' at {where}: allows {len(listed)} names beside a schema "
-                              f"for their values, over the limit of {MAX_NAMES}")
+            raise SchemaError(
+                f"schema keyword 'propertyNames' at {where}: allows {len(listed)} names beside a schema "
+                f"for their values, over the limit of {MAX_NAMES}"
+            )
         return listed
 
     def overlapping_patterns(self, schema: dict, where: str) -> dict:
@@ -832,8 +881,10 @@ class _Normalizer:
         extra = schema.get("additionalProperties", True)
         missing = [n for n in required if isinstance(n, str) and n not in (props if isinstance(props, dict) else {})]
         if missing and extra is False and "patternProperties" not in schema:  # (a local contradiction)
-            raise Contradiction(f"schema keyword 'required' at {where}: '{missing[0]}' is required but not in "
-                                "properties, and additionalProperties is false")
+            raise Contradiction(
+                f"schema keyword 'required' at {where}: '{missing[0]}' is required but not in "
+                "properties, and additionalProperties is false"
+            )
         if missing and extra is not False:
             props = dict(props or {})
             for name in missing:
@@ -843,25 +894,38 @@ class _Normalizer:
             if "additionalProperties" in schema:
                 self.warn("generated only listed properties beside additionalProperties", where)
             schema = {**schema, "additionalProperties": False}
-        if (not props and "additionalProperties" not in schema and "patternProperties" not in schema
-                and ("minProperties" in schema or "maxProperties" in schema)):
+        if (
+            not props
+            and "additionalProperties" not in schema
+            and "patternProperties" not in schema
+            and ("minProperties" in schema or "maxProperties" in schema)
+        ):
             schema = {**schema, "additionalProperties": {}}  # xgrammar reads none as none at all when it counts
         # the names an object can have (a false property only stays listed to be refused)
         possible = [n for n, sub in (schema.get("properties") or {}).items() if sub is not False]
-        if (schema.get("additionalProperties") is False and "patternProperties" not in schema
-                and _number(schema.get("minProperties")) and schema["minProperties"] > len(possible)):
-            raise Contradiction(f"schema keyword 'minProperties' at {where}: {schema['minProperties']} properties "
-                                "are required and fewer are allowed")
+        if (
+            schema.get("additionalProperties") is False
+            and "patternProperties" not in schema
+            and _number(schema.get("minProperties"))
+            and schema["minProperties"] > len(possible)
+        ):
+            raise Contradiction(
+                f"schema keyword 'minProperties' at {where}: {schema['minProperties']} properties "
+                "are required and fewer are allowed"
+            )
         if isinstance(schema.get("minProperties"), int) and schema["minProperties"] <= len(set(required)):
             schema = {k: v for k, v in schema.items() if k != "minProperties"}  # implied: xgrammar would count
-        if (schema.get("additionalProperties") is False and "patternProperties" not in schema
-                and isinstance(schema.get("maxProperties"), int) and schema["maxProperties"] >= len(possible)):
+        if (
+            schema.get("additionalProperties") is False
+            and "patternProperties" not in schema
+            and isinstance(schema.get("maxProperties"), int)
+            and schema["maxProperties"] >= len(possible)
+        ):
             schema = {k: v for k, v in schema.items() if k != "maxProperties"}
         for name, sub in list((schema.get("properties") or {}).items()):
             if sub is False and name not in required:
                 schema = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != name}}
         return schema
-
 
     # ---- $refs into dropped keywords -----------------------------------------------------------------
 
@@ -892,8 +956,13 @@ class _Normalizer:
         false tuple item ends the tuple, a $ref to a false definition is false; to a fixpoint."""
         while True:
             out = self.prune(root)
-            found = {f"#/{key}/{name}" for key in ("$defs", "definitions") if isinstance(out, dict)
-                     for name, sub in (out.get(key) or {}).items() if sub is False}
+            found = {
+                f"#/{key}/{name}"
+                for key in ("$defs", "definitions")
+                if isinstance(out, dict)
+                for name, sub in (out.get(key) or {}).items()
+                if sub is False
+            }
             if found <= self.false_refs:
                 break
             self.false_refs |= found
@@ -968,8 +1037,10 @@ def _with_refs(node, moved: dict[str, str]):
         return [_with_refs(v, moved) for v in node]
     if not isinstance(node, dict):
         return node
-    return {k: (moved.get(v, v) if k == "$ref" and isinstance(v, str) else
-                v if k in ("enum", "const") else _with_refs(v, moved)) for k, v in node.items()}
+    return {
+        k: (moved.get(v, v) if k == "$ref" and isinstance(v, str) else v if k in ("enum", "const") else _with_refs(v, moved))
+        for k, v in node.items()
+    }
 
 
 def _search(pattern: str, name: str) -> bool:

@@ -29,8 +29,17 @@ RUNTIME = _ROOT / "webruntime" / "dist" if CHECKOUT else _ROOT / "webruntime"
 # schema-check.js: ajv (JSON Schema 2020-12), for pages that show whether structured output validates
 # wllama.wasm: llama.cpp for the wasm device; wllama-compat.{wasm,js}: its build for engines without
 # memory64 or wasm exceptions (Safari's), with its own glue (webruntime/src/llama-builds.ts)
-RUNTIME_FILES = {"lantern.js", "worker.js", "shared-worker.js", "ai-sdk.js", "ai.js", "schema-check.js", "wllama.wasm",
-                 "wllama-compat.wasm", "wllama-compat.js"}
+RUNTIME_FILES = {
+    "lantern.js",
+    "worker.js",
+    "shared-worker.js",
+    "ai-sdk.js",
+    "ai.js",
+    "schema-check.js",
+    "wllama.wasm",
+    "wllama-compat.wasm",
+    "wllama-compat.js",
+}
 
 
 def runtime_dir() -> Path:
@@ -38,8 +47,10 @@ def runtime_dir() -> Path:
     if not (RUNTIME / "lantern.js").exists():
         if CHECKOUT:
             raise LanternError(f"the browser runtime is not built: run `npm ci && npm run build` in {RUNTIME.parent}")
-        raise LanternError("this installation of Lantern has no browser runtime: its wheel was built before "
-                           "`npm ci && npm run build` in webruntime/")
+        raise LanternError(
+            "this installation of Lantern has no browser runtime: its wheel was built before "
+            "`npm ci && npm run build` in webruntime/"
+        )
     return RUNTIME
 
 
@@ -105,6 +116,7 @@ def mount_static(app: FastAPI, models: dict[str, Path], site: Path | None) -> No
         return _file(_file_in(models[name], rel))
 
     if site is not None:
+
         @app.get("/{rel:path}")
         def site_file(rel: str) -> FileResponse:
             if not rel or rel.endswith("/"):

@@ -45,7 +45,7 @@ from .number_grammar import minimal_dfa, payload_placeholder, placeholder_payloa
 MAX_NFA_STATES = 4000  # a pattern larger than this (after {n,m} copies) is refused
 MAX_MERGED = 500  # equal states are merged in string automata up to this size (see minimal_dfa)
 MAX_DFA_STATES = 2000  # states of the string automaton before merging, lengths counted (xgrammar's compile
-                       # of a 1000-state chain: ~1.2 s against a 151k vocabulary)
+# of a 1000-state chain: ~1.2 s against a 151k vocabulary)
 TOP = 0xFFFF
 ALL = ((0, 0xD7FF), (0xE000, TOP))  # code points a string may hold (no lone surrogates)
 ASCII = ((0, 0x7F),)
@@ -68,6 +68,7 @@ class PatternError(ValueError):
 
 
 # ---- sets of code points: sorted, disjoint, non-touching (lo, hi) pairs --------------------------
+
 
 def norm(pairs) -> tuple:
     out: list[list[int]] = []
@@ -102,6 +103,7 @@ def intersect(a, b) -> tuple:
 # ---- the pattern ------------------------------------------------------------------------------
 # A node: ("set", chars) | ("cat", [nodes]) | ("alt", [nodes]) | ("rep", node, lo, hi or None)
 # | ("bol",) | ("eol",)
+
 
 def _is_digit(ch: str) -> bool:
     return len(ch) == 1 and "0" <= ch <= "9"
@@ -140,7 +142,7 @@ class _Parser:
         start = self.i
         while _is_digit(self.peek()):
             self.i += 1
-        return int(self.p[start:self.i]) if self.i > start else None
+        return int(self.p[start : self.i]) if self.i > start else None
 
     def quantified(self, node):
         ch = self.peek()
@@ -215,8 +217,11 @@ class _Parser:
         """(certain, possible) after a backslash: what every engine, and what some engine, matches."""
         ch = self.peek()
         self.i += 1
-        shorthand = {"d": (DIGITS, norm(DIGITS + ((0x80, TOP),))), "w": (WORD, norm(WORD + ((0x80, TOP),))),
-                     "s": (SPACE, SPACE_MAYBE)}
+        shorthand = {
+            "d": (DIGITS, norm(DIGITS + ((0x80, TOP),))),
+            "w": (WORD, norm(WORD + ((0x80, TOP),))),
+            "s": (SPACE, SPACE_MAYBE),
+        }
         if ch.lower() in shorthand:
             certain, possible = shorthand[ch.lower()]
             if ch.islower():
@@ -231,7 +236,7 @@ class _Parser:
             code = CONTROL_ESCAPES[ch]
         elif ch in ("x", "u"):
             width = 2 if ch == "x" else 4
-            digits = self.p[self.i:self.i + width]
+            digits = self.p[self.i : self.i + width]
             if len(digits) != width or not re.fullmatch(r"[0-9A-Fa-f]+", digits):
                 self.fail(f"an escape \\{ch} without {width} hex digits")
             self.i += width
@@ -252,7 +257,7 @@ class _Parser:
         end = self.p.find("}", self.i)
         if self.peek() != "{" or end < 0:
             self.fail(f"a \\{ch} without a {{name}}")
-        name = self.p[self.i + 1:end]
+        name = self.p[self.i + 1 : end]
         key, _, value = name.rpartition("=")
         if key not in ("", "gc", "General_Category"):
             self.fail(f"the Unicode property \\{ch}{{{name}}} (Lantern reads general categories, Any, ASCII and Assigned)")
@@ -289,7 +294,7 @@ class _Parser:
             self.fail("an empty class '[]'")
         while self.peek() != "]":
             c1, p1, single = self.class_atom()
-            if self.peek() == "-" and self.p[self.i + 1:self.i + 2] not in ("]", ""):
+            if self.peek() == "-" and self.p[self.i + 1 : self.i + 2] not in ("]", ""):
                 self.i += 1
                 c2, p2, single2 = self.class_atom()
                 if not (single and single2):
@@ -326,13 +331,13 @@ def with_classes(pattern: str) -> str:
     out, i, in_class = [], 0, False
     while i < len(pattern):
         ch = pattern[i]
-        if ch == "\\" and pattern[i + 1:i + 2] in ("p", "P"):
+        if ch == "\\" and pattern[i + 1 : i + 2] in ("p", "P"):
             parser = _Parser(pattern)
             parser.i = i + 1
             try:
                 chars = parser.escape(in_class)[0]
             except PatternError:
-                out.append(pattern[i:i + 2])
+                out.append(pattern[i : i + 2])
                 i += 2
                 continue
             ranges = "".join(f"\\u{lo:04x}" if lo == hi else f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in chars)
@@ -340,7 +345,7 @@ def with_classes(pattern: str) -> str:
             i = parser.i
             continue
         if ch == "\\":
-            out.append(pattern[i:i + 2])
+            out.append(pattern[i : i + 2])
             i += 2
             continue
         in_class = (in_class and ch != "]") or (not in_class and ch == "[")
@@ -352,6 +357,7 @@ def with_classes(pattern: str) -> str:
 def check_plain_pattern(pattern: str) -> None:
     """PatternError unless ``pattern`` matches some string and only ever characters of RAW, which
     xgrammar's own regex (matched against the JSON text, as for patternProperties keys) gets right."""
+
     def sets(node):
         if node[0] == "set":
             yield node[1]
@@ -360,14 +366,18 @@ def check_plain_pattern(pattern: str) -> None:
                 yield from sets(child)
         elif node[0] == "rep":
             yield from sets(node[1])
+
     if any(minus(chars, RAW) for chars in sets(parse_pattern(pattern))):
-        raise PatternError("it may match a quote, a backslash, a control or a non-ASCII character, which the grammar engine "
-                           "would write unescaped here; narrow it to printable ASCII, or use propertyNames with the "
-                           "pattern (enforced exactly)")
+        raise PatternError(
+            "it may match a quote, a backslash, a control or a non-ASCII character, which the grammar engine "
+            "would write unescaped here; narrow it to printable ASCII, or use propertyNames with the "
+            "pattern (enforced exactly)"
+        )
     string_dfa(pattern, 0, None)
 
 
 # ---- pattern -> NFA -----------------------------------------------------------------------------
+
 
 class _Nfa:
     """Edges per state: (kind, chars, target), kind "eps", "bol", "eol" or "set"."""
@@ -509,6 +519,7 @@ def patterns_overlap(full: str, search: str) -> bool:
 
 # ---- writing character sets as JSON text --------------------------------------------------------
 
+
 def _hex_digits(lo: int, hi: int) -> str:
     """An EBNF class (or literal) for the hex digits lo..hi (lower case)."""
     if lo == hi:
@@ -552,8 +563,9 @@ def chars_ebnf(chars) -> str:
     alts = []
     raw = intersect(chars, RAW)
     if raw:
-        alts.append("[" + "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
-                                  for lo, hi in raw) + "]")
+        alts.append(
+            "[" + "".join(_class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}" for lo, hi in raw) + "]"
+        )
     if intersect(chars, ((0x22, 0x22),)):
         alts.append('"\\\\\\""')
     if intersect(chars, ((0x5C, 0x5C),)):

@@ -93,8 +93,10 @@ def _check(schema, where: str, defaults: dict | None) -> dict | bool:
         raise StructuredOutputError(f"schema at {where} must be an object or a boolean")
     for key in schema:
         if key not in _KEYWORDS:
-            raise StructuredOutputError(f"schema keyword '{key}' at {where} is not supported by the grammar engine "
-                                        f"({SUPPORT['engine']}); remove it or use a supported keyword")
+            raise StructuredOutputError(
+                f"schema keyword '{key}' at {where} is not supported by the grammar engine "
+                f"({SUPPORT['engine']}); remove it or use a supported keyword"
+            )
     out = dict(schema)
     fmt = schema.get("format")
     if fmt in _FORMAT_PATTERNS:
@@ -103,8 +105,10 @@ def _check(schema, where: str, defaults: dict | None) -> dict | bool:
         del out["format"]
         out["pattern"] = _FORMAT_PATTERNS[fmt]
     elif fmt is not None and fmt not in _FORMATS:
-        raise StructuredOutputError(f"schema keyword 'format' at {where}: format {fmt!r} is not supported "
-                                    f"(supported: {', '.join(sorted(_FORMATS | set(_FORMAT_PATTERNS)))})")
+        raise StructuredOutputError(
+            f"schema keyword 'format' at {where}: format {fmt!r} is not supported "
+            f"(supported: {', '.join(sorted(_FORMATS | set(_FORMAT_PATTERNS)))})"
+        )
     ref = schema.get("$ref")
     if ref is not None and not (isinstance(ref, str) and ref.startswith("#/")):
         raise StructuredOutputError(f"schema keyword '$ref' at {where}: only local references (#/...) are supported")
@@ -145,8 +149,11 @@ def with_default_bounds(schema: dict, defaults: dict) -> dict:
         low = schema.get(key, 0)
         return low + bound if isinstance(low, int) and not isinstance(low, bool) and low > 0 else bound
 
-    if (defaults.get("maxLength") and "string" in types
-            and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const"))):
+    if (
+        defaults.get("maxLength")
+        and "string" in types
+        and not any(k in schema for k in ("maxLength", "pattern", "format", "enum", "const"))
+    ):
         schema = {**schema, "maxLength": above_minimum("minLength", defaults["maxLength"])}
     if defaults.get("maxItems") and "array" in types and not any(k in schema for k in ("maxItems", "prefixItems")):
         schema = {**schema, "maxItems": above_minimum("minItems", defaults["maxItems"])}
@@ -174,8 +181,9 @@ def _as_placeholder(schema: dict, key: str, own: tuple, kinds: list) -> dict:
 def _no_values_list(schema: dict, keyword: str, where: str) -> None:
     for key in ("enum", "const"):
         if key in schema:
-            raise StructuredOutputError(f"schema keyword '{keyword}' at {where} cannot be combined with '{key}': "
-                                        "list only the allowed values")
+            raise StructuredOutputError(
+                f"schema keyword '{keyword}' at {where} cannot be combined with '{key}': list only the allowed values"
+            )
 
 
 def _check_whole_numbers(schema: dict, keys: tuple, where: str) -> None:
@@ -193,13 +201,16 @@ def _check_contradictions(schema: dict, where: str) -> None:
     for low, high in (("minItems", "maxItems"), ("minProperties", "maxProperties")):
         _check_whole_numbers(schema, (low, high), where)
         if high in schema and schema.get(low, 0) > schema[high]:
-            raise StructuredOutputError(f"schema keywords '{low}', '{high}' at {where}: {low} {schema[low]} is above "
-                                        f"{high} {schema[high]}")
+            raise StructuredOutputError(
+                f"schema keywords '{low}', '{high}' at {where}: {low} {schema[low]} is above {high} {schema[high]}"
+            )
     if schema.get("additionalProperties") is False and "patternProperties" not in schema:
         missing = [n for n in schema.get("required") or [] if n not in (schema.get("properties") or {})]
         if missing:
-            raise StructuredOutputError(f"schema keyword 'required' at {where}: '{missing[0]}' is required but not "
-                                        "in properties, and additionalProperties is false")
+            raise StructuredOutputError(
+                f"schema keyword 'required' at {where}: '{missing[0]}' is required but not "
+                "in properties, and additionalProperties is false"
+            )
 
 
 def _finite(value: int | float) -> bool:
@@ -219,8 +230,7 @@ def _exact_number(schema: dict, where: str) -> dict:
             raise StructuredOutputError(f"schema keyword '{key}' at {where} must be a finite number")
     numeric = [t for t in _types(schema) if t in ("number", "integer")]
     if not numeric:
-        raise StructuredOutputError(f"schema keyword '{present[0]}' at {where} needs \"type\": \"number\" or "
-                                    "\"integer\"")
+        raise StructuredOutputError(f'schema keyword \'{present[0]}\' at {where} needs "type": "number" or "integer"')
     _no_values_list(schema, present[0], where)
     key = number_grammar.placeholder("number" if "number" in numeric else "integer", schema)
     try:
@@ -245,13 +255,15 @@ def _exact_string(schema: dict, where: str, fmt: str | None) -> dict:
     if fmt:
         named = ["format", *(k for k in named if k != "pattern")]
     if "format" in schema:
-        raise StructuredOutputError(f"schema keyword '{named[-1]}' at {where} cannot be combined with format "
-                                    f"'{schema['format']}'")
+        raise StructuredOutputError(
+            f"schema keyword '{named[-1]}' at {where} cannot be combined with format '{schema['format']}'"
+        )
     _no_values_list(schema, named[0], where)
     lo, hi = schema.get("minLength", 0), schema.get("maxLength")
     if hi is not None and lo > hi:
-        raise StructuredOutputError(f"schema keywords 'minLength', 'maxLength' at {where}: minLength {lo} is above "
-                                    f"maxLength {hi}")
+        raise StructuredOutputError(
+            f"schema keywords 'minLength', 'maxLength' at {where}: minLength {lo} is above maxLength {hi}"
+        )
     pattern = schema.get("pattern")
     if pattern is not None and not isinstance(pattern, str):
         raise StructuredOutputError(f"schema keyword 'pattern' at {where} must be a string")
@@ -259,8 +271,9 @@ def _exact_string(schema: dict, where: str, fmt: str | None) -> dict:
         key = string_grammar.placeholder(pattern, lo, hi)
         string_grammar.string_rules(key, "s")
     except string_grammar.PatternError as err:
-        raise StructuredOutputError(f"schema keyword{'s' if len(named) > 1 else ''} "
-                                    f"{', '.join(repr(k) for k in named)} at {where}: {err}") from None
+        raise StructuredOutputError(
+            f"schema keyword{'s' if len(named) > 1 else ''} {', '.join(repr(k) for k in named)} at {where}: {err}"
+        ) from None
     return _as_placeholder(schema, key, ("pattern", *_LENGTHS), ["string"])
 
 
@@ -277,16 +290,21 @@ def _unique_items(schema: dict, where: str) -> dict:
     try:
         if "prefixItems" in schema:
             raise unique_grammar.UniqueItemsError("uniqueItems cannot be combined with prefixItems")
-        key = unique_grammar.placeholder(unique_grammar.item_values(schema.get("items")), schema.get("minItems", 0),
-                                         schema.get("maxItems"))
+        key = unique_grammar.placeholder(
+            unique_grammar.item_values(schema.get("items")), schema.get("minItems", 0), schema.get("maxItems")
+        )
         unique_grammar.unique_rules(key, "u")
     except unique_grammar.UniqueItemsError as err:
         raise StructuredOutputError(f"schema keyword 'uniqueItems' at {where}: {err}") from None
     return _as_placeholder(schema, key, ("items", "uniqueItems", "minItems", "maxItems"), ["array"])
 
 
-_RULES = {"number": number_grammar.number_rules, "integer": number_grammar.number_rules,
-          "string": string_grammar.string_rules, "unique": unique_grammar.unique_rules}
+_RULES = {
+    "number": number_grammar.number_rules,
+    "integer": number_grammar.number_rules,
+    "string": string_grammar.string_rules,
+    "unique": unique_grammar.unique_rules,
+}
 
 
 def with_exact_rules(ebnf: str) -> str:
@@ -316,6 +334,7 @@ def schema_ebnf(source: str) -> str:
 
 # ---- requests -> grammar specs ------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GrammarSpec:
     """What xgrammar compiles: kind is "json_schema" (a JSON text), "ebnf", or "structural_tag" (JSON)."""
@@ -344,7 +363,8 @@ def check_size(size: int, limits: dict = COMPILE_LIMITS) -> None:
     if size > limits["size"]:
         raise StructuredOutputError(
             f"the schema's grammar has size {size}, over the limit of {limits['size']}: bound or simplify it "
-            "(fewer subschemas or alternatives, no minProperties or maxProperties over many properties)")
+            "(fewer subschemas or alternatives, no minProperties or maxProperties over many properties)"
+        )
 
 
 def _schema_spec(schema, where: str, defaults: dict | None) -> GrammarSpec:
@@ -380,18 +400,23 @@ def response_format_spec(fmt: dict | None, defaults: dict | None = None) -> Gram
     if kind == "regex":
         if not isinstance(fmt.get("pattern"), str) or not fmt["pattern"]:
             raise StructuredOutputError("response_format.pattern must be a regular expression string")
-        return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag",
-                                                         "format": {"type": "regex", "pattern": fmt["pattern"]}}))
-    raise StructuredOutputError(f"response_format.type {kind!r} is not one of text, json_object, json_schema, "
-                                "grammar, regex")
+        return GrammarSpec(
+            "structural_tag", json.dumps({"type": "structural_tag", "format": {"type": "regex", "pattern": fmt["pattern"]}})
+        )
+    raise StructuredOutputError(f"response_format.type {kind!r} is not one of text, json_object, json_schema, grammar, regex")
 
 
 def _tool_tag(fn: dict, defaults: dict | None, warnings: list) -> dict:
     params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "tag", "begin": f'{TOOL_OPEN}{{"name": {json.dumps(fn["name"])}, "arguments": ',
-            "content": {"type": "json_schema",
-                        "json_schema": check_schema(params, f"#/tools/{fn['name']}/parameters", defaults, warnings)},
-            "end": "}" + TOOL_CLOSE}
+    return {
+        "type": "tag",
+        "begin": f'{TOOL_OPEN}{{"name": {json.dumps(fn["name"])}, "arguments": ',
+        "content": {
+            "type": "json_schema",
+            "json_schema": check_schema(params, f"#/tools/{fn['name']}/parameters", defaults, warnings),
+        },
+        "end": "}" + TOOL_CLOSE,
+    }
 
 
 def calls_tools(tools: list[dict], choice) -> bool:
@@ -408,23 +433,33 @@ def tool_spec(tools: list[dict], choice, parallel: bool, defaults: dict | None =
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if name not in by_name:
-            raise StructuredOutputError(f"tool_choice names the function {name!r}, which is not in tools "
-                                        f"({', '.join(by_name)})")
+            raise StructuredOutputError(f"tool_choice names the function {name!r}, which is not in tools ({', '.join(by_name)})")
         fmt = _tool_tag(by_name[name], defaults, warnings)
     else:
         tags = [_tool_tag(fn, defaults, warnings) for fn in by_name.values()]
         if choice == "required":
-            fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
-                   "stop_after_first": not parallel}
+            fmt = {
+                "type": "tags_with_separator",
+                "tags": tags,
+                "separator": "\n",
+                "at_least_one": True,
+                "stop_after_first": not parallel,
+            }
         else:
-            fmt = {"type": "triggered_tags", "triggers": [TOOL_OPEN], "tags": tags, "at_least_one": False,
-                   "stop_after_first": not parallel}
+            fmt = {
+                "type": "triggered_tags",
+                "triggers": [TOOL_OPEN],
+                "tags": tags,
+                "at_least_one": False,
+                "stop_after_first": not parallel,
+            }
     check_size(grammar_size(fmt))
     return GrammarSpec("structural_tag", json.dumps({"type": "structural_tag", "format": fmt}), tuple(warnings))
 
 
-def request_spec(response_format: dict | None, tools: list[dict], tool_choice, parallel: bool,
-                 defaults: dict | None = None) -> GrammarSpec | None:
+def request_spec(
+    response_format: dict | None, tools: list[dict], tool_choice, parallel: bool, defaults: dict | None = None
+) -> GrammarSpec | None:
     """The one grammar a chat request asks for: from its tools, or from its response_format. ``defaults``:
     the request's schema_defaults (bounds for unbounded strings and arrays); None: no bounds."""
     if tool_choice not in (None, "none", "auto") and not tools:
@@ -432,8 +467,9 @@ def request_spec(response_format: dict | None, tools: list[dict], tool_choice, p
     calls = tool_spec(tools, tool_choice, parallel, defaults)
     fmt = response_format_spec(response_format, defaults)
     if calls and fmt:
-        raise StructuredOutputError("response_format cannot be combined with tools in one request; "
-                                    'use tool_choice: "none" or drop response_format')
+        raise StructuredOutputError(
+            'response_format cannot be combined with tools in one request; use tool_choice: "none" or drop response_format'
+        )
     return calls or fmt
 
 
@@ -442,6 +478,7 @@ def tight_structural_tag(source: str) -> str:
     JSON_LAYOUT. xgrammar's structural tags put free whitespace inside JSON, where a small model can
     loop until max_tokens (a tool call's arguments did, 64 of 64 tokens); response_format's JSON has
     none. The twin of structured.ts's ``tightStructuralTag``."""
+
     def visit(node):
         if isinstance(node, list):
             return [visit(v) for v in node]
@@ -456,11 +493,20 @@ def tight_structural_tag(source: str) -> str:
 
 def tool_system_prompt(tools: list[dict]) -> str:
     """Lantern's default tool instructions, appended to the system message."""
-    lines = [json.dumps({"name": t["function"]["name"], "description": t["function"].get("description", ""),
-                         "parameters": t["function"].get("parameters") or {"type": "object", "properties": {}}})
-             for t in tools]
-    return ("You can call these tools:\n" + "\n".join(lines) + "\nTo call a tool, reply with "
-            f'{TOOL_OPEN}{{"name": <tool name>, "arguments": <JSON arguments>}}{TOOL_CLOSE}')
+    lines = [
+        json.dumps(
+            {
+                "name": t["function"]["name"],
+                "description": t["function"].get("description", ""),
+                "parameters": t["function"].get("parameters") or {"type": "object", "properties": {}},
+            }
+        )
+        for t in tools
+    ]
+    return (
+        "You can call these tools:\n" + "\n".join(lines) + "\nTo call a tool, reply with "
+        f'{TOOL_OPEN}{{"name": <tool name>, "arguments": <JSON arguments>}}{TOOL_CLOSE}'
+    )
 
 
 def tool_messages(messages: list[dict], tools: list[dict] | None) -> list[dict]:
@@ -468,8 +514,11 @@ def tool_messages(messages: list[dict], tools: list[dict] | None) -> list[dict]:
     out = [dict(m) for m in messages]
     for m in out:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "".join(f'{TOOL_OPEN}{{"name": {json.dumps(c["function"]["name"])}, '
-                            f'"arguments": {c["function"]["arguments"]}}}{TOOL_CLOSE}' for c in m.pop("tool_calls"))
+            calls = "".join(
+                f'{TOOL_OPEN}{{"name": {json.dumps(c["function"]["name"])}, '
+                f'"arguments": {c["function"]["arguments"]}}}{TOOL_CLOSE}'
+                for c in m.pop("tool_calls")
+            )
             m["content"] = (m.get("content") or "") + calls
         elif m["role"] == "tool":
             m.pop("tool_call_id", None)
@@ -499,8 +548,13 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
             if not m:
                 continue
             json.loads(m[2])
-            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                          "function": {"name": json.loads(m[1]), "arguments": m[2]}})
+            calls.append(
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {"name": json.loads(m[1]), "arguments": m[2]},
+                }
+            )
         except json.JSONDecodeError:
             continue  # only reachable when max_tokens cut a call short; the text stays content
     if not calls:
@@ -519,6 +573,7 @@ def cut_open_call(text: str) -> str:
 
 
 # ---- xgrammar -----------------------------------------------------------------------------------
+
 
 def _engine_message(err: Exception) -> str:
     """xgrammar's error without its C++ source location."""
@@ -545,8 +600,9 @@ class GrammarCompiler:
     503 and keeps its result for a retry. The cache holds at most ``limits["cache_megabytes"]`` of compiled
     grammars, least recently used out first."""
 
-    def __init__(self, tokenizer_json: dict, token_postproc: str, vocab_size: int, stop_ids: list[int],
-                 limits: dict = COMPILE_LIMITS):
+    def __init__(
+        self, tokenizer_json: dict, token_postproc: str, vocab_size: int, stop_ids: list[int], limits: dict = COMPILE_LIMITS
+    ):
         import xgrammar  # imported here: it pulls in torch, which only structured requests need
 
         self._xgr = xgrammar
@@ -555,8 +611,9 @@ class GrammarCompiler:
             vocab[i] = token
         for t in tokenizer_json.get("added_tokens", []):
             vocab[t["id"]] = t["content"]
-        vocab_type = {"byte_level": xgrammar.VocabType.BYTE_LEVEL,
-                      "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(token_postproc, xgrammar.VocabType.RAW)
+        vocab_type = {"byte_level": xgrammar.VocabType.BYTE_LEVEL, "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(
+            token_postproc, xgrammar.VocabType.RAW
+        )
         info = xgrammar.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids))
         self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # the cache below bounds memory
         self._cache: OrderedDict[GrammarSpec, xgrammar.CompiledGrammar] = OrderedDict()
@@ -597,8 +654,10 @@ class GrammarCompiler:
         seconds = time.perf_counter() - start
         self._keep(spec, compiled)
         if seconds > self.limits["seconds"]:
-            raise GrammarCompileFault(f"compiling the grammar took {seconds:.1f} s, over the server's limit of "
-                                      f"{self.limits['seconds']} s (the machine is busy); it is kept: retry")
+            raise GrammarCompileFault(
+                f"compiling the grammar took {seconds:.1f} s, over the server's limit of "
+                f"{self.limits['seconds']} s (the machine is busy); it is kept: retry"
+            )
         return compiled
 
     def matcher(self, compiled) -> "TokenMask":

@@ -37,9 +37,13 @@ def value_text(value) -> str:
 def _of_type(value, types) -> bool:
     if types is None:
         return True
-    kinds = {"null": value is None, "boolean": isinstance(value, bool), "string": isinstance(value, str),
-             "number": isinstance(value, (int, float)) and not isinstance(value, bool),
-             "integer": isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()}
+    kinds = {
+        "null": value is None,
+        "boolean": isinstance(value, bool),
+        "string": isinstance(value, str),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "integer": isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer(),
+    }
     return any(kinds.get(t, False) for t in ([types] if isinstance(types, str) else types))
 
 
@@ -73,8 +77,11 @@ def unique_rules(key: str, name: str) -> list[str]:
     values, lo, hi = placeholder_payload(key)
     hi = len(values) if hi is None else min(hi, len(values))
     if lo > hi:
-        raise UniqueItemsError(f"minItems {lo} needs more distinct values than the {len(values)} its items allow"
-                               if lo > len(values) else f"minItems {lo} is above maxItems {hi}")
+        raise UniqueItemsError(
+            f"minItems {lo} needs more distinct values than the {len(values)} its items allow"
+            if lo > len(values)
+            else f"minItems {lo} is above maxItems {hi}"
+        )
     literals = [_ebnf_literal(v) for v in values]
     rules, index, order = [], {0: 0}, [0]
     for used in order:  # breadth-first over the sets of used values, as bit masks
@@ -86,8 +93,10 @@ def unique_rules(key: str, name: str) -> list[str]:
                     nxt = used | 1 << j
                     if nxt not in index:
                         if len(order) >= MAX_RULES:
-                            raise UniqueItemsError(f"the array's unique values need more than {MAX_RULES} grammar "
-                                                   "rules (list fewer values or lower maxItems)")
+                            raise UniqueItemsError(
+                                f"the array's unique values need more than {MAX_RULES} grammar "
+                                "rules (list fewer values or lower maxItems)"
+                            )
                         index[nxt] = len(order)
                         order.append(nxt)
                     separator = "" if used == 0 else '", " '

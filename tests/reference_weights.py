@@ -21,7 +21,8 @@ def hf_weights_from_artifact(params: dict[str, np.ndarray], cfg: dict, quant: st
         if name.endswith("self_attn.qkv_proj.weight"):
             p = name[: -len("qkv_proj.weight")]
             out[p + "q_proj.weight"], out[p + "k_proj.weight"], out[p + "v_proj.weight"] = np.split(
-                w, [heads * d, (heads + kv) * d])
+                w, [heads * d, (heads + kv) * d]
+            )
         elif name.endswith("mlp.gate_up_proj.weight"):
             p = name[: -len("gate_up_proj.weight")]
             out[p + "gate_proj.weight"], out[p + "up_proj.weight"] = np.split(w, 2)

@@ -29,10 +29,20 @@ def site(tmp_path_factory):
     """tests/web's AI SDK page with its bundle: `ai` and zod from webruntime's node_modules."""
     folder = tmp_path_factory.mktemp("ai-sdk-site")
     shutil.copy(repo_root() / "tests" / "web" / "ai_sdk.html", folder)
-    subprocess.run([str(WEBRUNTIME / "node_modules" / ".bin" / "esbuild"), str(repo_root() / "tests" / "web" / "ai_sdk.js"),
-                    "--bundle", "--format=esm", "--platform=browser", "--external:/runtime/*", "--log-level=warning",
-                    f"--outfile={folder / 'ai_sdk.bundle.js'}"],
-                   check=True, env={**os.environ, "NODE_PATH": str(WEBRUNTIME / "node_modules")})
+    subprocess.run(
+        [
+            str(WEBRUNTIME / "node_modules" / ".bin" / "esbuild"),
+            str(repo_root() / "tests" / "web" / "ai_sdk.js"),
+            "--bundle",
+            "--format=esm",
+            "--platform=browser",
+            "--external:/runtime/*",
+            "--log-level=warning",
+            f"--outfile={folder / 'ai_sdk.bundle.js'}",
+        ],
+        check=True,
+        env={**os.environ, "NODE_PATH": str(WEBRUNTIME / "node_modules")},
+    )
     # open_page waits for engine.html's "ready"; the AI SDK page says the same
     shutil.copy(folder / "ai_sdk.html", folder / "engine.html")
     return folder
@@ -49,8 +59,7 @@ def page(request, browser, server, tiny_q4):
     context = browser.new_context()
     p = open_page(context, server)
     # one llama.cpp thread on wasm: the suite runs a test file per core (see test_wasm_device.py's session)
-    p.evaluate("(s) => setup(s)", {"model": f"/models/{tiny_q4.path.name}/",
-                                   "engine": {"device": request.param, "threads": 1}})
+    p.evaluate("(s) => setup(s)", {"model": f"/models/{tiny_q4.path.name}/", "engine": {"device": request.param, "threads": 1}})
     p.device = request.param
     yield p
     context.close()
@@ -58,7 +67,9 @@ def page(request, browser, server, tiny_q4):
 
 def test_stream_text_gives_the_engines_own_answer_in_the_sdks_parts(page):
     out = page.evaluate("streamCase({ prompt: 'Name three colors.', maxOutputTokens: 12 })")
-    plain = page.evaluate("plain({ messages: [{ role: 'user', content: 'Name three colors.' }], max_tokens: 12, temperature: 0 })")
+    plain = page.evaluate(
+        "plain({ messages: [{ role: 'user', content: 'Name three colors.' }], max_tokens: 12, temperature: 0 })"
+    )
     assert out["text"] == plain["choices"][0]["message"]["content"]
     assert out["usage"]["inputTokens"] == plain["usage"]["prompt_tokens"]
     assert out["usage"]["outputTokens"] == plain["usage"]["completion_tokens"] == 12
@@ -119,8 +130,10 @@ def test_the_cloud_route_gives_the_same_parts(browser, server, tiny_q4):
     context = browser.new_context()
     try:
         p = open_page(context, server)
-        p.evaluate("(s) => setup(s)", {"model": f"/models/{name}/", "policy": "cloud",
-                                       "cloud": {"baseURL": server + "/v1", "model": name}})
+        p.evaluate(
+            "(s) => setup(s)",
+            {"model": f"/models/{name}/", "policy": "cloud", "cloud": {"baseURL": server + "/v1", "model": name}},
+        )
         out = p.evaluate("streamCase({ prompt: 'Name three colors.', maxOutputTokens: 12 })")
         obj = p.evaluate("objectCase()")
         events = p.evaluate("routerEvents()")

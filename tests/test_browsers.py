@@ -69,9 +69,11 @@ def engine_page(browser, base: str):
 
 def in_browser(name: str, fn, **options):
     """``fn(browser)`` in a fresh headless ``name``; in Firefox, once more after a hang (see HANG_S)."""
+
     def run():
         with open_browser(name, webgpu=False, timeout=HANG_S, **options) as browser:
             return fn(browser)
+
     return once_more_if_firefox_hangs(name, run, HANG_S, warnings.warn)
 
 
@@ -95,27 +97,40 @@ def _core_cases(browser, base: str, seen: list) -> dict:
     out["greedy"] = [r["choices"][0]["message"]["content"] for r in page.evaluate("(r) => chat(r)", GREEDY)]
     [out["stream"]] = page.evaluate("(r) => chat(r)", [{**GREEDY[0], "stream": True}])
     schema = SCHEMAS["flat_required"]
-    [reply] = page.evaluate("(r) => chat(r)", [{
-        "messages": [{"role": "user", "content": "Describe a person."}], "max_tokens": 60, "temperature": 0,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}}])
+    [reply] = page.evaluate(
+        "(r) => chat(r)",
+        [
+            {
+                "messages": [{"role": "user", "content": "Describe a person."}],
+                "max_tokens": 60,
+                "temperature": 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+            }
+        ],
+    )
     out["json"] = reply["choices"][0]["message"]["content"]
     out["json_problem"] = page.evaluate("([s, t]) => ajvCheck(s, t)", [schema, out["json"]])
     out["aborted"] = page.evaluate("(r) => chatAborted(r, 2)", {**GREEDY[1], "max_tokens": 200})
     page.evaluate("() => engine.unload()")
     mark = len(seen)
     started = time.perf_counter()
-    out["cached_stats"] = page.evaluate("(m) => load(m, { device: 'auto', threads: %d })" % THREADS,
-                                        "/models/smollm2/")
+    out["cached_stats"] = page.evaluate("(m) => load(m, { device: 'auto', threads: %d })" % THREADS, "/models/smollm2/")
     out["cached_load_s"] = time.perf_counter() - started
     out["cached_fetched"] = gguf_fetches(seen, mark)
     [again] = page.evaluate("(r) => chat(r)", GREEDY[:1])
     out["cached_greedy"] = again["choices"][0]["message"]["content"]
     page.evaluate("() => engine.unload()")
     # the local engine crashes two chunks into a stream: the router goes on from the cloud
-    out["router"] = page.evaluate("([o, r]) => routerChat(o, r, 2, 'crash')", [
-        {"local": {"model": "/models/smollm2/", "device": "auto", "threads": THREADS},
-         "cloud": {"baseURL": base + "/v1", "model": "smollm2"}},
-        {**GREEDY[0], "max_tokens": 12, "stream": True}])
+    out["router"] = page.evaluate(
+        "([o, r]) => routerChat(o, r, 2, 'crash')",
+        [
+            {
+                "local": {"model": "/models/smollm2/", "device": "auto", "threads": THREADS},
+                "cloud": {"baseURL": base + "/v1", "model": "smollm2"},
+            },
+            {**GREEDY[0], "max_tokens": 12, "stream": True},
+        ],
+    )
     return out
 
 
@@ -143,8 +158,10 @@ def test_core_cases_run_locally_in_every_engine(runs, name, report):
     events = [e["type"] for e in run["router"]["events"]]
     assert "fallback" in events, run["router"]["events"]
     assert run["router"]["text"].strip()
-    report(f"{name}: {stats['deviceLabel']} ({stats['wasm']['build']} build), cold load {run['cold_load_s']:.1f} s, "
-           f"cached {run['cached_load_s']:.1f} s")
+    report(
+        f"{name}: {stats['deviceLabel']} ({stats['wasm']['build']} build), cold load {run['cold_load_s']:.1f} s, "
+        f"cached {run['cached_load_s']:.1f} s"
+    )
 
 
 @pytest.mark.parametrize("name", ["firefox", "webkit"])
@@ -159,12 +176,14 @@ def chat_page(browser, base: str) -> tuple[list[str], str]:
     page.wait_for("document.getElementById('model').options.length > 0")
     page.evaluate("() => document.getElementById('load').click()")
     page.wait_for("document.getElementById('send').disabled === false", timeout=HANG_S)
-    route = page.evaluate("() => [document.getElementById('route').dataset.route, "
-                          "document.getElementById('route').textContent]")
-    page.evaluate("() => { document.getElementById('prompt').value = 'What is the capital of France?'; "
-                  "document.getElementById('ask').requestSubmit(); }")
-    page.wait_for("document.querySelector('.msg-assistant') && "
-                  "document.getElementById('send').disabled === false", timeout=HANG_S)
+    route = page.evaluate("() => [document.getElementById('route').dataset.route, document.getElementById('route').textContent]")
+    page.evaluate(
+        "() => { document.getElementById('prompt').value = 'What is the capital of France?'; "
+        "document.getElementById('ask').requestSubmit(); }"
+    )
+    page.wait_for(
+        "document.querySelector('.msg-assistant') && document.getElementById('send').disabled === false", timeout=HANG_S
+    )
     return route, page.evaluate("() => document.querySelector('.msg-assistant').textContent")
 
 
@@ -191,8 +210,11 @@ def test_without_usable_storage_the_model_loads_into_memory(server, name):
     the Storage API off (where wllama's cache manager stopped the load before). Chromium's quota:
     test_runtime.py."""
     base, _ = server
-    options = ({"firefox_prefs": {"dom.quotaManager.temporaryStorage.fixedLimit": 2048}} if name == "firefox"
-               else {"webkit_features": ""})
+    options = (
+        {"firefox_prefs": {"dom.quotaManager.temporaryStorage.fixedLimit": 2048}}
+        if name == "firefox"
+        else {"webkit_features": ""}
+    )
     stats, reply = in_browser(name, lambda b: load_and_ask(b, base, {"threads": 1}), **options)
     assert reply["choices"][0]["message"]["content"].strip()
     storage = stats["storage"]
@@ -266,8 +288,10 @@ def test_webkit_runs_on_the_cores_it_has_and_on_one_thread_without_shared_memory
     assert claimed <= 2 or "barrier rounds per ms" in stats["wasm"]["threadsWhy"], stats["wasm"]
     if claimed > 2:  # the fewest threads within 10% of the fastest rate measured (threads.ts)
         rates = [float(r) for r in stats["wasm"]["threadsWhy"].rsplit(": ", 1)[1].split(", ")]
+
         def first(slack: float) -> int:
             return next(i + 1 for i, r in enumerate(rates) if r >= min(0.9 * max(rates) + slack, max(rates)))
+
         assert first(-0.01) <= stats["wasm"]["threads"] <= first(0.01), stats["wasm"]  # rates shown to 0.01
     stats, reply = in_browser("webkit", lambda b: load_and_ask(b, base, {}), shared_memory=False)
     assert stats["device"] == "wasm" and stats["wasm"]["threads"] == 1, stats["wasm"]
@@ -292,8 +316,7 @@ def test_a_llama_cpp_build_that_fails_its_hash_is_an_integrity_error(smollm2):
     def load(browser, base):
         page = engine_page(browser, base)
         err = page.evaluate("(m) => errorOf(() => load(m, { device: 'wasm' }))", "/models/smollm2/")
-        cached = page.evaluate("async () => (await (await caches.open('lantern-artifacts-v1')).keys())"
-                               ".map((r) => r.url)")
+        cached = page.evaluate("async () => (await (await caches.open('lantern-artifacts-v1')).keys()).map((r) => r.url)")
         return err, cached
 
     with lantern_server([smollm2], customize=corrupt) as (base, _):

@@ -27,8 +27,22 @@ BOUND = 4.0
 
 
 def build_peak(folder, out, cache, *flags) -> tuple[int, dict]:
-    cmd = [sys.executable, "-m", "lantern.cli", "build", str(folder), "--out", str(out), "--json", "--no-cache",
-           "--cache-dir", str(cache), "--targets", "cpu,gguf", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lantern.cli",
+        "build",
+        str(folder),
+        "--out",
+        str(out),
+        "--json",
+        "--no-cache",
+        "--cache-dir",
+        str(cache),
+        "--targets",
+        "cpu,gguf",
+        *flags,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
@@ -40,8 +54,15 @@ def wide_vocab_model(qwen3_tokenizer_dir, tmp_path_factory):
     import torch
 
     folder = tmp_path_factory.mktemp("wide") / "wide-vocab"
-    model = write_family_folder("qwen2", folder, qwen3_tokenizer_dir, hidden_size=HIDDEN, intermediate_size=256,
-                                num_attention_heads=8, num_key_value_heads=2)
+    model = write_family_folder(
+        "qwen2",
+        folder,
+        qwen3_tokenizer_dir,
+        hidden_size=HIDDEN,
+        intermediate_size=256,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
     model.to(torch.bfloat16).save_pretrained(str(folder))  # as checkpoints ship
     return folder
 
@@ -58,8 +79,10 @@ def test_peak_memory_is_a_few_times_the_largest_tensor(encoder, wide_vocab_model
     vocab = result["manifest"]["model"]["vocab_size"]
     largest = vocab * HIDDEN * 4  # the embedding (and the head) as float32: 621 MB
     stages = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in result["stage_peak_bytes"].items())
-    report(f"{encoder} build of a {result['manifest']['model']['parameters'] / 1e6:.0f}M-parameter model with a "
-           f"{vocab}x{HIDDEN} embedding and head: peak RSS {peak / 2**30:.2f} GiB = {peak / largest:.1f}x its "
-           f"largest float32 tensor (stages, GiB: {stages})")
+    report(
+        f"{encoder} build of a {result['manifest']['model']['parameters'] / 1e6:.0f}M-parameter model with a "
+        f"{vocab}x{HIDDEN} embedding and head: peak RSS {peak / 2**30:.2f} GiB = {peak / largest:.1f}x its "
+        f"largest float32 tensor (stages, GiB: {stages})"
+    )
     assert peak < BOUND * largest
     assert set(result["stage_peak_bytes"]) == {"import", "quantize", "compile", "link", "write"}

@@ -37,14 +37,34 @@ def assert_refused(args, capsys, tmp_path, message: str) -> None:
 def test_help_explains_every_option():
     proc = subprocess.run([sys.executable, "-m", "lantern.cli", "build", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0
-    for flag in ("--quant", "--lora", "--calibration", "--no-calibration", "--targets", "--dump-dir", "--json",
-                 "--no-cache", "examples:"):
+    for flag in (
+        "--quant",
+        "--lora",
+        "--calibration",
+        "--no-calibration",
+        "--targets",
+        "--dump-dir",
+        "--json",
+        "--no-cache",
+        "examples:",
+    ):
         assert flag in proc.stdout
 
 
 def test_json_build_then_cache_hit(tiny_hf, tmp_path, capsys, cache_dir):
-    args = ["build", str(tiny_hf[0]), "--out", str(tmp_path / "a"), "--targets", "cpu", "--quant", "q4f32_1",
-            "--cache-dir", str(cache_dir), "--json"]
+    args = [
+        "build",
+        str(tiny_hf[0]),
+        "--out",
+        str(tmp_path / "a"),
+        "--targets",
+        "cpu",
+        "--quant",
+        "q4f32_1",
+        "--cache-dir",
+        str(cache_dir),
+        "--json",
+    ]
     code, out, _ = run_cli(args, capsys)
     assert code == 0
     first = json.loads(out)
@@ -58,10 +78,23 @@ def test_json_build_then_cache_hit(tiny_hf, tmp_path, capsys, cache_dir):
 def test_two_builds_of_the_same_inputs_at_once_build_once(tiny_hf, tmp_path):
     """Two `lantern build`s started together on one cache: one builds, the other waits for it (and
     says so) and copies its result, instead of both compiling."""
-    args = [sys.executable, "-m", "lantern.cli", "build", str(tiny_hf[0]), "--targets", "cpu", "--quant", "q4f32_1",
-            "--cache-dir", str(tmp_path / "cache")]
-    procs = [subprocess.Popen([*args, "--out", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for name in ("a", "b")]
+    args = [
+        sys.executable,
+        "-m",
+        "lantern.cli",
+        "build",
+        str(tiny_hf[0]),
+        "--targets",
+        "cpu",
+        "--quant",
+        "q4f32_1",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
+    procs = [
+        subprocess.Popen([*args, "--out", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name in ("a", "b")
+    ]
     runs = [(proc.wait(timeout=600), proc.communicate()[1]) for proc in procs]
     assert [code for code, _ in runs] == [0, 0], runs
     hits = [err for _, err in runs if "unchanged since the cached build" in err]
@@ -81,9 +114,11 @@ def test_manifest_describes_the_artifact(tiny_q4):
     assert m["memory"]["estimated_gpu_bytes"] > m["weights"]["bytes"]
     # the default build: one webgpu library per kernel schedule, sharing one set of weights
     libs = {lib["file"]: (lib["target"], lib["schedule"]) for lib in m["libraries"]}
-    assert libs == {"tiny-llama-q4f32_1-webgpu.wasm": ("webgpu", "gpu"),
-                    "tiny-llama-q4f32_1-webgpu-emulated.wasm": ("webgpu", "cpu-emulated"),
-                    "tiny-llama-q4f32_1-cpu.so": ("cpu", None)}
+    assert libs == {
+        "tiny-llama-q4f32_1-webgpu.wasm": ("webgpu", "gpu"),
+        "tiny-llama-q4f32_1-webgpu-emulated.wasm": ("webgpu", "cpu-emulated"),
+        "tiny-llama-q4f32_1-cpu.so": ("cpu", None),
+    }
     on_disk = {p.name for p in art.path.iterdir()} - {"lantern.json"}
     assert set(m["files"]) == on_disk
     chat = json.loads((art.path / "mlc-chat-config.json").read_text())
@@ -155,9 +190,13 @@ def test_a_missing_shard_is_named_with_a_tensor_it_holds(tiny_hf, capsys, tmp_pa
     weight_map = {n: "model-00001-of-00002.safetensors" for n in names[:-1]}
     weight_map[names[-1]] = "model-00002-of-00002.safetensors"
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    assert_refused([str(folder)], capsys, tmp_path,
-                   f"missing checkpoint shard model-00002-of-00002.safetensors (listed in "
-                   f"model.safetensors.index.json; it holds tensor '{names[-1]}')")
+    assert_refused(
+        [str(folder)],
+        capsys,
+        tmp_path,
+        f"missing checkpoint shard model-00002-of-00002.safetensors (listed in "
+        f"model.safetensors.index.json; it holds tensor '{names[-1]}')",
+    )
 
 
 def test_a_tensor_of_the_wrong_shape_names_its_file(tiny_hf, capsys, tmp_path):
@@ -172,16 +211,25 @@ def test_a_tensor_of_the_wrong_shape_names_its_file(tiny_hf, capsys, tmp_path):
 
 
 def test_missing_calibration_text(tiny_hf, capsys, tmp_path):
-    assert_refused([str(tiny_hf[0]), "--calibration", str(tmp_path / "nope.txt")], capsys, tmp_path,
-                   "calibration text not found")
+    assert_refused([str(tiny_hf[0]), "--calibration", str(tmp_path / "nope.txt")], capsys, tmp_path, "calibration text not found")
 
 
 def test_no_calibration_rounds_to_nearest_and_reuses_the_library(tiny_hf, build_artifact, tmp_path, capsys, cache_dir):
     """Other weights on the same architecture (here round-to-nearest instead of GPTQ): the compiled
     library is the cached one, the weights are not."""
     gptq = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))
-    args = ["build", str(tiny_hf[0]), "--out", str(tmp_path / "r"), "--targets", "cpu", "--no-calibration",
-            "--cache-dir", str(cache_dir), "--json"]
+    args = [
+        "build",
+        str(tiny_hf[0]),
+        "--out",
+        str(tmp_path / "r"),
+        "--targets",
+        "cpu",
+        "--no-calibration",
+        "--cache-dir",
+        str(cache_dir),
+        "--json",
+    ]
     code, out, _ = run_cli(args, capsys)
     result = json.loads(out)
     assert code == 0 and result["manifest"]["calibration"] is None

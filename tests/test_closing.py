@@ -18,18 +18,42 @@ from lantern.server.structured import GrammarCompiler, response_format_spec
 STOPS = [0, 2]  # <|endoftext|>, <|im_end|>
 VOCAB = 49152
 
-ITEMS = {"type": "object", "properties": {
-    "items": {"type": "array", "items": {"type": "object", "properties": {
-        "id": {"type": "integer"}, "name": {"type": "string"}}, "required": ["id", "name"], "additionalProperties": False}},
-    "owner": {"type": "string", "enum": ["ops", "research"]}},
-    "required": ["items", "owner"], "additionalProperties": False}
-CODES = {"type": "object", "properties": {
-    "code": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-    "score": {"type": "number", "minimum": 5}},
-    "required": ["code", "tags", "score"], "additionalProperties": False}
-PARTS = {"type": "object", "properties": {
-    "count": {"type": "integer"}, "parts": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+(-[0-9]+)+$"}}},
-    "required": ["count", "parts"], "additionalProperties": False}
+ITEMS = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}, "name": {"type": "string"}},
+                "required": ["id", "name"],
+                "additionalProperties": False,
+            },
+        },
+        "owner": {"type": "string", "enum": ["ops", "research"]},
+    },
+    "required": ["items", "owner"],
+    "additionalProperties": False,
+}
+CODES = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "score": {"type": "number", "minimum": 5},
+    },
+    "required": ["code", "tags", "score"],
+    "additionalProperties": False,
+}
+PARTS = {
+    "type": "object",
+    "properties": {
+        "count": {"type": "integer"},
+        "parts": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+(-[0-9]+)+$"}},
+    },
+    "required": ["count", "parts"],
+    "additionalProperties": False,
+}
 # answers as Lantern writes JSON (one line, OpenAI's separators, the schema's key order), to be cut
 LONG = {
     "items": (ITEMS, json.dumps({"items": [{"id": i, "name": f"item number {i}"} for i in range(12)], "owner": "ops"})),
@@ -68,10 +92,19 @@ def test_both_languages_close_cut_answers_alike_and_the_result_validates(vocab, 
         for token in case["ids"]:
             mask.accept(token)
         closed.append(closer.close(mask, case["ids"], case["maxTokens"]))
-    out = run_typescript("closing.ts", {
-        "tokenizer": vocab["text"], "postproc": "byte_level", "vocabSize": VOCAB, "stopIds": STOPS,
-        "cases": [{"source": c["spec"].source, "steps": [tokenizer.decode([t]) for t in c["ids"]],
-                   "maxTokens": c["maxTokens"]} for c in cases]})
+    out = run_typescript(
+        "closing.ts",
+        {
+            "tokenizer": vocab["text"],
+            "postproc": "byte_level",
+            "vocabSize": VOCAB,
+            "stopIds": STOPS,
+            "cases": [
+                {"source": c["spec"].source, "steps": [tokenizer.decode([t]) for t in c["ids"]], "maxTokens": c["maxTokens"]}
+                for c in cases
+            ],
+        },
+    )
     assert [list(o) for o in closer.orders] == out["orders"]
     assert [None if c is None else {"kept": c[0], "path": c[1]} for c in closed] == out["closed"]
 
@@ -87,8 +120,10 @@ def test_both_languages_close_cut_answers_alike_and_the_result_validates(vocab, 
     # a few tokens cannot hold any of the objects (SmolLM2 needs 10 and more); every cut from 30 tokens on closes
     assert all(found is None for case, found in zip(cases, closed) if case["maxTokens"] < 10)
     assert all(found for case, found in zip(cases, closed) if case["maxTokens"] >= 30)
-    report(f"closing: {done} of {len(cases)} cut answers closed within max_tokens, valid; the browser's twin "
-           "closed the same ones with the same tokens")
+    report(
+        f"closing: {done} of {len(cases)} cut answers closed within max_tokens, valid; the browser's twin "
+        "closed the same ones with the same tokens"
+    )
 
 
 def test_the_policy_ends_strings_and_containers_first(vocab):

@@ -14,11 +14,18 @@ from lantern.quantize import dequantize_weight, get_quantization, quantize_weigh
 Q4 = get_quantization("q4f32_1")
 
 
-@pytest.mark.parametrize("kind,k,n,tokens,residual", [
-    ("gemv", 32, 5, 1, False), ("gemv", 96, 37, 1, True), ("gemv", 576, 300, 1, False),
-    ("matmul", 32, 3, 1, False), ("matmul", 64, 7, 5, True), ("matmul", 96, 33, 13, False),
-    ("matmul", 160, 9, 2, True),
-])
+@pytest.mark.parametrize(
+    "kind,k,n,tokens,residual",
+    [
+        ("gemv", 32, 5, 1, False),
+        ("gemv", 96, 37, 1, True),
+        ("gemv", 576, 300, 1, False),
+        ("matmul", 32, 3, 1, False),
+        ("matmul", 64, 7, 5, True),
+        ("matmul", 96, 33, 13, False),
+        ("matmul", 160, 9, 2, True),
+    ],
+)
 def test_q4_kernel_matches_numpy(kind, k, n, tokens, residual):
     rng = np.random.default_rng(k * n + tokens)
     qw, qs = quantize_weight(rng.normal(size=(n, k)).astype(np.float32), Q4)
@@ -35,9 +42,15 @@ def test_q4_kernel_matches_numpy(kind, k, n, tokens, residual):
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("kind,k,n,tokens,residual", [
-    ("gemv", 16, 3, 1, False), ("gemv", 48, 37, 1, True), ("matmul", 4, 5, 1, False), ("matmul", 36, 7, 9, True),
-])
+@pytest.mark.parametrize(
+    "kind,k,n,tokens,residual",
+    [
+        ("gemv", 16, 3, 1, False),
+        ("gemv", 48, 37, 1, True),
+        ("matmul", 4, 5, 1, False),
+        ("matmul", 36, 7, 9, True),
+    ],
+)
 def test_f32_kernel_matches_numpy(kind, k, n, tokens, residual):
     rng = np.random.default_rng(k * n + tokens)
     w = rng.normal(size=(n, k)).astype(np.float32)
@@ -47,7 +60,6 @@ def test_f32_kernel_matches_numpy(kind, k, n, tokens, residual):
     build = cpu_schedule.f32_gemv if kind == "gemv" else cpu_schedule.f32_matmul
     lib = tvm.compile(build(k, residual), target="llvm")
     dev = tvm.cpu()
-    tensors = [tvm.runtime.tensor(a, dev) for a in [x, w, *([res] if residual else []),
-                                                    np.zeros((1, tokens, n), np.float32)]]
+    tensors = [tvm.runtime.tensor(a, dev) for a in [x, w, *([res] if residual else []), np.zeros((1, tokens, n), np.float32)]]
     lib(*tensors)
     assert np.abs(tensors[-1].numpy() - want).max() <= 1e-5 * np.abs(want).max()

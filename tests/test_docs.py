@@ -68,7 +68,8 @@ def broken_links(path: Path, root: Path = ROOT) -> list[str]:
 def test_the_readme_is_a_short_front_page():
     lines = README.read_text().splitlines()
     assert len(lines) <= MAX_README_LINES, (
-        f"README.md has {len(lines)} lines, more than {MAX_README_LINES}: move the detail into docs/")
+        f"README.md has {len(lines)} lines, more than {MAX_README_LINES}: move the detail into docs/"
+    )
 
 
 def test_anchors_follow_githubs_rules():
@@ -87,14 +88,24 @@ def test_the_link_check_finds_broken_links(tmp_path):
     (repo / "docs").mkdir(parents=True)
     (tmp_path / "outside.md").write_text("# Outside\n")
     page = repo / "docs" / "page.md"
-    page.write_text("# Title\n\n## Its part\n\n[ok](#its-part) [self](page.md#title) [up](../docs/) "
-                    "[gone](nowhere.md) [bad](page.md#no-such-part) [out](../../outside.md) "
-                    "[web](https://example.com) `[code](nowhere.md)`\n\n```\n[fenced](nowhere-either.md)\n```\n")
-    assert relative_links(page) == ["#its-part", "page.md#title", "../docs/", "nowhere.md", "page.md#no-such-part",
-                                    "../../outside.md"]
-    assert broken_links(page, repo) == ["nowhere.md: no file or folder docs/nowhere.md",
-                                        "page.md#no-such-part: no heading with the anchor #no-such-part in docs/page.md",
-                                        "../../outside.md: outside the repository"]
+    page.write_text(
+        "# Title\n\n## Its part\n\n[ok](#its-part) [self](page.md#title) [up](../docs/) "
+        "[gone](nowhere.md) [bad](page.md#no-such-part) [out](../../outside.md) "
+        "[web](https://example.com) `[code](nowhere.md)`\n\n```\n[fenced](nowhere-either.md)\n```\n"
+    )
+    assert relative_links(page) == [
+        "#its-part",
+        "page.md#title",
+        "../docs/",
+        "nowhere.md",
+        "page.md#no-such-part",
+        "../../outside.md",
+    ]
+    assert broken_links(page, repo) == [
+        "nowhere.md: no file or folder docs/nowhere.md",
+        "page.md#no-such-part: no heading with the anchor #no-such-part in docs/page.md",
+        "../../outside.md: outside the repository",
+    ]
 
 
 def test_every_relative_link_in_the_docs_reaches_its_target():
@@ -131,8 +142,10 @@ def unnamed_modules(folder: str, row: str, rows: dict[str, str], root: Path = RO
     code = base / "src" if (base / "src").is_dir() and not (base / "__init__.py").exists() else base
     files = [p for p in code.iterdir() if p.suffix in (".py", ".ts") and p.stem not in ("__init__", "__main__")]
     packages = [p for p in base.iterdir() if (p / "__init__.py").exists() and f"{folder}{p.name}/" not in rows]
-    return sorted([p.name for p in files if p.stem not in named and p.name not in named] +
-                  [f"{p.name}/" for p in packages if f"{p.name}/" not in named and p.name not in named])
+    return sorted(
+        [p.name for p in files if p.stem not in named and p.name not in named]
+        + [f"{p.name}/" for p in packages if f"{p.name}/" not in named and p.name not in named]
+    )
 
 
 def test_the_layout_names_every_module():
@@ -140,8 +153,13 @@ def test_the_layout_names_every_module():
     lists is named in that folder's row (tests/ is described as a whole)."""
     rows = layout_rows()
     assert {"compiler/", "models/", "server/", "webruntime/", "worker/", "ci/"} <= set(rows), sorted(rows)
-    problems = [f"{folder}: {', '.join(missing)}" for folder, row in rows.items() if folder != "tests/"
-                for missing in [unnamed_modules(folder, row, rows)] if missing]
+    problems = [
+        f"{folder}: {', '.join(missing)}"
+        for folder, row in rows.items()
+        if folder != "tests/"
+        for missing in [unnamed_modules(folder, row, rows)]
+        if missing
+    ]
     assert not problems, "docs/architecture.md's Layout does not name:\n" + "\n".join(problems)
 
 
@@ -161,8 +179,10 @@ def command_options() -> dict[str, set[str]]:
     from lantern.cli import make_parser
 
     [commands] = [a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    return {name: {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
-            for name, parser in commands.choices.items()}
+    return {
+        name: {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        for name, parser in commands.choices.items()
+    }
 
 
 def test_the_manual_names_every_option_of_each_command():
@@ -170,8 +190,12 @@ def test_the_manual_names_every_option_of_each_command():
     pages = {"build": "build.md", "serve": "server.md", "validate": "validate.md"}
     options = command_options()
     assert set(pages) <= set(options), sorted(options)
-    problems = [f"docs/{page}: {option}" for command, page in pages.items() for option in sorted(options[command])
-                if not re.search(re.escape(option) + r"(?![\w-])", (DOCS / page).read_text())]
+    problems = [
+        f"docs/{page}: {option}"
+        for command, page in pages.items()
+        for option in sorted(options[command])
+        if not re.search(re.escape(option) + r"(?![\w-])", (DOCS / page).read_text())
+    ]
     assert not problems, "options `lantern --help` lists that the manual does not name:\n" + "\n".join(problems)
 
 
@@ -181,9 +205,7 @@ def test_the_family_table_matches_the_registry():
     from lantern.models import FAMILIES
 
     text = (DOCS / "families.md").read_text()
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
-            if line.startswith("| `")]
-    table = [(re.findall(r"`([^`]+)`", r[0]), set(re.findall(r"`([^`]+)`", r[1])), re.findall(r"`([^`]+)`", r[2]))
-             for r in rows]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("| `")]
+    table = [(re.findall(r"`([^`]+)`", r[0]), set(re.findall(r"`([^`]+)`", r[1])), re.findall(r"`([^`]+)`", r[2])) for r in rows]
     registry = [([f.name], set(f.architectures), [f.gguf.architecture]) for f in FAMILIES]
     assert table == registry

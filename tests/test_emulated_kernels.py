@@ -35,6 +35,7 @@ def attention_ref(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> tuple[
 
 # ---- the cases: (name, prim_func builder(gpu), inputs, indices of outputs, numpy reference)
 
+
 def linear_case(kind: str, n: int, k: int, tokens: int, residual: bool):
     w = normal(n, k)
     qw, qs = quantize_weight(w, get_quantization("q4f32_1"))
@@ -43,15 +44,19 @@ def linear_case(kind: str, n: int, k: int, tokens: int, residual: bool):
     expected = x @ dequantize_weight(qw, qs, get_quantization("q4f32_1")).T + (res if residual else 0)
     build = emulated.q4_gemv if kind == "gemv" else emulated.q4_matmul
     args = [x, qw, qs] + ([res] if residual else []) + [np.zeros((1, tokens, n), np.float32)]
-    return (f"{kind}_{n}x{k}_t{tokens}{'_res' if residual else ''}", lambda gpu: build(k, residual, gpu),
-            args, [len(args) - 1], [expected])
+    return (
+        f"{kind}_{n}x{k}_t{tokens}{'_res' if residual else ''}",
+        lambda gpu: build(k, residual, gpu),
+        args,
+        [len(args) - 1],
+        [expected],
+    )
 
 
 def rms_norm_case(rows: int):
     x, w = normal(1, rows, 48), normal(48)
     expected = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w
-    return (f"rms_norm_{rows}", lambda gpu: emulated.rms_norm(48, 1e-5, gpu),
-            [x, w, np.zeros_like(x)], [2], [expected])
+    return (f"rms_norm_{rows}", lambda gpu: emulated.rms_norm(48, 1e-5, gpu), [x, w, np.zeros_like(x)], [2], [expected])
 
 
 # A paged cache of 5 pages: sequence 0 holds pages [3, 0] (16 + 4 tokens), sequence 1 page [1] (5).
@@ -82,13 +87,17 @@ def decode_case(window: int = 0):
     q = normal(2, H_Q, D)
     q_pos = np.array([21, 4], np.int32) if window else np.zeros(2, np.int32)  # each sequence's newest token
     k_off = K_OFFSET if window else np.zeros(2, np.int32)
-    expected = [attention_ref(q[b, h], *visible(*cached_kv(b, h), q_pos[b], k_off[b], window))
-                for b in range(2) for h in range(H_Q)]
+    expected = [
+        attention_ref(q[b, h], *visible(*cached_kv(b, h), q_pos[b], k_off[b], window)) for b in range(2) for h in range(H_Q)
+    ]
     scalars = {"rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": -SM if window else SM}
-    return (f"decode_attention{f'_window{window}' if window else ''}",
-            lambda gpu: _bind(emulated.decode_attention(H_KV, H_Q, D, gpu, window=window), scalars),
-            [q, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, k_off, q_pos, np.zeros_like(q), np.zeros((2, H_Q), np.float32)],
-            [7, 8], [np.array([o for o, _ in expected]).reshape(2, H_Q, D), np.array([m for _, m in expected]).reshape(2, H_Q)])
+    return (
+        f"decode_attention{f'_window{window}' if window else ''}",
+        lambda gpu: _bind(emulated.decode_attention(H_KV, H_Q, D, gpu, window=window), scalars),
+        [q, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, k_off, q_pos, np.zeros_like(q), np.zeros((2, H_Q), np.float32)],
+        [7, 8],
+        [np.array([o for o, _ in expected]).reshape(2, H_Q, D), np.array([m for _, m in expected]).reshape(2, H_Q)],
+    )
 
 
 Q_INDPTR = np.array([0, 3, 5], np.int32)  # 3 new tokens of sequence 0, 2 of sequence 1
@@ -109,13 +118,14 @@ def prefill_case(causal: int, window: int = 0):
             o, m = attention_ref(q[t, h], *visible(keys[:seen], values[:seen], q_pos[t], k_off[seq], window))
             out.append(o)
             lse.append(m)
-    scalars = {"causal": causal, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4,
-               "sm_scale": -SM if window else SM}
-    return (f"prefill_attention_causal{causal}{f'_window{window}' if window else ''}",
-            lambda gpu: _bind(emulated.prefill_attention(H_KV, H_Q, D, gpu, window=window), scalars),
-            [q, Q_INDPTR, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, k_off, q_pos,
-             np.zeros_like(q), np.zeros((5, H_Q), np.float32)],
-            [8, 9], [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)])
+    scalars = {"causal": causal, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": -SM if window else SM}
+    return (
+        f"prefill_attention_causal{causal}{f'_window{window}' if window else ''}",
+        lambda gpu: _bind(emulated.prefill_attention(H_KV, H_Q, D, gpu, window=window), scalars),
+        [q, Q_INDPTR, PAGES, PAGE_INDPTR, PAGE_VALUES, LAST_LEN, k_off, q_pos, np.zeros_like(q), np.zeros((5, H_Q), np.float32)],
+        [8, 9],
+        [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)],
+    )
 
 
 def ragged_case(window: int = 0):
@@ -128,29 +138,42 @@ def ragged_case(window: int = 0):
         seq, start, row = (0, 0, t) if t < 3 else (1, 3, t - 3)
         for h in range(H_Q):
             kvh = h // (H_Q // H_KV)
-            o, m = attention_ref(q[t, h], *visible(k[start:start + row + 1, kvh], v[start:start + row + 1, kvh],
-                                                   q_pos[t], k_off[seq], window))
+            o, m = attention_ref(
+                q[t, h], *visible(k[start : start + row + 1, kvh], v[start : start + row + 1, kvh], q_pos[t], k_off[seq], window)
+            )
             out.append(o)
             lse.append(m)
     scalars = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 1e4, "sm_scale": -SM if window else SM}
-    return (f"ragged_attention{f'_window{window}' if window else ''}",
-            lambda gpu: _bind(emulated.ragged_attention(H_KV, H_Q, D, gpu, window=window), scalars),
-            [q, Q_INDPTR, k, v, Q_INDPTR, q_pos, k_off, np.zeros_like(q),
-             np.zeros((5, H_Q), np.float32)],
-            [7, 8], [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)])
+    return (
+        f"ragged_attention{f'_window{window}' if window else ''}",
+        lambda gpu: _bind(emulated.ragged_attention(H_KV, H_Q, D, gpu, window=window), scalars),
+        [q, Q_INDPTR, k, v, Q_INDPTR, q_pos, k_off, np.zeros_like(q), np.zeros((5, H_Q), np.float32)],
+        [7, 8],
+        [np.array(out).reshape(5, H_Q, D), np.array(lse).reshape(5, H_Q)],
+    )
 
 
 def _bind(func, scalars: dict):
     """The kernel with its scalar parameters fixed (relax passes only tensors here)."""
-    return func.specialize({p: tvm.tirx.const(scalars[p.name], str(p.ty.dtype)) for p in func.params
-                            if p.name in scalars})
+    return func.specialize({p: tvm.tirx.const(scalars[p.name], str(p.ty.dtype)) for p in func.params if p.name in scalars})
 
 
-CASES = [linear_case("gemv", 37, 96, 1, False), linear_case("gemv", 24, 1600, 1, True),
-         linear_case("matmul", 37, 64, 5, False), linear_case("matmul", 130, 96, 9, True),
-         linear_case("matmul", 20, 32, 1, True), rms_norm_case(1), rms_norm_case(7),
-         decode_case(), prefill_case(0), prefill_case(1), ragged_case(),
-         decode_case(window=6), prefill_case(0, window=6), ragged_case(window=2)]
+CASES = [
+    linear_case("gemv", 37, 96, 1, False),
+    linear_case("gemv", 24, 1600, 1, True),
+    linear_case("matmul", 37, 64, 5, False),
+    linear_case("matmul", 130, 96, 9, True),
+    linear_case("matmul", 20, 32, 1, True),
+    rms_norm_case(1),
+    rms_norm_case(7),
+    decode_case(),
+    prefill_case(0),
+    prefill_case(1),
+    ragged_case(),
+    decode_case(window=6),
+    prefill_case(0, window=6),
+    ragged_case(window=2),
+]
 
 
 def module(gpu: bool) -> tvm.IRModule:
@@ -160,8 +183,7 @@ def module(gpu: bool) -> tvm.IRModule:
         params = [relax.Var(f"a{i}", relax.TensorType(a.shape, str(a.dtype))) for i, a in enumerate(args)]
         with bb.function(name, params):
             gv = bb.add_func(build(gpu).with_attr("global_symbol", f"{name}_kernel"), f"{name}_kernel")
-            result = bb.emit(relax.call_tir_inplace(gv, params, inplace_indices=outs,
-                                                    out_ty=[params[i].ty for i in outs]))
+            result = bb.emit(relax.call_tir_inplace(gv, params, inplace_indices=outs, out_ty=[params[i].ty for i in outs]))
             bb.emit_func_output(result)
     return bb.finalize()
 

@@ -35,8 +35,9 @@ def family_models(real_tokenizer_dir, tmp_path_factory):
 def q0(build_artifact, folder) -> Artifact:
     """The family's q0f32 build: the CPU library, the WebGPU library as SwiftShader runs it, the GGUF.
     A 256-token context: the tiny Phi-3.5's trained length, so its short longrope factors."""
-    return Artifact.open(build_artifact(folder, "q0f32", targets=("webgpu", "cpu", "gguf"),
-                                        webgpu_schedule="cpu-emulated", context_window=256))
+    return Artifact.open(
+        build_artifact(folder, "q0f32", targets=("webgpu", "cpu", "gguf"), webgpu_schedule="cpu-emulated", context_window=256)
+    )
 
 
 def q4(build_artifact, folder, webgpu: bool = False) -> Artifact:
@@ -57,8 +58,12 @@ def test_logits_and_greedy_tokens_equal_transformers(family, family_models, buil
     tokens = prompt(40, 1)
     with torch.no_grad():
         expected = reference(torch.tensor([tokens])).logits[0].numpy()
-        generated = reference.generate(torch.tensor([tokens]), max_new_tokens=16, do_sample=False,
-                                       attention_mask=torch.ones(1, len(tokens), dtype=torch.long))
+        generated = reference.generate(
+            torch.tensor([tokens]),
+            max_new_tokens=16,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(tokens), dtype=torch.long),
+        )
     art = q0(build_artifact, folder)
     assert art.manifest["model"]["family"] == family
     assert art.manifest["model"]["parameters"] == sum(p.numel() for p in reference.parameters())  # tied: once
@@ -71,7 +76,7 @@ def test_logits_and_greedy_tokens_equal_transformers(family, family_models, buil
     report(f"{family}: CPU library vs transformers, 40 positions: logit error {err:.1e} (relative to the largest)")
     assert err < 1e-3
     ours = cpu.greedy(tokens, 16)
-    assert ours == generated[0, len(tokens):].tolist()
+    assert ours == generated[0, len(tokens) :].tolist()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -102,8 +107,9 @@ def test_gptq_calibration_forward_equals_transformers_and_a_q4_build_generates(f
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_gguf_reads_back_exactly_and_llama_cpp_runs_it(family, family_models, build_artifact, report,
-                                                           real_tokenizer_dir, tmp_path_factory):
+def test_the_gguf_reads_back_exactly_and_llama_cpp_runs_it(
+    family, family_models, build_artifact, report, real_tokenizer_dir, tmp_path_factory
+):
     """The ``gguf`` target in llama.cpp's own architecture for the family (its tensor names, biases,
     q/k norms, no RoPE permutation for Qwen and Gemma, Gemma's four norms, Gemma 2's soft-caps,
     Phi-3.5's longrope factors): read back by Lantern's importer it is the source, and llama.cpp's
@@ -146,15 +152,14 @@ def test_the_gguf_reads_back_exactly_and_llama_cpp_runs_it(family, family_models
     tokens = prompt(min(24, exact), 3)  # 24 positions cut Gemma's 16-token windows
     llm = Llama(str(gguf_file), n_ctx=256, logits_all=True, flash_attn=True, verbose=False)
     llm.eval(tokens)
-    theirs = np.array(llm.scores[:len(tokens)])
+    theirs = np.array(llm.scores[: len(tokens)])
     ours = art.cpu_model().all_logits(tokens)
     err = np.abs(theirs - ours).max() / np.abs(ours).max()
     report(f"{family}: llama.cpp on the F32 GGUF vs the CPU library, {len(tokens)} positions: logit error {err:.1e}")
     assert err < 2e-2  # llama.cpp keeps its KV cache in f16
 
 
-def test_phi35_past_its_trained_length_runs_the_long_factors_and_llama_cpp_follows(family_models, build_artifact,
-                                                                                   report):
+def test_phi35_past_its_trained_length_runs_the_long_factors_and_llama_cpp_follows(family_models, build_artifact, report):
     """A build whose context passes the trained length (256 on the tiny Phi-3.5) runs longrope's long
     factors at every position, as llama.cpp picks them: against transformers on 300 tokens (which it
     runs with the long factors). llama.cpp on each build's GGUF runs that build's factors whatever
@@ -176,12 +181,20 @@ def test_phi35_past_its_trained_length_runs_the_long_factors_and_llama_cpp_follo
         ours = art.cpu_model().all_logits(tokens)
         errors = []
         for overrides in (art.manifest["gguf"]["kv_overrides"], {}):
-            llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=n_ctx, logits_all=True,
-                        flash_attn=True, verbose=False, kv_overrides=overrides)
+            llm = Llama(
+                str(art.path / art.manifest["gguf"]["files"][0]),
+                n_ctx=n_ctx,
+                logits_all=True,
+                flash_attn=True,
+                verbose=False,
+                kv_overrides=overrides,
+            )
             llm.eval(tokens)
-            errors.append(np.abs(np.array(llm.scores[:len(tokens)]) - ours).max() / np.abs(ours).max())
-        report(f"phi3 context {art.manifest['model']['context_window']}, llama.cpp n_ctx {n_ctx}: "
-               f"logit error {errors[0]:.1e} with the overrides, {errors[1]:.1e} without")
+            errors.append(np.abs(np.array(llm.scores[: len(tokens)]) - ours).max() / np.abs(ours).max())
+        report(
+            f"phi3 context {art.manifest['model']['context_window']}, llama.cpp n_ctx {n_ctx}: "
+            f"logit error {errors[0]:.1e} with the overrides, {errors[1]:.1e} without"
+        )
         assert errors[0] < 2e-2 < errors[1]
     # the llamacpp engine's decoder: its pool of 2048 cells would pick the long factors for the short build
     art = q0(build_artifact, folder)
@@ -204,8 +217,13 @@ def test_webgpu_library_matches_the_cpu_library_in_chromium(family, family_model
     (which the tests above hold to transformers)."""
     folder, _ = family_models[family]
     art = q0(build_artifact, folder)
-    check_against_cpu(art, multi_turn_steps(4), rtol=1e-3, report=report,  # the issue's bar; measured 2e-5-1.4e-4
-                      lib=art.library("webgpu", emulated=True).name)
+    check_against_cpu(
+        art,
+        multi_turn_steps(4),
+        rtol=1e-3,
+        report=report,  # the issue's bar; measured 2e-5-1.4e-4
+        lib=art.library("webgpu", emulated=True).name,
+    )
 
 
 @pytest.mark.browser
@@ -219,19 +237,30 @@ def test_webllm_loads_the_q4_artifact_and_answers_like_the_cpu_library(family, f
     art = q4(build_artifact, folder, webgpu=True)
     question = "Tell me a story."
     reply = webllm_chat(art, [{"role": "user", "content": question}], 16)
-    ids = art.tokenizer().encode(render(art.tokenizer_config()["chat_template"], [
-        {"role": "user", "content": question}]), add_special_tokens=False).ids
+    ids = (
+        art.tokenizer()
+        .encode(
+            render(art.tokenizer_config()["chat_template"], [{"role": "user", "content": question}]), add_special_tokens=False
+        )
+        .ids
+    )
     eos = json.loads((art.path / "mlc-chat-config.json").read_text())["eos_token_id"]
     expected = art.tokenizer().decode(art.cpu_model().greedy(ids, 16, stop_ids=[eos]))
     assert reply["choices"][0]["message"]["content"] == expected
 
 
-@pytest.mark.parametrize("field,value,named", [
-    ("num_experts", 8, "config.json field 'num_experts'"),
-    ("rope_parameters", {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6},
-     "config.json field 'rope_parameters'.*'dynamic'"),
-    ("vision_config", {"hidden_size": 8}, "config.json field 'vision_config'"),
-])
+@pytest.mark.parametrize(
+    "field,value,named",
+    [
+        ("num_experts", 8, "config.json field 'num_experts'"),
+        (
+            "rope_parameters",
+            {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6},
+            "config.json field 'rope_parameters'.*'dynamic'",
+        ),
+        ("vision_config", {"hidden_size": 8}, "config.json field 'vision_config'"),
+    ],
+)
 def test_a_config_field_no_family_implements_is_named(field, value, named, family_models):
     from lantern.errors import LanternError
     from lantern.models import family_for_architecture
@@ -242,14 +271,22 @@ def test_a_config_field_no_family_implements_is_named(field, value, named, famil
         family_for_architecture("Qwen3ForCausalLM").config.from_hf(cfg)
 
 
-@pytest.mark.parametrize("field,value,named", [
-    ("final_logit_softcapping", 30.0, "config.json field 'final_logit_softcapping'"),
-    ("hidden_activation", "gelu", "config.json field 'hidden_activation': 'gelu'"),
-    ("layer_types", ["sliding_attention", "chunked_attention"], "config.json field 'layer_types'"),
-    ("rope_parameters", {"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
-     "config.json field 'rope_parameters'.*'yarn'"),
-])
+@pytest.mark.parametrize(
+    "field,value,named",
+    [
+        ("final_logit_softcapping", 30.0, "config.json field 'final_logit_softcapping'"),
+        ("hidden_activation", "gelu", "config.json field 'hidden_activation': 'gelu'"),
+        ("layer_types", ["sliding_attention", "chunked_attention"], "config.json field 'layer_types'"),
+        (
+            "rope_parameters",
+            {
+                "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+            "config.json field 'rope_parameters'.*'yarn'",
+        ),
+    ],
+)
 def test_a_gemma3_config_field_it_does_not_handle_is_named(field, value, named, family_models):
     from lantern.errors import LanternError
     from lantern.models import GEMMA3
@@ -259,25 +296,39 @@ def test_a_gemma3_config_field_it_does_not_handle_is_named(field, value, named, 
         GEMMA3.config.from_hf({**reference.config.to_dict(), field: value})
 
 
-@pytest.mark.parametrize("change,named", [
-    ({"short_factor": [1.0] * 8}, r"rope_scaling.short_factor': expected 16 factors"),
-    ({"attention_factor": 1.0}, r"rope_scaling.attention_factor': 1.0 differs from longrope's 1.22474"),
-    ({"type": "dynamic"}, r"unsupported rope_type 'dynamic'"),
-])
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"short_factor": [1.0] * 8}, r"rope_scaling.short_factor': expected 16 factors"),
+        ({"attention_factor": 1.0}, r"rope_scaling.attention_factor': 1.0 differs from longrope's 1.22474"),
+        ({"type": "dynamic"}, r"unsupported rope_type 'dynamic'"),
+    ],
+)
 def test_a_phi3_longrope_it_cannot_run_exactly_is_named(change, named, family_models):
     from lantern.errors import LanternError
     from lantern.models import family_for_architecture
 
     _, reference = family_models["phi3"]
     cfg = {k: v for k, v in reference.config.to_dict().items() if k != "rope_parameters"}
-    cfg["rope_scaling"] = {**cfg.get("rope_scaling", {}), "type": "longrope",
-                           "short_factor": [1.0] * 16, "long_factor": [2.0] * 16, **change}
+    cfg["rope_scaling"] = {
+        **cfg.get("rope_scaling", {}),
+        "type": "longrope",
+        "short_factor": [1.0] * 16,
+        "long_factor": [2.0] * 16,
+        **change,
+    }
     phi3 = family_for_architecture("Phi3ForCausalLM").config
     with pytest.raises(LanternError, match=named):
         phi3.from_hf(cfg)
-    assert phi3.from_hf({**cfg, "rope_scaling": {**cfg["rope_scaling"], "short_factor": [1.0] * 16,
-                                                 "attention_factor": None, "type": "longrope"}}
-                        ).context_window_size == 4096  # the claimed length; a build's context picks the factors
+    assert (
+        phi3.from_hf(
+            {
+                **cfg,
+                "rope_scaling": {**cfg["rope_scaling"], "short_factor": [1.0] * 16, "attention_factor": None, "type": "longrope"},
+            }
+        ).context_window_size
+        == 4096
+    )  # the claimed length; a build's context picks the factors
 
 
 def test_which_layers_are_windowed_and_the_context_a_build_gets(family_models):
@@ -305,10 +356,19 @@ def test_which_layers_are_windowed_and_the_context_a_build_gets(family_models):
     assert fit_context(on, 50_000, log.append).context_window_size == 32768
     assert log == ["the model is trained on 32768 positions: context window 50000 capped at 32768"]
 
-    contexts = {(dtype, schedule): library_config(built, dtype, schedule).context_window_size
-                for dtype in ("float32", "float16") for schedule in (None, "cpu-emulated", "gpu")}
-    assert contexts == {("float32", None): 4096, ("float32", "cpu-emulated"): 4096, ("float32", "gpu"): 32,
-                        ("float16", None): 32, ("float16", "cpu-emulated"): 32, ("float16", "gpu"): 32}
+    contexts = {
+        (dtype, schedule): library_config(built, dtype, schedule).context_window_size
+        for dtype in ("float32", "float16")
+        for schedule in (None, "cpu-emulated", "gpu")
+    }
+    assert contexts == {
+        ("float32", None): 4096,
+        ("float32", "cpu-emulated"): 4096,
+        ("float32", "gpu"): 32,
+        ("float16", None): 32,
+        ("float16", "cpu-emulated"): 32,
+        ("float16", "gpu"): 32,
+    }
     capped = dataclasses.replace(built, attention_softcap=50.0)
     assert library_config(capped, "float32", "gpu").context_window_size == 4096
     assert library_config(fit_context(off, None, log.append), "float16", "gpu").context_window_size == 4096
@@ -336,11 +396,13 @@ def test_a_phi35_gguf_whose_longrope_contradicts_itself_is_named(family_models, 
     tensors = {t.name: t for t in tensors}
     assert PHI3.gguf.config_from_metadata(meta, tensors)["rope_scaling"]["rope_type"] == "longrope"
     # Phi-3 mini's window (2047), as llama.cpp's converter writes it, is read as from config.json
-    windowed = PHI3.config.from_hf(PHI3.gguf.config_from_metadata({**meta, "phi3.attention.sliding_window": 100},
-                                                                  tensors))
+    windowed = PHI3.config.from_hf(PHI3.gguf.config_from_metadata({**meta, "phi3.attention.sliding_window": 100}, tensors))
     assert (windowed.sliding_window, windowed.windowed) == (100, True)
-    with pytest.raises(LanternError, match=r"GGUF key 'phi3.rope.scaling.attn_factor' is 1, but longrope's "
-                                           r"for 4096 of 256 positions is 1.22"):
+    with pytest.raises(
+        LanternError,
+        match=r"GGUF key 'phi3.rope.scaling.attn_factor' is 1, but longrope's "
+        r"for 4096 of 256 positions is 1.22",
+    ):
         PHI3.gguf.config_from_metadata({**meta, "phi3.rope.scaling.attn_factor": 1.0}, tensors)
     with pytest.raises(LanternError, match=r"GGUF tensor 'rope_factors_long.weight' is missing"):
         PHI3.gguf.config_from_metadata(meta, {k: t for k, t in tensors.items() if k != "rope_factors_long.weight"})
@@ -357,6 +419,9 @@ def test_gemma2_in_float16_is_refused_naming_why(family_models):
     from lantern.quantize import get_quantization
 
     config = GEMMA2.config.from_hf(family_models["gemma2"][1].config.to_dict())
-    with pytest.raises(LanternError, match="attention soft-capping and sliding windows: Lantern's attention kernels "
-                                           "are float32 only, this build's are float16: build with q4f32_1 or q0f32"):
+    with pytest.raises(
+        LanternError,
+        match="attention soft-capping and sliding windows: Lantern's attention kernels "
+        "are float32 only, this build's are float16: build with q4f32_1 or q0f32",
+    ):
         lower.export(GEMMA2, config, get_quantization("q4f16_1"), tvm.target.Target("webgpu"), {})

@@ -25,8 +25,11 @@ def gemma3_gguf(cache_dir):
 def gemma3_q4(build_artifact):
     """The one real-weights build beyond SmolLM2 in a test run. Rounded to nearest: GPTQ over a
     262,144-row tied head takes minutes on two cores (the note on issue 15 has the figures)."""
-    return Artifact.open(build_artifact("gemma3-270m", "q4f32_1", targets=("webgpu", "cpu", "gguf"),
-                                        webgpu_schedule="cpu-emulated", calibration=None))
+    return Artifact.open(
+        build_artifact(
+            "gemma3-270m", "q4f32_1", targets=("webgpu", "cpu", "gguf"), webgpu_schedule="cpu-emulated", calibration=None
+        )
+    )
 
 
 def test_the_gguf_config_reads_as_transformers_reads_it(gemma3_gguf):
@@ -129,17 +132,20 @@ def test_raw_prompt_completions_begin_with_bos_on_both_engines(gemma3_q4, gemma3
         with served(art, engine=engine) as (base, _):
             got = []
             for prompt in RAW_PROMPTS:
-                status, body = raw(base, "POST", "/v1/completions", json.dumps(
-                    {"prompt": prompt, "max_tokens": n, "temperature": 0}).encode())
+                status, body = raw(
+                    base, "POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0}).encode()
+                )
                 assert status == 200, body
                 reply = json.loads(body)
                 got.append((reply["usage"]["prompt_tokens"], reply["choices"][0]["text"]))
         assert got == want, engine
-    report(f"Gemma 3 270M q4f32_1, raw completions with <bos>: {[t for _, t in expected['llamacpp']]} (llamacpp), "
-           f"{[t for _, t in expected['tvm']]} (tvm)")
+    report(
+        f"Gemma 3 270M q4f32_1, raw completions with <bos>: {[t for _, t in expected['llamacpp']]} (llamacpp), "
+        f"{[t for _, t in expected['tvm']]} (tvm)"
+    )
 
-def test_past_the_512_token_window_the_cpu_library_scores_text_as_llama_cpp_does(gemma3_q4, shakespeare_text,
-                                                                                 report):
+
+def test_past_the_512_token_window_the_cpu_library_scores_text_as_llama_cpp_does(gemma3_q4, shakespeare_text, report):
     """Beyond the local layers' window: 600 tokens of held-out text prefilled (two chunks, the second
     crossing the window), then 40 more teacher-forced one by one, on the CPU library and in llama.cpp
     (which keeps the window) from the build's GGUF. Their log-likelihoods of those 40 tokens agree.
@@ -151,8 +157,12 @@ def test_past_the_512_token_window_the_cpu_library_scores_text_as_llama_cpp_does
     ids = art.tokenizer().encode(shakespeare_text).ids[:640]
     cpu = art.cpu_model()
     ours = [cpu.prefill(ids[:600])] + [cpu.prefill([t]) for t in ids[600:-1]]
-    decoder = LlamaCppDecoder(art.path / art.manifest["gguf"]["files"][0], vocab_size=262144,
-                              context_window=art.manifest["gguf"]["context_window"], slots=1)
+    decoder = LlamaCppDecoder(
+        art.path / art.manifest["gguf"]["files"][0],
+        vocab_size=262144,
+        context_window=art.manifest["gguf"]["context_window"],
+        slots=1,
+    )
     try:
         with decoder.open(ids[:600]) as session:
             theirs = [np.asarray(session.logits)] + [np.asarray(session.step(t)) for t in ids[600:-1]]
@@ -166,8 +176,10 @@ def test_past_the_512_token_window_the_cpu_library_scores_text_as_llama_cpp_does
         return -logp[np.arange(len(rows)), ids[600:]].mean()
 
     a, b = nll(ours), nll(theirs)
-    report(f"Gemma 3 270M q4f32_1, held-out tokens 600-640 (window 512): perplexity {np.exp(a):.1f} on the CPU "
-           f"library, {np.exp(b):.1f} in llama.cpp")
+    report(
+        f"Gemma 3 270M q4f32_1, held-out tokens 600-640 (window 512): perplexity {np.exp(a):.1f} on the CPU "
+        f"library, {np.exp(b):.1f} in llama.cpp"
+    )
     assert abs(a - b) < 0.1  # nats per token
 
 

@@ -31,8 +31,10 @@ CASES = [
     ({}, SMOL),  # the artifact's
     ({"temperature": 0.7}, SMOL),  # the request wins field by field
     ({"temperature": None, "top_p": None}, SMOL),  # null means "not set"
-    ({"temperature": 0, "top_p": 1, "top_k": 5, "repetition_penalty": 1.3},
-     {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}),
+    (
+        {"temperature": 0, "top_p": 1, "top_k": 5, "repetition_penalty": 1.3},
+        {"temperature": 0.2, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1},
+    ),
     ({}, {"top_k": 40, "repetition_penalty": 1.1}),
     ({"top_k": 5000}, {}),  # more than the vocabulary: all of it
     ({"temperature": 2.5}, SMOL),
@@ -41,15 +43,29 @@ CASES = [
     ({"repetition_penalty": 0.001}, {}),
     # DRY: off for free text; under a JSON response_format, schema_defaults.dryMultiplier unless the request sets one
     ({"response_format": {"type": "json_object"}}, {}),  # schema_defaults' own default: 0.8
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
-      "schema_defaults": {"dryMultiplier": 0.3}, "dry_base": 2, "dry_allowed_length": 3, "dry_penalty_last_n": 64}, {}),
+    (
+        {
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+            "schema_defaults": {"dryMultiplier": 0.3},
+            "dry_base": 2,
+            "dry_allowed_length": 3,
+            "dry_penalty_last_n": 64,
+        },
+        {},
+    ),
     ({"response_format": {"type": "json_object"}, "dry_multiplier": 0}, {}),
     ({"dry_multiplier": 1.5}, {}),
     ({"response_format": {"type": "text"}}, {}),
     ({"dry_base": 0.5}, {}),
 ]
-DRY = {0: [0, 1.75, 2, -1], 11: [0.8, 1.75, 2, -1], 12: [0.3, 2, 3, 64], 13: [0, 1.75, 2, -1], 14: [1.5, 1.75, 2, -1],
-       15: [0, 1.75, 2, -1]}  # case -> [multiplier, base, allowed length, last n]
+DRY = {
+    0: [0, 1.75, 2, -1],
+    11: [0.8, 1.75, 2, -1],
+    12: [0.3, 2, 3, 64],
+    13: [0, 1.75, 2, -1],
+    14: [1.5, 1.75, 2, -1],
+    15: [0, 1.75, 2, -1],
+}  # case -> [multiplier, base, allowed length, last n]
 
 
 def python_params(request: dict, defaults: dict) -> dict:
@@ -58,14 +74,18 @@ def python_params(request: dict, defaults: dict) -> dict:
         p = sampling_params(req, VOCAB, defaults)
     except (ValidationError, InvalidRequest) as err:
         return {"error": str(err)}
-    return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "repetition_penalty": p.repetition_penalty,
-            "dry": [p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n]}
+    return {
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "repetition_penalty": p.repetition_penalty,
+        "dry": [p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n],
+    }
 
 
 @pytest.fixture(scope="module")
 def typescript():
-    return run_typescript("generation_defaults.ts",
-                          {"vocab": VOCAB, "cases": [{"request": r, "defaults": d} for r, d in CASES]})
+    return run_typescript("generation_defaults.ts", {"vocab": VOCAB, "cases": [{"request": r, "defaults": d} for r, d in CASES]})
 
 
 def test_both_runtimes_share_one_table_of_fields_openai_defaults_and_ranges(typescript):
@@ -90,17 +110,34 @@ def test_request_then_artifact_then_openai_in_both_runtimes(i, typescript):
 
 def _build(source: Path, out: Path, cache: Path, *flags: str) -> subprocess.Popen:
     """`lantern build` (CPU library only) with stdout and stderr piped, as in a CI log."""
-    return subprocess.Popen([sys.executable, "-m", "lantern.cli", "build", str(source), "--out", str(out),
-                             "--targets", "cpu", "--no-calibration", "--cache-dir", str(cache), *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lantern.cli",
+            "build",
+            str(source),
+            "--out",
+            str(out),
+            "--targets",
+            "cpu",
+            "--no-calibration",
+            "--cache-dir",
+            str(cache),
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
-def test_build_reads_generation_config_flags_override_it_and_a_pipe_sees_each_stage_live(tiny_hf, tmp_path,
-                                                                                         report):
+def test_build_reads_generation_config_flags_override_it_and_a_pipe_sees_each_stage_live(tiny_hf, tmp_path, report):
     source = tmp_path / "tiny-finetune"
     shutil.copytree(tiny_hf[0], source)
-    (source / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": 2}))
+    (source / "generation_config.json").write_text(
+        json.dumps({"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": 2})
+    )
     out, cache = tmp_path / "art", tmp_path / "cache"  # an empty cache: the build compiles
 
     proc = _build(source, out, cache)
@@ -138,9 +175,11 @@ def test_build_reads_generation_config_flags_override_it_and_a_pipe_sees_each_st
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 
         def answer(**fields) -> str:
-            reply = client.chat.completions.create(model="art", messages=[{"role": "user", "content": "Hello"}],
-                                                   max_tokens=12, **fields)
+            reply = client.chat.completions.create(
+                model="art", messages=[{"role": "user", "content": "Hello"}], max_tokens=12, **fields
+            )
             return reply.choices[0].message.content
+
         assert answer(seed=1) == answer(seed=2) == answer(temperature=0)
 
 

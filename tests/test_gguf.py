@@ -56,10 +56,13 @@ def test_the_gguf_read_back_is_the_artifacts_model(tiny_q4: Artifact, tmp_path):
     back = import_gguf(parts[0])  # Lantern's own GGUF importer, as for a downloaded GGUF
     config = back.family.config.from_hf(back.hf_config)
     chat = json.loads((art.path / "mlc-chat-config.json").read_text())
-    assert {k: getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                            "num_key_value_heads", "head_dim", "vocab_size")} == \
-        {k: chat["model_config"][k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                              "num_key_value_heads", "head_dim", "vocab_size")}
+    assert {
+        k: getattr(config, k)
+        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    } == {
+        k: chat["model_config"][k]
+        for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    }
     got = back.load_weights()  # dequantized by the gguf package, q/k un-permuted by the importer
     want = hf_weights_from_artifact(art.params(), chat["model_config"], "q4f32_1")
     for name, w in want.items():
@@ -69,8 +72,20 @@ def test_the_gguf_read_back_is_the_artifacts_model(tiny_q4: Artifact, tmp_path):
     # split into parts by llama.cpp's naming, each a GGUF with the split keys
     stem = tmp_path / "split"
     stem.mkdir()
-    names = gguf_export.write(stem, "m", art.params(), back.family, config, "q4f32_1", (art.path / "tokenizer.json").read_text(),
-                              None, chat["bos_token_id"], chat["eos_token_id"], False, part_bytes=1_000_000)
+    names = gguf_export.write(
+        stem,
+        "m",
+        art.params(),
+        back.family,
+        config,
+        "q4f32_1",
+        (art.path / "tokenizer.json").read_text(),
+        None,
+        chat["bos_token_id"],
+        chat["eos_token_id"],
+        False,
+        part_bytes=1_000_000,
+    )
     assert len(names) > 1 and names[0] == f"m-00001-of-{len(names):05d}.gguf"
     tensors = 0
     for i, name in enumerate(names):
@@ -94,8 +109,9 @@ def test_unquantized_builds_become_f32_or_f16_tensors(tiny_hf, real_tokenizer_di
     config = llama.LlamaConfig.from_hf(cfg)
     spec = get_quantization(quant)
     stored = quantize_params(llama.to_lantern(weights, config), set(), spec)  # as the build stores them
-    names = gguf_export.write(tmp_path, "m", stored, llama.FAMILY, config, quant,
-                              (real_tokenizer_dir / "tokenizer.json").read_text(), None, 1, 2, False)
+    names = gguf_export.write(
+        tmp_path, "m", stored, llama.FAMILY, config, quant, (real_tokenizer_dir / "tokenizer.json").read_text(), None, 1, 2, False
+    )
     reader = gguf.GGUFReader(tmp_path / names[0])
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert types["blk.0.attn_q.weight"] == gguf_export.tensor_type(quant) and types["blk.0.attn_norm.weight"] == "F32"
@@ -117,15 +133,43 @@ def test_a_model_llama_cpp_cannot_run_skips_the_target_with_a_warning(tiny_hf, t
     cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": False}
     (folder / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "art"
-    assert main(["build", str(folder), "--out", str(out), "--targets", "cpu,gguf", "--no-calibration",
-                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(
+            [
+                "build",
+                str(folder),
+                "--out",
+                str(out),
+                "--targets",
+                "cpu,gguf",
+                "--no-calibration",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "warning: skipping the gguf target: its YaRN ramp is not truncated (truncate: false)" in err
     manifest = Artifact.open(out).manifest
     assert manifest["gguf"] is None and manifest["targets"] == ["cpu"]
     # a rebuild from the cache says it again
-    assert main(["build", str(folder), "--out", str(out), "--targets", "cpu,gguf", "--no-calibration",
-                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(
+            [
+                "build",
+                str(folder),
+                "--out",
+                str(out),
+                "--targets",
+                "cpu,gguf",
+                "--no-calibration",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "unchanged since the cached build" in err and "warning: skipping the gguf target: its YaRN" in err
 
@@ -154,10 +198,12 @@ def test_llama_cpp_tokenizes_like_the_artifact_and_answers_like_its_cpu_library(
             model.reset()
             logits = model.prefill(prompt_tokens + want[:agree])
             gaps.append(float(logits[want[agree]] - logits[got[agree]]))
-    report(f"llama.cpp (wllama, 1 thread) on the artifact's GGUF: {same}/{total} greedy tokens agree with the "
-           f"CPU library before the first divergence ({same / total:.0%}; llama.cpp rounds activations to 8 bits); "
-           f"at each divergence llama.cpp's token is {', '.join(f'{g:.3f}' for g in gaps) or '-'} logits below the "
-           f"library's; answer to '{PROMPTS[0]}': {answers[0]['text']!r}")
+    report(
+        f"llama.cpp (wllama, 1 thread) on the artifact's GGUF: {same}/{total} greedy tokens agree with the "
+        f"CPU library before the first divergence ({same / total:.0%}; llama.cpp rounds activations to 8 bits); "
+        f"at each divergence llama.cpp's token is {', '.join(f'{g:.3f}' for g in gaps) or '-'} logits below the "
+        f"library's; answer to '{PROMPTS[0]}': {answers[0]['text']!r}"
+    )
     assert "Paris" in answers[0]["text"]
     # The same model: every divergence is a near-tie that 8-bit activations can flip (a wrong tensor or
     # layout in the GGUF picks tokens the library ranks far lower). Measured: 0.010 to 0.215.
@@ -165,8 +211,12 @@ def test_llama_cpp_tokenizes_like_the_artifact_and_answers_like_its_cpu_library(
 
 
 @pytest.mark.slow
-def test_the_gguf_keeps_the_librarys_perplexity_and_gptq_beats_llama_cpp_q4_0(smollm2_q4, q0, shakespeare_text,  # noqa: F811
-                                                                             report):
+def test_the_gguf_keeps_the_librarys_perplexity_and_gptq_beats_llama_cpp_q4_0(
+    smollm2_q4,
+    q0,  # noqa: F811 (the fixture test_smollm2 defines)
+    shakespeare_text,
+    report,
+):
     """Fidelity of the GGUF the wasm device runs: the held-out perplexity of its weights (split parts read
     back by Lantern's GGUF importer and the gguf package) against the webgpu library's (the artifact's
     q4 weights), and beside llama.cpp's own Q4_0 of the same source (`llama-quantize --pure Q4_0`:
@@ -179,12 +229,16 @@ def test_the_gguf_keeps_the_librarys_perplexity_and_gptq_beats_llama_cpp_q4_0(sm
     ours = weights_perplexity(import_gguf(first).load_weights(), cfg, tokens)
     q4_0 = gguf.GGMLQuantizationType.Q4_0
     source = hf_weights_from_artifact(q0.params(), cfg, "q0f32")
-    rtn = {k: gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(w, np.float32), q4_0), q4_0)
-           if w.ndim == 2 else w for k, w in source.items()}
+    rtn = {
+        k: gguf.quants.dequantize(gguf.quants.quantize(np.ascontiguousarray(w, np.float32), q4_0), q4_0) if w.ndim == 2 else w
+        for k, w in source.items()
+    }
     theirs = weights_perplexity(rtn, cfg, tokens)
     base = weights_perplexity(source, cfg, tokens)
-    report(f"perplexity on {len(tokens)} held-out tokens: source (q0f32) {base:.3f}; webgpu library (q4f32_1, GPTQ) "
-           f"{library:.3f}; its GGUF (Q4_0, f16 scales) {ours:.3f} ({100 * (ours / library - 1):+.2f}%); "
-           f"llama.cpp's own Q4_0 of the source {theirs:.3f} ({100 * (theirs / base - 1):+.1f}% over the source, "
-           f"GPTQ's GGUF {100 * (ours / base - 1):+.1f}%)")
+    report(
+        f"perplexity on {len(tokens)} held-out tokens: source (q0f32) {base:.3f}; webgpu library (q4f32_1, GPTQ) "
+        f"{library:.3f}; its GGUF (Q4_0, f16 scales) {ours:.3f} ({100 * (ours / library - 1):+.2f}%); "
+        f"llama.cpp's own Q4_0 of the source {theirs:.3f} ({100 * (theirs / base - 1):+.1f}% over the source, "
+        f"GPTQ's GGUF {100 * (ours / base - 1):+.1f}%)"
+    )
     assert abs(ours / library - 1) <= 0.02

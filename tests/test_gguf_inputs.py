@@ -15,12 +15,36 @@ from lantern.models import llama
 
 # Relative RMS error each type may add (gaussian weights); a misread layout (rows swapped, a wrong
 # block order, a transpose) errs by ~1.4.
-TOLERANCE = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 1e-2, "Q6_K": 2.5e-2, "Q5_0": 5e-2, "Q5_1": 5e-2,
-             "Q5_K": 5e-2, "Q4_0": 1e-1, "Q4_1": 1e-1, "Q4_K": 1e-1, "Q3_K": 2e-1, "Q2_K": 4e-1}
-FTYPE = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0",
-         "Q4_0": "MOSTLY_Q4_0", "Q4_1": "MOSTLY_Q4_1", "Q5_0": "MOSTLY_Q5_0", "Q5_1": "MOSTLY_Q5_1",
-         "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_S", "Q4_K": "MOSTLY_Q4_K_S", "Q5_K": "MOSTLY_Q5_K_S",
-         "Q6_K": "MOSTLY_Q6_K"}
+TOLERANCE = {
+    "F32": 0.0,
+    "F16": 1e-3,
+    "BF16": 8e-3,
+    "Q8_0": 1e-2,
+    "Q6_K": 2.5e-2,
+    "Q5_0": 5e-2,
+    "Q5_1": 5e-2,
+    "Q5_K": 5e-2,
+    "Q4_0": 1e-1,
+    "Q4_1": 1e-1,
+    "Q4_K": 1e-1,
+    "Q3_K": 2e-1,
+    "Q2_K": 4e-1,
+}
+FTYPE = {
+    "F32": "ALL_F32",
+    "F16": "MOSTLY_F16",
+    "BF16": "MOSTLY_BF16",
+    "Q8_0": "MOSTLY_Q8_0",
+    "Q4_0": "MOSTLY_Q4_0",
+    "Q4_1": "MOSTLY_Q4_1",
+    "Q5_0": "MOSTLY_Q5_0",
+    "Q5_1": "MOSTLY_Q5_1",
+    "Q2_K": "MOSTLY_Q2_K",
+    "Q3_K": "MOSTLY_Q3_K_S",
+    "Q4_K": "MOSTLY_Q4_K_S",
+    "Q5_K": "MOSTLY_Q5_K_S",
+    "Q6_K": "MOSTLY_Q6_K",
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +66,7 @@ def source(tmp_path_factory):
     writer.add_token_merges([])
     params = llama.to_lantern(weights, config)
     for t in llama.FAMILY.gguf.tensors(config):
-        w = params[t.param][t.first:t.first + t.rows]
+        w = params[t.param][t.first : t.first + t.rows]
         writer.add_tensor(t.name, np.ascontiguousarray(llama.FAMILY.gguf.permute(w, t.rope_heads) if t.rope_heads else w))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -72,9 +96,11 @@ def test_the_header_reader_reads_as_gguf_py(source):
 
 def test_a_damaged_header_is_named(source, tmp_path):
     data = source[0].read_bytes()
-    for name, blob, message in [("cut.gguf", data[:2000], "ends early|past the end"),
-                                ("magic.gguf", b"GGUX" + data[4:], "no GGUF magic"),
-                                ("short.gguf", data[:len(data) - 100], "runs past the end of the file")]:
+    for name, blob, message in [
+        ("cut.gguf", data[:2000], "ends early|past the end"),
+        ("magic.gguf", b"GGUX" + data[4:], "no GGUF magic"),
+        ("short.gguf", data[: len(data) - 100], "runs past the end of the file"),
+    ]:
         (tmp_path / name).write_bytes(blob)
         with pytest.raises(LanternError, match=f"corrupt GGUF file {name}: .*({message})"):
             import_gguf(tmp_path / name)
@@ -102,11 +128,12 @@ def test_every_type_reads_back_within_its_error(source, tmp_path, report):
         assert types["blk.0.ffn_down.weight"] == kind, types
         assert_reads_as_gguf_py_reads(out)
         back = import_gguf(out).load_weights()
-        err = max(np.sqrt(np.mean((back[n] - w) ** 2) / np.mean(w ** 2)) for n, w in weights.items() if w.ndim == 2)
+        err = max(np.sqrt(np.mean((back[n] - w) ** 2) / np.mean(w**2)) for n, w in weights.items() if w.ndim == 2)
         errors[kind] = err
         assert err <= TOLERANCE[kind], f"{kind}: relative RMS error {err:.2e}"
-    report("GGUF input types read back (worst matrix, relative RMS error): "
-           + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()))
+    report(
+        "GGUF input types read back (worst matrix, relative RMS error): " + ", ".join(f"{k} {e:.1e}" for k, e in errors.items())
+    )
 
 
 def test_an_unsupported_type_is_named(source, tmp_path):

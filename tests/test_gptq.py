@@ -24,6 +24,7 @@ def activation_source(dim: int, seed: int = 0):
         x = rng.normal(size=(tokens, dim)) @ mixing
         x[:, loud] *= 20
         return x
+
     return draw
 
 

@@ -46,7 +46,7 @@ def imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             # `from . import x` imports the module x; `from .m import y` the module m
             found |= {f"{base}.{a.name}" for a in node.names} if node.module is None else {base}
     return {m for m in found if m == "lantern" or m.startswith("lantern.")}
@@ -54,8 +54,14 @@ def imports(name: str, path: Path) -> set[str]:
 
 def test_every_module_imports_only_from_its_layer_or_below():
     found = modules()
-    assert {"lantern.pipeline", "lantern.runtime.runner", "lantern.server.app", "lantern.validate", "lantern.cli",
-            "lantern.models.llama.model"} <= found.keys()
+    assert {
+        "lantern.pipeline",
+        "lantern.runtime.runner",
+        "lantern.server.app",
+        "lantern.validate",
+        "lantern.cli",
+        "lantern.models.llama.model",
+    } <= found.keys()
     upward = []
     for name, path in sorted(found.items()):
         for target in sorted(imports(name, path)):

@@ -12,19 +12,30 @@ from lantern.package import choose_library
 
 
 def lib(file: str, schedule: str | None = "gpu", features=(), upcast: bool = False) -> dict:
-    entry = {"file": file, "target": "webgpu", "dtype": "float32", "required_features": list(features),
-             "param_upcast": "float16->float32" if upcast else None}
+    entry = {
+        "file": file,
+        "target": "webgpu",
+        "dtype": "float32",
+        "required_features": list(features),
+        "param_upcast": "float16->float32" if upcast else None,
+    }
     if schedule is not None:
         entry["schedule"] = schedule
     return entry
 
 
-BOTH = [lib("m-webgpu.wasm"), lib("m-webgpu-emulated.wasm", "cpu-emulated"),
-        {**lib("m-cpu.so", None), "target": "cpu"}]
-F16 = [lib("m-webgpu.wasm", features=["shader-f16"]), lib("m-webgpu-f32.wasm", upcast=True),
-       lib("m-webgpu-emulated.wasm", "cpu-emulated", upcast=True)]
-SWIFTSHADER = {"vendor": "google", "architecture": "swiftshader", "description": "SwiftShader Device (Subzero)",
-               "isFallbackAdapter": True}
+BOTH = [lib("m-webgpu.wasm"), lib("m-webgpu-emulated.wasm", "cpu-emulated"), {**lib("m-cpu.so", None), "target": "cpu"}]
+F16 = [
+    lib("m-webgpu.wasm", features=["shader-f16"]),
+    lib("m-webgpu-f32.wasm", upcast=True),
+    lib("m-webgpu-emulated.wasm", "cpu-emulated", upcast=True),
+]
+SWIFTSHADER = {
+    "vendor": "google",
+    "architecture": "swiftshader",
+    "description": "SwiftShader Device (Subzero)",
+    "isFallbackAdapter": True,
+}
 # (libraries, adapter features, software adapter?) -> the file it runs, or None for an error
 CASES = [
     (BOTH, [], True, "m-webgpu-emulated.wasm"),  # SwiftShader
@@ -39,11 +50,13 @@ CASES = [
     ([lib("m-webgpu.wasm", features=["shader-f16"])], [], False, None),
     ([], [], False, None),
 ]
-ADAPTERS = [SWIFTSHADER,
-            {"vendor": "nvidia", "architecture": "hopper", "description": "NVIDIA H200", "isFallbackAdapter": False},
-            {"vendor": "mesa", "architecture": "", "description": "llvmpipe (LLVM 15.0.6, 256 bits)"},
-            {"vendor": "microsoft", "architecture": "", "description": "Microsoft Basic Render Driver"},
-            {"vendor": "apple", "architecture": "metal-3", "description": ""}]
+ADAPTERS = [
+    SWIFTSHADER,
+    {"vendor": "nvidia", "architecture": "hopper", "description": "NVIDIA H200", "isFallbackAdapter": False},
+    {"vendor": "mesa", "architecture": "", "description": "llvmpipe (LLVM 15.0.6, 256 bits)"},
+    {"vendor": "microsoft", "architecture": "", "description": "Microsoft Basic Render Driver"},
+    {"vendor": "apple", "architecture": "metal-3", "description": ""},
+]
 SOFTWARE = [True, False, True, True, False]
 
 
@@ -56,8 +69,7 @@ def python_pick(libraries, features, emulated):
 
 @pytest.fixture(scope="module")
 def typescript():
-    payload = {"cases": [{"libraries": libs, "features": f, "emulated": e} for libs, f, e, _ in CASES],
-               "adapters": ADAPTERS}
+    payload = {"cases": [{"libraries": libs, "features": f, "emulated": e} for libs, f, e, _ in CASES], "adapters": ADAPTERS}
     return run_typescript("library_choice.ts", payload)
 
 
@@ -77,6 +89,10 @@ def test_both_runtimes_pick_the_same_library(i, typescript):
 def test_software_adapters_are_recognised_and_named_as_such(typescript):
     assert typescript["software"] == SOFTWARE
     # what the chat and capability pages show the user
-    assert typescript["labels"] == ["WebGPU (software adapter, slow)", "WebGPU (NVIDIA hopper)",
-                                    "WebGPU (software adapter, slow)", "WebGPU (software adapter, slow)",
-                                    "WebGPU (Apple metal-3)"]
+    assert typescript["labels"] == [
+        "WebGPU (software adapter, slow)",
+        "WebGPU (NVIDIA hopper)",
+        "WebGPU (software adapter, slow)",
+        "WebGPU (software adapter, slow)",
+        "WebGPU (Apple metal-3)",
+    ]

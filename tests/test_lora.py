@@ -21,8 +21,7 @@ def adapter(tiny_hf, tmp_path_factory):
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(str(tiny_hf[0]), dtype=torch.float32)
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                     init_lora_weights=False)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
     peft_model = get_peft_model(base, cfg)
     folder = tmp_path_factory.mktemp("adapter")
     peft_model.save_pretrained(str(folder))
@@ -49,8 +48,7 @@ def test_adapter_for_another_base_is_refused(tiny_hf, adapter, real_tokenizer_di
     write_hf_folder(other, real_tokenizer_dir, hidden_size=96, intermediate_size=64)
     out = tmp_path / "out"
     with pytest.raises(LanternError, match="LoRA does not match its base"):
-        build(BuildOptions(source=str(other), out=out, quant="q0f32", targets=("cpu",), lora=adapter[0],
-                           use_cache=False))
+        build(BuildOptions(source=str(other), out=out, quant="q0f32", targets=("cpu",), lora=adapter[0], use_cache=False))
     assert not out.exists()
 
 
@@ -60,9 +58,14 @@ def test_adapter_with_unknown_module_is_refused(tiny_hf, adapter, tmp_path):
     (bad / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8}))
     from safetensors.numpy import save_file
 
-    save_file({"base_model.model.model.layers.0.mlp.nonexistent.lora_A.weight": np.zeros((4, 64), np.float32),
-               "base_model.model.model.layers.0.mlp.nonexistent.lora_B.weight": np.zeros((64, 4), np.float32)},
-              str(bad / "adapter_model.safetensors"))
+    save_file(
+        {
+            "base_model.model.model.layers.0.mlp.nonexistent.lora_A.weight": np.zeros((4, 64), np.float32),
+            "base_model.model.model.layers.0.mlp.nonexistent.lora_B.weight": np.zeros((64, 4), np.float32),
+        },
+        str(bad / "adapter_model.safetensors"),
+    )
     with pytest.raises(LanternError, match="base has no weight 'model.layers.0.mlp.nonexistent.weight'"):
-        build(BuildOptions(source=str(tiny_hf[0]), out=tmp_path / "out", quant="q0f32", targets=("cpu",),
-                           lora=bad, use_cache=False))
+        build(
+            BuildOptions(source=str(tiny_hf[0]), out=tmp_path / "out", quant="q0f32", targets=("cpu",), lora=bad, use_cache=False)
+        )

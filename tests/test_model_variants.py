@@ -11,9 +11,16 @@ from lantern.runtime.artifact import Artifact
 
 VARIANTS = {
     "untied-head": {"tie_word_embeddings": False},
-    "llama3-rope": {"rope_theta": 500000.0, "rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}},
+    "llama3-rope": {
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    },
     "multi-query": {"num_key_value_heads": 1},
 }
 

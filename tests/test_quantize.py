@@ -7,8 +7,14 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from lantern.errors import LanternError
-from lantern.quantize import (QUANTIZATIONS, GroupQuantEmbedding, GroupQuantLinear, dequantize_weight,
-                              quantize_params, quantize_weight)
+from lantern.quantize import (
+    QUANTIZATIONS,
+    GroupQuantEmbedding,
+    GroupQuantLinear,
+    dequantize_weight,
+    quantize_params,
+    quantize_weight,
+)
 
 Q4 = QUANTIZATIONS["q4f32_1"]
 

@@ -54,8 +54,14 @@ def test_tools_and_tool_turns_render_through_qwens_template(qwen3, qwen3_tokeniz
         wait_until_ready(base)
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         name = client.models.list().data[0].id
-        reply = client.chat.completions.create(model=name, messages=messages, tools=TOOLS, max_tokens=256, seed=1,
-                                               tool_choice={"type": "function", "function": {"name": "add"}})
+        reply = client.chat.completions.create(
+            model=name,
+            messages=messages,
+            tools=TOOLS,
+            max_tokens=256,
+            seed=1,
+            tool_choice={"type": "function", "function": {"name": "add"}},
+        )
         assert reply.choices[0].finish_reason == "tool_calls", reply.choices[0].message
         [call] = reply.choices[0].message.tool_calls
         args = json.loads(call.function.arguments)
@@ -64,22 +70,36 @@ def test_tools_and_tool_turns_render_through_qwens_template(qwen3, qwen3_tokeniz
         assert reply.usage.prompt_tokens == prompt_tokens(hf, messages, enable_thinking=False)
 
         # the next turn: the assistant's call and the tool's answer, rendered by the template too
-        turn = [*messages,
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"id": call.id, "type": "function",
-                     "function": {"name": "add", "arguments": call.function.arguments}}]},
-                {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        turn = [
+            *messages,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": call.id, "type": "function", "function": {"name": "add", "arguments": call.function.arguments}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": "5"},
+        ]
         reply = client.chat.completions.create(model=name, messages=turn, tools=TOOLS, max_tokens=4, temperature=0)
-        hf_turn = [*turn[:2], {**turn[2], "tool_calls": [
-            {**turn[2]["tool_calls"][0], "function": {"name": "add", "arguments": args}}]}, turn[3]]
+        hf_turn = [
+            *turn[:2],
+            {**turn[2], "tool_calls": [{**turn[2]["tool_calls"][0], "function": {"name": "add", "arguments": args}}]},
+            turn[3],
+        ]
         assert reply.usage.prompt_tokens == prompt_tokens(hf, hf_turn)
 
 
 # ---- thinking: Qwen3's enable_thinking as a request option, <think> as reasoning_content ----------
 
 THINKING = [{"role": "user", "content": "Is 7 a prime number?"}]
-SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
-    "type": "object", "properties": {"prime": {"type": "boolean"}}, "required": ["prime"]}}}
+SCHEMA = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "answer",
+        "schema": {"type": "object", "properties": {"prime": {"type": "boolean"}}, "required": ["prime"]},
+    },
+}
 
 
 class Reply:
@@ -112,8 +132,7 @@ def thinking_biases(hf) -> dict[str, float]:
 
 def thinking_requests(hf, n: int = 12) -> list[dict]:
     bias = thinking_biases(hf)
-    return [{"messages": THINKING, "max_tokens": 24, "temperature": 1.0, "seed": seed, "logit_bias": bias}
-            for seed in range(n)]
+    return [{"messages": THINKING, "max_tokens": 24, "temperature": 1.0, "seed": seed, "logit_bias": bias} for seed in range(n)]
 
 
 def test_thinking_is_a_request_option_and_its_block_is_reasoning_content(qwen3, qwen3_tokenizer_dir, report):
@@ -126,8 +145,12 @@ def test_thinking_is_a_request_option_and_its_block_is_reasoning_content(qwen3, 
         to = lambda path, body: post(base, path, body)  # noqa: E731
 
         def tokens(**kw) -> int:
-            return len(hf(hf.apply_chat_template(THINKING, add_generation_prompt=True, tokenize=False, **kw),
-                          add_special_tokens=False)["input_ids"])
+            return len(
+                hf(hf.apply_chat_template(THINKING, add_generation_prompt=True, tokenize=False, **kw), add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
+
         plain = {"messages": THINKING, "max_tokens": 2, "temperature": 0}
         usage = lambda body: to("/v1/chat/completions", body).json()["usage"]["prompt_tokens"]  # noqa: E731
         assert usage(plain) == tokens()
@@ -135,8 +158,9 @@ def test_thinking_is_a_request_option_and_its_block_is_reasoning_content(qwen3, 
         assert tokens(enable_thinking=False) > tokens()  # the template's empty block
         # a schema constrains every token: thinking is off unless asked for, and asking is refused
         assert usage({**plain, "response_format": SCHEMA}) == tokens(enable_thinking=False)
-        refused = to("/v1/chat/completions", {**plain, "response_format": SCHEMA,
-                                              "chat_template_kwargs": {"enable_thinking": True}})
+        refused = to(
+            "/v1/chat/completions", {**plain, "response_format": SCHEMA, "chat_template_kwargs": {"enable_thinking": True}}
+        )
         assert refused.status_code == 400 and "enable_thinking cannot be true" in refused.json()["error"]["message"]
         refused = to("/v1/chat/completions", {**plain, "chat_template_kwargs": {"messages": []}})
         assert refused.status_code == 400 and "chat_template_kwargs.messages" in refused.json()["error"]["message"]
@@ -147,20 +171,28 @@ def test_thinking_is_a_request_option_and_its_block_is_reasoning_content(qwen3, 
         for req in thinking_requests(hf):
             body = to("/v1/chat/completions", req).json()
             message = body["choices"][0]["message"]
-            raw = to("/v1/completions", {**{k: v for k, v in req.items() if k != "messages"},
-                                           "prompt": prompt}).json()["choices"][0]["text"]
+            raw = to("/v1/completions", {**{k: v for k, v in req.items() if k != "messages"}, "prompt": prompt}).json()[
+                "choices"
+            ][0]["text"]
             want = split(raw, ["<think>", "</think>"], opens_in_prompt(prompt, ["<think>", "</think>"]))
             assert (message["reasoning_content"], message["content"]) == want, raw
-            chunks = [line[6:] for line in to("/v1/chat/completions", {**req, "stream": True}).text.splitlines()
-                      if line.startswith("data: {")]
+            chunks = [
+                line[6:]
+                for line in to("/v1/chat/completions", {**req, "stream": True}).text.splitlines()
+                if line.startswith("data: {")
+            ]
             deltas = [json.loads(c)["choices"][0]["delta"] for c in chunks]
-            assert ("".join(d.get("reasoning_content", "") for d in deltas),
-                    "".join(d.get("content") or "" for d in deltas)) == want
+            assert (
+                "".join(d.get("reasoning_content", "") for d in deltas),
+                "".join(d.get("content") or "" for d in deltas),
+            ) == want
             seen["reasoning"] += bool(want[0])
             seen["both"] += bool(want[0] and want[1])
         assert seen["both"] >= 1, seen  # the corpus exercises a closed block with an answer after it
-        report(f"Qwen3 thinking on lantern serve: 12 biased answers split as the raw text says "
-               f"({seen['reasoning']} with reasoning, {seen['both']} with reasoning and content), streamed = whole")
+        report(
+            f"Qwen3 thinking on lantern serve: 12 biased answers split as the raw text says "
+            f"({seen['reasoning']} with reasoning, {seen['both']} with reasoning and content), streamed = whole"
+        )
 
 
 @pytest.mark.browser
@@ -180,14 +212,23 @@ def test_the_browser_engine_splits_thinking_alike(qwen3, qwen3_tokenizer_dir, pl
             page = open_page(browser, base)
             page.evaluate("(m) => load(m, { device: 'wasm' })", f"/models/{qwen3.path.name}/")
             plain = {"messages": THINKING, "max_tokens": 2, "temperature": 0}
-            replies = page.evaluate("(reqs) => chat(reqs)", [plain, {**plain, "chat_template_kwargs": {"enable_thinking": False}}])
-            server = [post(base, "/v1/chat/completions", r).json()["usage"]["prompt_tokens"]
-                      for r in (plain, {**plain, "chat_template_kwargs": {"enable_thinking": False}})]
+            replies = page.evaluate(
+                "(reqs) => chat(reqs)", [plain, {**plain, "chat_template_kwargs": {"enable_thinking": False}}]
+            )
+            server = [
+                post(base, "/v1/chat/completions", r).json()["usage"]["prompt_tokens"]
+                for r in (plain, {**plain, "chat_template_kwargs": {"enable_thinking": False}})
+            ]
             assert [r["usage"]["prompt_tokens"] for r in replies] == server
-            error = page.evaluate("""(req) => errorOf(() => engine.chat.completions.create(req))""",
-                                  {**plain, "response_format": SCHEMA, "chat_template_kwargs": {"enable_thinking": True}})
-            refused = post(base, "/v1/chat/completions", {
-                **plain, "response_format": SCHEMA, "chat_template_kwargs": {"enable_thinking": True}}).json()
+            error = page.evaluate(
+                """(req) => errorOf(() => engine.chat.completions.create(req))""",
+                {**plain, "response_format": SCHEMA, "chat_template_kwargs": {"enable_thinking": True}},
+            )
+            refused = post(
+                base,
+                "/v1/chat/completions",
+                {**plain, "response_format": SCHEMA, "chat_template_kwargs": {"enable_thinking": True}},
+            ).json()
             assert error["name"] == "InvalidRequestError" and error["message"] == refused["error"]["message"]
 
             seen = 0
@@ -203,14 +244,15 @@ def test_the_browser_engine_splits_thinking_alike(qwen3, qwen3_tokenizer_dir, pl
             assert seen >= 1
         finally:
             browser.close()
-    report(f"Qwen3 thinking in the browser (wasm device): 8 biased answers split as their raw text says "
-           f"({seen} with a block taken out), prompts and refusals = lantern serve")
+    report(
+        f"Qwen3 thinking in the browser (wasm device): 8 biased answers split as their raw text says "
+        f"({seen} with a block taken out), prompts and refusals = lantern serve"
+    )
 
 
 @pytest.mark.browser
 @pytest.mark.webgpu_build
-def test_a_reasoning_stream_whose_gpu_is_lost_finishes_on_the_cloud_split_alike(qwen3, qwen3_tokenizer_dir, playwright,
-                                                                                report):
+def test_a_reasoning_stream_whose_gpu_is_lost_finishes_on_the_cloud_split_alike(qwen3, qwen3_tokenizer_dir, playwright, report):
     """The router on the webgpu device, the GPU destroyed four chunks into a thinking answer: the
     cloud (`lantern serve` on the same artifact) continues from the raw text, and the router splits
     its continuation by the same rule, so reasoning_content and content are those of the whole
@@ -225,20 +267,32 @@ def test_a_reasoning_stream_whose_gpu_is_lost_finishes_on_the_cloud_split_alike(
     # greedy, pushed to open a block and stay in it: "<think><think><think>...", the later tags text of
     # the block. (A greedy answer that also closes it was not found on this random model; presence
     # or frequency penalties, which would make one, do not carry over to the cloud's continuation.)
-    bias = {str(hf.convert_tokens_to_ids("<think>")): 12.0, str(hf.convert_tokens_to_ids("</think>")): 10.0,
-            **{str(i): 11.0 for i in hf("\n\n Yes", add_special_tokens=False)["input_ids"]}}
+    bias = {
+        str(hf.convert_tokens_to_ids("<think>")): 12.0,
+        str(hf.convert_tokens_to_ids("</think>")): 10.0,
+        **{str(i): 11.0 for i in hf("\n\n Yes", add_special_tokens=False)["input_ids"]},
+    }
     req = {"messages": THINKING, "max_tokens": 24, "temperature": 0, "logit_bias": bias}
     name = qwen3.path.name
     with lantern_server([qwen3.path], engine="tvm") as (base, _):  # the CPU library: the whole answer
         wait_until_ready(base)
-        raw = post(base, "/v1/completions", {**{k: v for k, v in req.items() if k != "messages"},
-                                             "prompt": prompt}).json()["choices"][0]["text"]
+        raw = post(base, "/v1/completions", {**{k: v for k, v in req.items() if k != "messages"}, "prompt": prompt}).json()[
+            "choices"
+        ][0]["text"]
         browser = launch(playwright)
         try:
             page = open_page(browser, base)
-            out = page.evaluate("([o, r, n]) => routerChat(o, r, n)", [
-                {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
-                {**req, "stream": True}, 2])
+            out = page.evaluate(
+                "([o, r, n]) => routerChat(o, r, n)",
+                [
+                    {
+                        "local": {"model": f"/models/{name}/", "device": "webgpu"},
+                        "cloud": {"baseURL": base + "/v1", "model": name},
+                    },
+                    {**req, "stream": True},
+                    2,
+                ],
+            )
         finally:
             browser.close()
     want = split(raw, tags, opens_in_prompt(prompt, tags))
@@ -252,5 +306,7 @@ def test_a_reasoning_stream_whose_gpu_is_lost_finishes_on_the_cloud_split_alike(
     assert raw.startswith(local) and "<think>" in local and "</think>" not in local, (local, raw)  # lost inside
     reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in out["chunks"])
     assert (reasoning, out["text"]) == want, raw
-    report(f"Qwen3 thinking through the router, GPU lost inside the block ({local!r} streamed): the cloud's "
-           f"{len(routes) - routes.count('local')} chunks finish it; reasoning and content = the whole answer's split")
+    report(
+        f"Qwen3 thinking through the router, GPU lost inside the block ({local!r} streamed): the cloud's "
+        f"{len(routes) - routes.count('local')} chunks finish it; reasoning and content = the whole answer's split"
+    )

@@ -13,20 +13,23 @@ from lantern.server.reasoning import ReasoningSplitter, opens_in_prompt, split, 
 TAGS = ["<think>", "</think>"]
 
 
-@pytest.mark.parametrize("text, in_reasoning, want", [
-    ("<think>\nweigh it\n</think>\n\nYes.", False, ("weigh it", "Yes.")),
-    ("weigh it\n</think>\n\nYes.", True, ("weigh it", "Yes.")),  # the prompt opened the block
-    ("Yes, no block.", False, ("", "Yes, no block.")),
-    ("\n\nYes.", False, ("", "\n\nYes.")),  # content with no block keeps its newlines
-    ("Yes. </think> stays", False, ("", "Yes. </think> stays")),  # a close tag in content is text
-    ("<think>\ncut off mid-thou", False, ("cut off mid-thou", "")),  # max_tokens inside the block
-    ("<think>\nends at </thi", False, ("ends at </thi", "")),
-    ("<thin", False, ("", "<thin")),  # the start of an open tag that never completed
-    ("<think></think>", False, ("", "")),
-    ("<think>\n\n</think>\n\n", False, ("", "")),
-    ("<think>a\n\nb</think>c\nd\n", False, ("a\n\nb", "c\nd\n")),  # inner newlines stay
-    (" <think>x</think>y", False, ("", " <think>x</think>y")),  # the block must come first
-])
+@pytest.mark.parametrize(
+    "text, in_reasoning, want",
+    [
+        ("<think>\nweigh it\n</think>\n\nYes.", False, ("weigh it", "Yes.")),
+        ("weigh it\n</think>\n\nYes.", True, ("weigh it", "Yes.")),  # the prompt opened the block
+        ("Yes, no block.", False, ("", "Yes, no block.")),
+        ("\n\nYes.", False, ("", "\n\nYes.")),  # content with no block keeps its newlines
+        ("Yes. </think> stays", False, ("", "Yes. </think> stays")),  # a close tag in content is text
+        ("<think>\ncut off mid-thou", False, ("cut off mid-thou", "")),  # max_tokens inside the block
+        ("<think>\nends at </thi", False, ("ends at </thi", "")),
+        ("<thin", False, ("", "<thin")),  # the start of an open tag that never completed
+        ("<think></think>", False, ("", "")),
+        ("<think>\n\n</think>\n\n", False, ("", "")),
+        ("<think>a\n\nb</think>c\nd\n", False, ("a\n\nb", "c\nd\n")),  # inner newlines stay
+        (" <think>x</think>y", False, ("", " <think>x</think>y")),  # the block must come first
+    ],
+)
 def test_the_rule_on_known_answers(text, in_reasoning, want):
     assert split(text, TAGS, in_reasoning) == want
 
@@ -59,10 +62,15 @@ def test_any_cut_into_deltas_gives_the_same_split():
 
 
 KWARGS = [
-    (None, TAGS, False), ({}, TAGS, True), ({"enable_thinking": True}, TAGS, False),
-    ({"enable_thinking": True}, TAGS, True), ({"enable_thinking": False}, TAGS, True),
-    ({"enable_thinking": True}, None, True), ({"custom": [1, "a"]}, None, False),
-    ({"messages": []}, None, False), ({"add_generation_prompt": False}, TAGS, False),
+    (None, TAGS, False),
+    ({}, TAGS, True),
+    ({"enable_thinking": True}, TAGS, False),
+    ({"enable_thinking": True}, TAGS, True),
+    ({"enable_thinking": False}, TAGS, True),
+    ({"enable_thinking": True}, None, True),
+    ({"custom": [1, "a"]}, None, False),
+    ({"messages": []}, None, False),
+    ({"add_generation_prompt": False}, TAGS, False),
 ]
 
 
@@ -77,15 +85,18 @@ def test_the_browser_twin_splits_and_checks_alike(report):
     rng = random.Random(2)
     splits = [(cuts(text, rng), in_reasoning) for text, in_reasoning in corpus(600, seed=3)]
     prompts = ["<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n", "<think>\n\n</think>\n\n", "x<think> \t\r\n"]
-    got = run_typescript("reasoning.ts", {
-        "splits": [{"tags": TAGS, "inReasoning": r, "pieces": p} for p, r in splits],
-        "kwargs": [{"kwargs": k, "tags": t, "strict": s} for k, t, s in KWARGS],
-        "prompts": [{"prompt": p, "tags": TAGS} for p in prompts]})
+    got = run_typescript(
+        "reasoning.ts",
+        {
+            "splits": [{"tags": TAGS, "inReasoning": r, "pieces": p} for p, r in splits],
+            "kwargs": [{"kwargs": k, "tags": t, "strict": s} for k, t, s in KWARGS],
+            "prompts": [{"prompt": p, "tags": TAGS} for p in prompts],
+        },
+    )
     assert got["splits"] == [pushed(p, r) for p, r in splits]
     assert got["kwargs"] == [python_kwargs(*case) for case in KWARGS]
     assert got["prompts"] == [opens_in_prompt(p, TAGS) for p in prompts] == [True, False, False, True]
-    report(f"reasoning split: {len(splits)} cut answers and {len(KWARGS)} chat_template_kwargs cases, "
-           "browser = server")
+    report(f"reasoning split: {len(splits)} cut answers and {len(KWARGS)} chat_template_kwargs cases, browser = server")
 
 
 def test_tags_come_from_the_template():

@@ -60,8 +60,21 @@ def edges(rule: dict) -> list:
         return ["", "a", [], ["a"] * n, ["a"] * (n + 1), ["a", ""], [5], {}, 5]
     if kind == "token_map":
         lo, hi = rule["value"]["min"], rule["value"]["max"]
-        return [{}, {"5": lo}, {"5": hi}, {"5": hi + 1}, {"5": "1"}, {"5": None}, {"x": 1}, {"-1": 1}, {"0x1": 1},
-                {"10": hi + 1, "2": hi + 1}, {str(VOCAB - 1): 1}, {str(VOCAB): 1}, []]
+        return [
+            {},
+            {"5": lo},
+            {"5": hi},
+            {"5": hi + 1},
+            {"5": "1"},
+            {"5": None},
+            {"x": 1},
+            {"-1": 1},
+            {"0x1": 1},
+            {"10": hi + 1, "2": hi + 1},
+            {str(VOCAB - 1): 1},
+            {str(VOCAB): 1},
+            [],
+        ]
     if kind == "array":
         out = others + ([[]] if rule.get("min_items") else [])
         if "items" in rule:
@@ -115,20 +128,32 @@ def corpus() -> list:
         {"messages": MESSAGES, "temperature": 5, "top_p": 5},
         {"messages": [{"role": "bogus"}, {"role": "user"}]},
         # numbers as JavaScript prints them; long values by their kind
-        {"messages": MESSAGES, "temperature": 1e21}, {"messages": MESSAGES, "temperature": 1e-7},
-        {"messages": MESSAGES, "top_k": 2.5e-7}, {"messages": MESSAGES, "top_k": 1e20 + 0.5},
-        {"messages": MESSAGES, "frequency_penalty": -0.0}, {"messages": MESSAGES, "seed": 2**53},
-        {"messages": MESSAGES, "seed": -(2**53) - 2}, {"messages": MESSAGES, "stop": ["x" * 30, "y" * 30]},
-        {"messages": MESSAGES, "model": "é" * 45}, {"messages": MESSAGES, "model": ["😀"] * 8},
-        {"messages": MESSAGES, "stop": {"a": "\n\t\"é\\"}},
+        {"messages": MESSAGES, "temperature": 1e21},
+        {"messages": MESSAGES, "temperature": 1e-7},
+        {"messages": MESSAGES, "top_k": 2.5e-7},
+        {"messages": MESSAGES, "top_k": 1e20 + 0.5},
+        {"messages": MESSAGES, "frequency_penalty": -0.0},
+        {"messages": MESSAGES, "seed": 2**53},
+        {"messages": MESSAGES, "seed": -(2**53) - 2},
+        {"messages": MESSAGES, "stop": ["x" * 30, "y" * 30]},
+        {"messages": MESSAGES, "model": "é" * 45},
+        {"messages": MESSAGES, "model": ["😀"] * 8},
+        {"messages": MESSAGES, "stop": {"a": '\n\t"é\\'}},
         # fields the table does not know pass (tools and response_format are structured.py's and .ts's)
         {"messages": MESSAGES, "user": "u1", "metadata": {"a": None}},
         {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
         {"messages": MESSAGES, "max_tokens": 5, "max_completion_tokens": 7},
-        {"messages": [*MESSAGES, {"role": "assistant", "tool_calls": [CALL]},
-                      {"role": "tool", "content": "4", "tool_call_id": "c1"}]},
+        {
+            "messages": [
+                *MESSAGES,
+                {"role": "assistant", "tool_calls": [CALL]},
+                {"role": "tool", "content": "4", "tool_call_id": "c1"},
+            ]
+        },
         # not an object
-        [], "hi", 5,
+        [],
+        "hi",
+        5,
     ]
     return reqs
 
@@ -162,28 +187,50 @@ def python_answer(req, status: int, error: dict) -> dict:
         p = sampling_params(m, VOCAB, {})  # what the server checks next, with a model of VOCAB tokens
     except InvalidRequest as err:
         return {"error": f"InvalidRequestError: {err}"}
-    return {"resolved": {
-        "stream": m.stream, "include_usage": m.stream_options.include_usage, "n": m.n, "logprobs": m.logprobs,
-        "parallel_tool_calls": m.parallel_tool_calls, "token_limit": m.token_limit(), "stops": m.stop_list(),
-        "stop_token_ids": m.stop_token_ids or [],
-        "template_messages": request_rules.template_messages([x.model_dump(exclude_none=True) for x in m.messages]),
-        "sampling": {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
-                     "repetition_penalty": p.repetition_penalty, "frequency_penalty": p.frequency_penalty,
-                     "presence_penalty": p.presence_penalty, "seed": p.seed, "top_logprobs": p.top_logprobs,
-                     "logit_bias": [[k, v] for k, v in sorted(p.logit_bias.items())]}}}
+    return {
+        "resolved": {
+            "stream": m.stream,
+            "include_usage": m.stream_options.include_usage,
+            "n": m.n,
+            "logprobs": m.logprobs,
+            "parallel_tool_calls": m.parallel_tool_calls,
+            "token_limit": m.token_limit(),
+            "stops": m.stop_list(),
+            "stop_token_ids": m.stop_token_ids or [],
+            "template_messages": request_rules.template_messages([x.model_dump(exclude_none=True) for x in m.messages]),
+            "sampling": {
+                "temperature": p.temperature,
+                "top_p": p.top_p,
+                "top_k": p.top_k,
+                "repetition_penalty": p.repetition_penalty,
+                "frequency_penalty": p.frequency_penalty,
+                "presence_penalty": p.presence_penalty,
+                "seed": p.seed,
+                "top_logprobs": p.top_logprobs,
+                "logit_bias": [[k, v] for k, v in sorted(p.logit_bias.items())],
+            },
+        }
+    }
 
 
-CHAT_CONFIGS = [{"eos_token_id": 2}, {"eos_token_id": [2, 3]},
-                {"eos_token_id": None, "conv_template": {"stop_token_ids": [7]}}, {"conv_template": None}, {},
-                {"eos_token_id": 2, "conv_template": {"stop_token_ids": [2, 9]}}, {"eos_token_id": "x"}]
+CHAT_CONFIGS = [
+    {"eos_token_id": 2},
+    {"eos_token_id": [2, 3]},
+    {"eos_token_id": None, "conv_template": {"stop_token_ids": [7]}},
+    {"conv_template": None},
+    {},
+    {"eos_token_id": 2, "conv_template": {"stop_token_ids": [2, 9]}},
+    {"eos_token_id": "x"},
+]
 TEMPLATES = [None, "", "{{ messages }}", "{% if tools %}{{ tools | tojson }}{% endif %}"]
 
 
 @pytest.fixture(scope="module")
 def answers():
     requests = corpus()
-    ts = run_typescript("request_rules.ts", {"vocab": VOCAB, "requests": requests, "chat_configs": CHAT_CONFIGS,
-                                             "templates": TEMPLATES})
+    ts = run_typescript(
+        "request_rules.ts", {"vocab": VOCAB, "requests": requests, "chat_configs": CHAT_CONFIGS, "templates": TEMPLATES}
+    )
     server = server_answers(requests)
     return requests, server, [python_answer(req, *answer) for req, answer in zip(requests, server)], ts
 
@@ -194,8 +241,10 @@ def test_both_runtimes_answer_every_request_alike(answers, report):
     for req, mine, theirs in zip(requests, py, ts["answers"]):
         assert mine == theirs, req
     refused = sum("error" in a for a in py)
-    line = (f"request rules: {len(requests)} requests ({refused} refused, {len(requests) - refused} accepted), "
-            "the same decisions, messages and defaults from lantern serve and the browser engine")
+    line = (
+        f"request rules: {len(requests)} requests ({refused} refused, {len(requests) - refused} accepted), "
+        "the same decisions, messages and defaults from lantern serve and the browser engine"
+    )
     print(line)
     report(line)
     # every field of the table was refused (the server's `param` names it) and accepted somewhere
@@ -203,8 +252,7 @@ def test_both_runtimes_answer_every_request_alike(answers, report):
     for section in (RULES["endpoints"]["chat"], RULES["shared"]):
         for name in section:
             assert name in params, name
-            assert any("resolved" in a and isinstance(r, dict) and r.get(name) is not None
-                       for r, a in zip(requests, py)), name
+            assert any("resolved" in a and isinstance(r, dict) and r.get(name) is not None for r, a in zip(requests, py)), name
 
 
 def test_the_drifts_are_gone(answers):
@@ -214,11 +262,13 @@ def test_the_drifts_are_gone(answers):
     developer = get({"messages": [{"role": "developer", "content": "Be brief."}, *MESSAGES]})
     assert developer["resolved"]["template_messages"][0] == {"role": "system", "content": "Be brief."}
     assert get({"messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}) == {
-        "error": 'InvalidRequestError: stop must be a string or an array of at most 4 non-empty strings, '
-                 'got ["a","b","c","d","e"]'}
+        "error": "InvalidRequestError: stop must be a string or an array of at most 4 non-empty strings, "
+        'got ["a","b","c","d","e"]'
+    }
     assert get({"messages": MESSAGES, "stream": True})["resolved"]["include_usage"] is False
     assert get({"messages": MESSAGES, "temperature": 1e21}) == {
-        "error": "InvalidRequestError: temperature must be a number in [0, 2], got 1e+21"}
+        "error": "InvalidRequestError: temperature must be a number in [0, 2], got 1e+21"
+    }
 
 
 def test_artifact_facts_are_read_alike(answers):
@@ -229,13 +279,48 @@ def test_artifact_facts_are_read_alike(answers):
     assert ts["knows_tools"] == knows == [False, False, False, True]
 
 
-@pytest.mark.parametrize("value", [0, 1, -1, 0.5, 2.0, 1e-7, 1.5e-7, 1e21, 1.5e21, 123456789012345680000.0, 1e300,
-                                   -2.5e-12, 2**53, 2**60, 0.1 + 0.2, 1e16, 1e-6])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        1,
+        -1,
+        0.5,
+        2.0,
+        1e-7,
+        1.5e-7,
+        1e21,
+        1.5e21,
+        123456789012345680000.0,
+        1e300,
+        -2.5e-12,
+        2**53,
+        2**60,
+        0.1 + 0.2,
+        1e16,
+        1e-6,
+    ],
+)
 def test_numbers_are_written_as_javascript_writes_them(value):
-    js = {0: "0", 1: "1", -1: "-1", 0.5: "0.5", 2.0: "2", 1e-7: "1e-7", 1.5e-7: "1.5e-7", 1e21: "1e+21",
-          1.5e21: "1.5e+21", 123456789012345680000.0: "123456789012345680000", 1e300: "1e+300", -2.5e-12: "-2.5e-12",
-          2**53: "9007199254740992", 2**60: "1152921504606847000", 0.1 + 0.2: "0.30000000000000004",
-          1e16: "10000000000000000", 1e-6: "0.000001"}
+    js = {
+        0: "0",
+        1: "1",
+        -1: "-1",
+        0.5: "0.5",
+        2.0: "2",
+        1e-7: "1e-7",
+        1.5e-7: "1.5e-7",
+        1e21: "1e+21",
+        1.5e21: "1.5e+21",
+        123456789012345680000.0: "123456789012345680000",
+        1e300: "1e+300",
+        -2.5e-12: "-2.5e-12",
+        2**53: "9007199254740992",
+        2**60: "1152921504606847000",
+        0.1 + 0.2: "0.30000000000000004",
+        1e16: "10000000000000000",
+        1e-6: "0.000001",
+    }
     assert request_rules.show(value) == js[value]
 
 

@@ -21,11 +21,24 @@ from lantern.runtime.artifact import Artifact
 from lantern.server.engine import ModelEngine
 
 LLAMA32 = {  # Llama-3.2-1B's RoPE (theta 500000, llama3 factor 32, low 1, high 4) over a 64-position "original"
-    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "head_dim": 64, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
-    "tie_word_embeddings": True, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 64}}
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
 POSITIONS = 200  # past every wavelength the scaling changes (the longest unscaled one is 64 / 1)
 SCALINGS = {
     "linear": {"rope_type": "linear", "factor": 4.0},
@@ -50,7 +63,7 @@ def llama_cpp_logits(gguf_path, tokens: list[int]) -> np.ndarray:
 
     llm = Llama(str(gguf_path), n_ctx=512, logits_all=True, flash_attn=True, verbose=False)
     llm.eval(tokens)
-    return np.array(llm.scores[:len(tokens)])
+    return np.array(llm.scores[: len(tokens)])
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
@@ -66,8 +79,7 @@ def test_llama32_gets_its_gguf_and_llama_cpp_runs_its_rope(llama32, report, tmp_
     gguf_path = art.path / art.manifest["gguf"]["files"][0]
     tensors = {t.name: t for t in gguf.GGUFReader(gguf_path).tensors}
     config = llama.LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
-    np.testing.assert_allclose(np.asarray(tensors["rope_freqs.weight"].data), llama.loader.llama3_rope_factors(config),
-                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(tensors["rope_freqs.weight"].data), llama.loader.llama3_rope_factors(config), rtol=1e-6)
 
     vocab = config.vocab_size
     tokens = prompt(POSITIONS, 1, vocab)
@@ -78,11 +90,21 @@ def test_llama32_gets_its_gguf_and_llama_cpp_runs_its_rope(llama32, report, tmp_
     theirs = relative_error(llama_cpp_logits(gguf_path, tokens), ours)
     # the control: the same weights without the factors, as the target was written before
     plain = dataclasses.replace(config, rope_scaling={})
-    names = gguf_export.write(tmp_path, "plain", art.params(), llama.FAMILY, plain, "q0f32",
-                              (art.path / "tokenizer.json").read_text(), None, None, None, False)
+    names = gguf_export.write(
+        tmp_path,
+        "plain",
+        art.params(),
+        llama.FAMILY,
+        plain,
+        "q0f32",
+        (art.path / "tokenizer.json").read_text(),
+        None,
+        None,
+        None,
+        False,
+    )
     unscaled = relative_error(llama_cpp_logits(tmp_path / names[0], tokens), ours)
-    report(f"llama3 RoPE, {POSITIONS} positions: llama.cpp vs the CPU library {theirs:.1e} "
-           f"(without rope_freqs: {unscaled:.1e})")
+    report(f"llama3 RoPE, {POSITIONS} positions: llama.cpp vs the CPU library {theirs:.1e} (without rope_freqs: {unscaled:.1e})")
     assert theirs < LLAMA_CPP_ERROR < unscaled
 
 
@@ -93,11 +115,16 @@ def test_llama_cpp_tokenizes_llama3_text_like_the_artifact(llama32):
     _, _, art = llama32
     ours = Tokenizer.from_file(str(art.path / "tokenizer.json"))
     llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), vocab_only=True, verbose=False)
-    texts = ["Hello world", " The capital of France is Paris.", "don't stop: 12345 67\n\n  spaces",
-             "naïve café — ünïcödé 日本語", "x=1;y=22;z=333;", "<|start_header_id|>user<|end_header_id|>hi"]
+    texts = [
+        "Hello world",
+        " The capital of France is Paris.",
+        "don't stop: 12345 67\n\n  spaces",
+        "naïve café — ünïcödé 日本語",
+        "x=1;y=22;z=333;",
+        "<|start_header_id|>user<|end_header_id|>hi",
+    ]
     for text in texts:
-        assert llm.tokenize(text.encode(), add_bos=False, special=True) == \
-            ours.encode(text, add_special_tokens=False).ids, text
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == ours.encode(text, add_special_tokens=False).ids, text
 
 
 def test_the_llamacpp_engine_and_a_gguf_read_back_run_llama3(llama32, build_artifact):
@@ -123,8 +150,7 @@ def test_the_llamacpp_engine_and_a_gguf_read_back_run_llama3(llama32, build_arti
 
 
 @pytest.mark.parametrize("kind", list(SCALINGS))
-def test_linear_and_yarn_match_transformers_and_llama_cpp(kind, real_tokenizer_dir, build_artifact, report,
-                                                          tmp_path_factory):
+def test_linear_and_yarn_match_transformers_and_llama_cpp(kind, real_tokenizer_dir, build_artifact, report, tmp_path_factory):
     import torch
 
     folder = tmp_path_factory.mktemp("rope") / f"tiny-{kind}"
@@ -137,8 +163,10 @@ def test_linear_and_yarn_match_transformers_and_llama_cpp(kind, real_tokenizer_d
     ours = art.cpu_model().all_logits(tokens)
     gguf_path = art.path / art.manifest["gguf"]["files"][0]
     theirs = relative_error(llama_cpp_logits(gguf_path, tokens), ours)
-    report(f"{kind} RoPE, {POSITIONS} positions: CPU library vs transformers {relative_error(ours, expected):.1e}, "
-           f"llama.cpp vs the CPU library {theirs:.1e}")
+    report(
+        f"{kind} RoPE, {POSITIONS} positions: CPU library vs transformers {relative_error(ours, expected):.1e}, "
+        f"llama.cpp vs the CPU library {theirs:.1e}"
+    )
     assert relative_error(ours, expected) < 1e-3
     assert theirs < LLAMA_CPP_ERROR
     back = import_gguf(gguf_path).hf_config["rope_scaling"]

@@ -63,7 +63,8 @@ def assert_cpu_greedy(art: Artifact, messages: list[dict], max_tokens: int, text
             assert gap < NEAR_TIE and goes_on_with(second), (
                 f"parts from the CPU library's greedy answer after {len(out)} tokens, where its pick "
                 f"{tok.decode([first])!r} leads {tok.decode([second])!r} by {gap:.1e} of the largest logit: "
-                f"{text!r} against {tok.decode(out + [first])!r}")
+                f"{text!r} against {tok.decode(out + [first])!r}"
+            )
             return
         if first == eos:
             return
@@ -118,8 +119,7 @@ def test_load_reports_progress_and_picks_the_emulated_library(session, report):
     weights = session["art"].manifest["weights"]["bytes"]
     assert max(p["loadedBytes"] for p in progress if p["phase"] == "download") >= weights
     assert stats["peakGpuBytes"] >= weights
-    report(f"runtime: peak GPU memory allocated {stats['peakGpuBytes'] / 2**20:.0f} MiB "
-           f"(weights {weights / 2**20:.0f} MiB)")
+    report(f"runtime: peak GPU memory allocated {stats['peakGpuBytes'] / 2**20:.0f} MiB (weights {weights / 2**20:.0f} MiB)")
 
 
 # Decode on the cpu-emulated library as a share of the ideal decode rate that plain WGSL GEMVs over the
@@ -131,8 +131,9 @@ MIN_ROOFLINE_SHARE = 0.3
 
 def test_emulated_decode_keeps_its_share_of_the_adapters_gemv_roofline(session, report):
     page, art = session["page"], session["art"]
-    [reply] = chat(page, {"messages": user(PROMPTS[1]), "max_tokens": 32, "temperature": 0,
-                          "logit_bias": {str(eos_id(art)): -100}})  # all 32 tokens decoded
+    [reply] = chat(
+        page, {"messages": user(PROMPTS[1]), "max_tokens": 32, "temperature": 0, "logit_bias": {str(eos_id(art)): -100}}
+    )  # all 32 tokens decoded
     assert reply["usage"]["completion_tokens"] == 32
     decode = reply["usage"]["decode_tokens_per_s"]
     roof_page = session["context"].new_page()
@@ -142,8 +143,10 @@ def test_emulated_decode_keeps_its_share_of_the_adapters_gemv_roofline(session, 
     roof = roof_page.evaluate("([mats, mm]) => roofline(mats, mm)", [matrices, [4, *matrices[0][:2]]])
     roof_page.close()
     share = decode / roof["ideal_decode_tokens_per_s"]
-    report(f"runtime: emulated decode {decode:.2f} tok/s = {share:.2f}x the plain-WGSL GEMV roofline "
-           f"({roof['ideal_decode_tokens_per_s']:.2f} tok/s, {roof['gemv_GB_s']:.2f} GB/s) on this adapter")
+    report(
+        f"runtime: emulated decode {decode:.2f} tok/s = {share:.2f}x the plain-WGSL GEMV roofline "
+        f"({roof['ideal_decode_tokens_per_s']:.2f} tok/s, {roof['gemv_GB_s']:.2f} GB/s) on this adapter"
+    )
     assert share >= MIN_ROOFLINE_SHARE
 
 
@@ -154,14 +157,23 @@ def test_greedy_tokens_equal_the_cpu_library_on_five_prompts(session, report):
         assert_cpu_greedy(art, user(prompt), 32, reply["choices"][0]["message"]["content"])
     assert "Paris" in replies[0]["choices"][0]["message"]["content"]
     usage = replies[0]["usage"]
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens", "ttft_ms", "prefill_tokens_per_s",
-                "decode_tokens_per_s", "tpot_ms"):
+    for key in (
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "ttft_ms",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "tpot_ms",
+    ):
         assert usage[key] > 0, key
     assert replies[0]["object"] == "chat.completion" and replies[0]["id"].startswith("chatcmpl-")
     for reply in replies:  # the TypeScript shapes are the Python ones (server/protocol.py)
         ChatCompletion.model_validate(reply)
-    report(f"runtime (SwiftShader, cpu-emulated): TTFT {usage['ttft_ms'] / 1000:.1f} s for "
-           f"{usage['prompt_tokens']} prompt tokens, decode {usage['decode_tokens_per_s']:.2f} tok/s")
+    report(
+        f"runtime (SwiftShader, cpu-emulated): TTFT {usage['ttft_ms'] / 1000:.1f} s for "
+        f"{usage['prompt_tokens']} prompt tokens, decode {usage['decode_tokens_per_s']:.2f} tok/s"
+    )
     session["first_reply"] = replies[0]
 
 
@@ -243,12 +255,15 @@ def test_abort_mid_stream_then_a_later_request_works(session):
 def test_fifty_aborted_requests_leave_no_kv_sequences(session):
     page = session["page"]
     before = page.evaluate("engine.stats()")
-    result = page.evaluate("""async (req) => {
+    result = page.evaluate(
+        """async (req) => {
       // 50 requests at once: three are aborted mid-answer, the rest while still queued
       const runs = [];
       for (let i = 0; i < 50; i++) runs.push(chatAborted(req, i < 3 ? 1 + i : 0));
       return await Promise.all(runs);
-    }""", {"messages": [SHORT_SYSTEM, *user("Hi")], "max_tokens": 16, "temperature": 0})
+    }""",
+        {"messages": [SHORT_SYSTEM, *user("Hi")], "max_tokens": 16, "temperature": 0},
+    )
     assert [r["finish"] for r in result] == ["abort"] * 50
     stats = page.evaluate("engine.stats()")
     assert stats["kvSequences"] == 0
@@ -267,6 +282,7 @@ def test_invalid_request_is_a_typed_error_across_the_worker(session):
 
 
 # ---- loading and caching: about bytes, not words, so on the tiny random model (loads in seconds)
+
 
 @pytest.fixture(scope="module")
 def tiny(tiny_q4, browser):
@@ -324,6 +340,7 @@ def artifact_copy(tiny_q4, tmp_path):
         dst = tmp_path / name
         shutil.copytree(tiny_q4.path, dst, ignore=shutil.ignore_patterns("*.so"))
         return dst
+
     return make
 
 
@@ -367,6 +384,7 @@ def test_corrupted_cache_entry_is_fetched_again_and_a_cut_download_resumes(artif
                     yield data[: len(data) // 2]
                     await asyncio.sleep(1)  # the browser has the first half before the drop
                     raise ConnectionResetError("cut by the test")
+
                 return StreamingResponse(half(), headers={"content-length": str(len(data))})
             return await call_next(request)
 
@@ -379,10 +397,13 @@ def test_corrupted_cache_entry_is_fetched_again_and_a_cut_download_resumes(artif
         assert int(ranges[1].split("=")[1].rstrip("-")) > 0  # resumed, not restarted
         page.evaluate("engine.unload()")
         # corrupt the cached copy of the last shard, then load again: it is detected and re-fetched
-        page.evaluate("""async (url) => {
+        page.evaluate(
+            """async (url) => {
           const cache = await caches.open('lantern-artifacts-v1');
           await cache.put(new URL(url, location.href).href, new Response(new Uint8Array(1000)));
-        }""", f"/models/flaky/{last}")
+        }""",
+            f"/models/flaky/{last}",
+        )
         mark = len(seen)
         page.evaluate("(m) => load(m)", "/models/flaky/")
         again = [p for p, _ in seen[mark:] if p.startswith("/models/flaky/") and not p.endswith("lantern.json")]
@@ -397,12 +418,15 @@ def test_corrupted_cache_entry_is_fetched_again_and_a_cut_download_resumes(artif
         manifest = json.loads((folder / "lantern.json").read_text())
         assert page.evaluate(recorded, f"/models/flaky/{last}") == manifest["files"][last]["sha256"]
         page.evaluate("engine.unload()")
-        page.evaluate("""async (url) => {
+        page.evaluate(
+            """async (url) => {
           const cache = await caches.open('lantern-artifacts-v1');
           const key = new URL(url, location.href).href;
           const bytes = await (await cache.match(key)).arrayBuffer();
           await cache.put(key, new Response(bytes, { headers: { 'x-lantern-sha256': '0'.repeat(64) } }));
-        }""", f"/models/flaky/{first}")
+        }""",
+            f"/models/flaky/{first}",
+        )
         mark = len(seen)
         page.evaluate("(m) => load(m)", "/models/flaky/")
         # its bytes were right: nothing fetched again
@@ -425,8 +449,7 @@ def test_a_model_the_browser_cannot_store_loads_into_memory(tiny_q4, browser):
         cdp.send("Storage.overrideQuotaForOrigin", {"origin": base, "quotaSize": 64 * 1024})
         stats = page.evaluate("(m) => load(m)", f"/models/{tiny_q4.path.name}/")
         [reply] = chat(page, {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0})
-        stored = page.evaluate("async () => (await (await caches.open('lantern-artifacts-v1')).keys())"
-                               ".map((r) => r.url)")
+        stored = page.evaluate("async () => (await (await caches.open('lantern-artifacts-v1')).keys()).map((r) => r.url)")
         context.close()
     assert reply["choices"][0]["finish_reason"] in ("stop", "length")
     # refused before the download (navigator.storage.estimate()) or when a write ran out of quota
@@ -454,9 +477,16 @@ def test_router_without_webgpu_answers_from_the_cloud_with_the_same_shape(smollm
             wait_until_ready(base)
             page = open_page(plain, base)
             # the local engine is asked for WebGPU (without it, "auto" would answer on the CPU)
-            out = page.evaluate("([o, r]) => routerChat(o, r)", [
-                {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
-                {"messages": user(PROMPTS[0]), "max_tokens": 8, "temperature": 0}])
+            out = page.evaluate(
+                "([o, r]) => routerChat(o, r)",
+                [
+                    {
+                        "local": {"model": f"/models/{name}/", "device": "webgpu"},
+                        "cloud": {"baseURL": base + "/v1", "model": name},
+                    },
+                    {"messages": user(PROMPTS[0]), "max_tokens": 8, "temperature": 0},
+                ],
+            )
     finally:
         plain.close()
     [event] = out["events"]
@@ -473,9 +503,14 @@ def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, brow
         wait_until_ready(base)
         context = browser.new_context()
         page = open_page(context, base)
-        out = page.evaluate("([o, r, n]) => routerChat(o, r, n)", [
-            {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
-            {"messages": user(PROMPTS[0]), "max_tokens": 24, "temperature": 0, "stream": True}, 4])
+        out = page.evaluate(
+            "([o, r, n]) => routerChat(o, r, n)",
+            [
+                {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+                {"messages": user(PROMPTS[0]), "max_tokens": 24, "temperature": 0, "stream": True},
+                4,
+            ],
+        )
         context.close()
     routes = [c["lantern_route"] for c in out["chunks"]]
     assert routes[:4] == ["local"] * 4 and routes[-1] == "cloud"
@@ -486,7 +521,8 @@ def test_device_lost_mid_stream_finishes_on_the_cloud_without_gaps(smollm2, brow
 
 
 def test_a_tensor_over_the_adapters_buffer_limits_is_refused_before_download_and_routed_to_the_cloud(
-        smollm2, browser, playwright):
+    smollm2, browser, playwright
+):
     """The same model, whose tensor-cache.json claims an embedding of 1.5 GiB: over SwiftShader's
     buffer limits: OutOfMemoryError before any weight shard is fetched, and the router answers from the
     cloud with the reason. (Device "auto" would run such a model's GGUF on the CPU; on this software
@@ -500,9 +536,13 @@ def test_a_tensor_over_the_adapters_buffer_limits_is_refused_before_download_and
         context = browser.new_context()
         page = open_page(context, base)
         err = page.evaluate("() => errorOf(() => load('/wide/'))")
-        out = page.evaluate("([o, r]) => routerChat(o, r)", [
-            {"local": {"model": "/wide/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
-            {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0}])
+        out = page.evaluate(
+            "([o, r]) => routerChat(o, r)",
+            [
+                {"local": {"model": "/wide/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+                {"messages": user(PROMPTS[0]), "max_tokens": 4, "temperature": 0},
+            ],
+        )
         shards = [p for p, _ in seen if p.startswith("/wide/") and p.endswith(".bin")]
         context.close()
     assert err["name"] == "OutOfMemoryError" and f"is {3 * 2**29} bytes" in err["message"], err
@@ -521,9 +561,15 @@ def test_a_worker_that_crashes_mid_stream_finishes_on_the_cloud_without_gaps(smo
         wait_until_ready(base)
         context = browser.new_context()
         page = open_page(context, base)
-        out = page.evaluate("([o, r, n, f]) => routerChat(o, r, n, f)", [
-            {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
-            {"messages": user(PROMPTS[0]), "max_tokens": 24, "temperature": 0, "stream": True}, 4, "crash"])
+        out = page.evaluate(
+            "([o, r, n, f]) => routerChat(o, r, n, f)",
+            [
+                {"local": {"model": f"/models/{name}/", "device": "webgpu"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+                {"messages": user(PROMPTS[0]), "max_tokens": 24, "temperature": 0, "stream": True},
+                4,
+                "crash",
+            ],
+        )
         context.close()
     routes = [c["lantern_route"] for c in out["chunks"]]
     assert routes[:4] == ["local"] * 4 and routes[-1] == "cloud"

@@ -83,6 +83,7 @@ def test_greedy_pipeline_picks_argmax(lib):
     logits = nucleus_logits(1000, seed=9)[None, None]
     probs = lib.call("softmax_with_temperature", logits, np.array([1e-6], np.float32))[0]
     sp, si = lib.call("argsort_probs", probs[0])
-    token = lib.call("sample_with_top_p", sp, si, np.array([0.73], np.float32), np.zeros(1, np.int32),
-                     np.array([1.0], np.float32))[0]
+    token = lib.call(
+        "sample_with_top_p", sp, si, np.array([0.73], np.float32), np.zeros(1, np.int32), np.array([1.0], np.float32)
+    )[0]
     assert token[0] == int(np.argmax(logits))

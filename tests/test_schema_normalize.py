@@ -31,124 +31,289 @@ LAYOUT = {"ensure_ascii": False, "separators": (", ", ": ")}
 
 # (name, schema, valid examples the grammar must accept, each as Lantern writes it)
 CASES = [
-    ("draft-04 spellings", {
-        "$schema": "http://json-schema.org/draft-04/schema#", "id": "http://example.com/s", "type": "object",
-        "definitions": {"n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 9}},
-        "properties": {"n": {"$ref": "#/definitions/n"}, "t": {"type": "array", "items": [{"type": "string"}],
-                                                                 "additionalItems": {"type": "boolean"}, "maxItems": 3}},
-        "dependencies": {"t": ["n"]}},
-     ['{"n": 1}', '{"n": 9, "t": ["a", true]}', "{}"]),
-    ("dependentSchemas", {
-        "type": "object", "properties": {"card": {"type": "string", "maxLength": 4}, "cvc": {"type": "integer"}},
-        "dependentSchemas": {"card": {"required": ["cvc"]}}},
-     ['{"card": "1234", "cvc": 1}', '{"cvc": 7}', "{}"]),
-    ("allOf merged", {
-        "allOf": [{"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}, "required": ["a"]},
-                  {"properties": {"a": {"type": "integer", "maximum": 5}, "b": {"enum": ["x", "y", 3]}}},
-                  {"properties": {"b": {"type": "string"}}, "required": ["b"]}]},
-     ['{"a": 0, "b": "x"}', '{"a": 5, "b": "y"}']),
-    ("allOf of $refs", {
-        "$defs": {"named": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}},
-                            "required": ["name"]},
-                  "aged": {"properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}}}},
-        "allOf": [{"$ref": "#/$defs/named"}, {"$ref": "#/$defs/aged"}], "required": ["age"]},
-     ['{"name": "Ada", "age": 36}']),
-    ("allOf with additionalProperties false: only its own properties", {
-        "allOf": [{"properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
-                  {"properties": {"a": {"minimum": 1}}, "additionalProperties": False}]},
-     ['{"a": 1}', "{}"]),
-    ("$ref siblings, 2020-12", {
-        "$defs": {"s": {"type": "string"}}, "type": "object",
-        "properties": {"code": {"$ref": "#/$defs/s", "pattern": "^[A-Z]{3}$"}}, "required": ["code"]},
-     ['{"code": "ABC"}']),
-    ("$ref siblings, draft-07 (ignored by jsonschema, applied by ajv: applied)", {
-        "$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"s": {"type": "string", "maxLength": 3}},
-        "type": "object", "properties": {"code": {"$ref": "#/definitions/s", "minLength": 2}}, "required": ["code"]},
-     ['{"code": "ab"}']),
-    ("not", {
-        "type": "object", "properties": {
-            "v": {"type": ["string", "integer", "null"], "not": {"type": "null"}},
-            "color": {"enum": ["red", "green", "blue"], "not": {"const": "green"}},
-            "flag": {"type": "boolean", "not": {"const": False}}},
-        "required": ["v"], "not": {"required": ["secret"]}},
-     ['{"v": 1}', '{"v": "a", "color": "red", "flag": true}']),
-    ("not of several required names, of anyOf and allOf of them", {
-        "type": "object", "properties": {"d": {"type": "integer"}, "x": {"type": "integer"}, "y": {"type": "integer"},
-                                         "site": {"type": "string", "maxLength": 3}, "app": {"type": "string", "maxLength": 3},
-                                         "k": {"type": ["object", "null"], "properties": {"j": {"type": "integer"}},
-                                               "not": {"required": ["j"]}}},
-        "not": {"anyOf": [{"required": ["d", "x"]}, {"required": ["d", "y"]},
-                          {"allOf": [{"required": ["site"]}, {"required": ["app"]}]}]}},
-     ['{"d": 1}', '{"x": 1, "y": 2, "site": "a"}', '{"app": "b", "k": {}}', "{}"]),
-    ("not of a not", {"type": "object", "properties": {"n": {"not": {"not": {"type": "integer", "maximum": 5}}},
-                                                     "a": {"type": "array", "not": {"not": {"items": {"type": "boolean"}}}}}},
-     ['{"n": 5}', '{"a": [true]}', "{}"]),
-    ("if required then", {
-        "type": "object", "properties": {"email": {"type": "string", "maxLength": 20}, "verified": {"type": "boolean"}},
-        "if": {"required": ["email"]}, "then": {"required": ["verified"]}, "else": {"properties": {"verified": False}}},
-     ['{"email": "a@b.c", "verified": true}', "{}"]),
-    ("anyOf with siblings", {
-        "type": "object", "properties": {"kind": {"type": "string"}, "r": {"type": "number"}, "w": {"type": "number"}},
-        "additionalProperties": False, "anyOf": [{"required": ["kind", "r"]}, {"required": ["kind", "w"]}]},
-     ['{"kind": "circle", "r": 1}', '{"kind": "box", "w": 2.5}']),
-    ("required but not listed", {
-        "type": "object", "properties": {"id": {"type": "string", "maxLength": 5}}, "required": ["id", "rank"]},
-     ['{"id": "a", "rank": 3}', '{"id": "a", "rank": {"x": [1]}}']),
-    ("type list with object keywords", {
-        "type": ["string", "object"], "maxLength": 4,
-        "properties": {"args": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1}},
-        "required": ["args"]},
-     ['"abcd"', '{"args": ["x"]}']),
-    ("formats as bounds", {
-        "type": "object", "properties": {"replicas": {"type": ["integer", "null"], "format": "int32"},
-                                         "data": {"type": "string", "format": "byte"},
-                                         "ratio": {"type": "number", "format": "double"}}},
-     ['{"replicas": 2147483647, "data": "QUJD", "ratio": 0.5}', '{"replicas": null}']),
-    ("uniqueItems over strings", {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True},
-     ['[]', '["abc"]']),
-    ("patternProperties .*", {
-        "type": "object", "properties": {"a": {"type": "integer"}}, "patternProperties": {".*": {"type": "integer",
-                                                                                                   "minimum": 0}}},
-     ['{"a": 1}']),
-    ("required beside patternProperties", {
-        "type": "object", "properties": {"b": {"type": "integer"}}, "patternProperties": {"^[a-e]$": {"type": "integer"}},
-        "required": ["a"], "minProperties": 2},
-     ['{"b": 1, "a": 2}']),
-    ("a listed name a pattern matches", {
-        "type": "object", "properties": {"a": {"type": "string"}, "type": {"enum": ["x", 1, 2]}},
-        "patternProperties": {"^[a-z]+$": {"type": "integer"}}},
-     ['{"type": 1}', '{"type": 2}', "{}"]),
-    ("patterns whose names overlap", {
-        "type": "object", "patternProperties": {"^a": {"type": "integer"}, "^ab": {"type": "integer", "minimum": 0},
-                                                "^abc$": {"type": "string"}, "^j$": {"enum": ["x", 1]}},
-        "additionalProperties": False},
-     ['{"a": -1}', '{"ab": 2}', '{"j": "x"}', "{}"]),
-    ("enum beside type", {"type": "object", "properties": {"k": {"type": "integer", "enum": ["1", 1, 2, 2.5, None]},
-                                                           "j": {"type": ["string", "null"], "enum": ["x", 1, None]}}},
-     ['{"k": 1, "j": null}', '{"k": 2, "j": "x"}']),
-    ("minProperties over no properties", {"type": "object", "minProperties": 1, "maxProperties": 2},
-     ['{"k": 1}', '{"k": [], "j": null}']),
+    (
+        "draft-04 spellings",
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "id": "http://example.com/s",
+            "type": "object",
+            "definitions": {"n": {"type": "integer", "minimum": 0, "exclusiveMinimum": True, "maximum": 9}},
+            "properties": {
+                "n": {"$ref": "#/definitions/n"},
+                "t": {"type": "array", "items": [{"type": "string"}], "additionalItems": {"type": "boolean"}, "maxItems": 3},
+            },
+            "dependencies": {"t": ["n"]},
+        },
+        ['{"n": 1}', '{"n": 9, "t": ["a", true]}', "{}"],
+    ),
+    (
+        "dependentSchemas",
+        {
+            "type": "object",
+            "properties": {"card": {"type": "string", "maxLength": 4}, "cvc": {"type": "integer"}},
+            "dependentSchemas": {"card": {"required": ["cvc"]}},
+        },
+        ['{"card": "1234", "cvc": 1}', '{"cvc": 7}', "{}"],
+    ),
+    (
+        "allOf merged",
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}, "required": ["a"]},
+                {"properties": {"a": {"type": "integer", "maximum": 5}, "b": {"enum": ["x", "y", 3]}}},
+                {"properties": {"b": {"type": "string"}}, "required": ["b"]},
+            ]
+        },
+        ['{"a": 0, "b": "x"}', '{"a": 5, "b": "y"}'],
+    ),
+    (
+        "allOf of $refs",
+        {
+            "$defs": {
+                "named": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]},
+                "aged": {"properties": {"age": {"type": "integer", "minimum": 0, "maximum": 150}}},
+            },
+            "allOf": [{"$ref": "#/$defs/named"}, {"$ref": "#/$defs/aged"}],
+            "required": ["age"],
+        },
+        ['{"name": "Ada", "age": 36}'],
+    ),
+    (
+        "allOf with additionalProperties false: only its own properties",
+        {
+            "allOf": [
+                {"properties": {"a": {"type": "integer"}, "b": {"type": "string"}}},
+                {"properties": {"a": {"minimum": 1}}, "additionalProperties": False},
+            ]
+        },
+        ['{"a": 1}', "{}"],
+    ),
+    (
+        "$ref siblings, 2020-12",
+        {
+            "$defs": {"s": {"type": "string"}},
+            "type": "object",
+            "properties": {"code": {"$ref": "#/$defs/s", "pattern": "^[A-Z]{3}$"}},
+            "required": ["code"],
+        },
+        ['{"code": "ABC"}'],
+    ),
+    (
+        "$ref siblings, draft-07 (ignored by jsonschema, applied by ajv: applied)",
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"s": {"type": "string", "maxLength": 3}},
+            "type": "object",
+            "properties": {"code": {"$ref": "#/definitions/s", "minLength": 2}},
+            "required": ["code"],
+        },
+        ['{"code": "ab"}'],
+    ),
+    (
+        "not",
+        {
+            "type": "object",
+            "properties": {
+                "v": {"type": ["string", "integer", "null"], "not": {"type": "null"}},
+                "color": {"enum": ["red", "green", "blue"], "not": {"const": "green"}},
+                "flag": {"type": "boolean", "not": {"const": False}},
+            },
+            "required": ["v"],
+            "not": {"required": ["secret"]},
+        },
+        ['{"v": 1}', '{"v": "a", "color": "red", "flag": true}'],
+    ),
+    (
+        "not of several required names, of anyOf and allOf of them",
+        {
+            "type": "object",
+            "properties": {
+                "d": {"type": "integer"},
+                "x": {"type": "integer"},
+                "y": {"type": "integer"},
+                "site": {"type": "string", "maxLength": 3},
+                "app": {"type": "string", "maxLength": 3},
+                "k": {"type": ["object", "null"], "properties": {"j": {"type": "integer"}}, "not": {"required": ["j"]}},
+            },
+            "not": {
+                "anyOf": [
+                    {"required": ["d", "x"]},
+                    {"required": ["d", "y"]},
+                    {"allOf": [{"required": ["site"]}, {"required": ["app"]}]},
+                ]
+            },
+        },
+        ['{"d": 1}', '{"x": 1, "y": 2, "site": "a"}', '{"app": "b", "k": {}}', "{}"],
+    ),
+    (
+        "not of a not",
+        {
+            "type": "object",
+            "properties": {
+                "n": {"not": {"not": {"type": "integer", "maximum": 5}}},
+                "a": {"type": "array", "not": {"not": {"items": {"type": "boolean"}}}},
+            },
+        },
+        ['{"n": 5}', '{"a": [true]}', "{}"],
+    ),
+    (
+        "if required then",
+        {
+            "type": "object",
+            "properties": {"email": {"type": "string", "maxLength": 20}, "verified": {"type": "boolean"}},
+            "if": {"required": ["email"]},
+            "then": {"required": ["verified"]},
+            "else": {"properties": {"verified": False}},
+        },
+        ['{"email": "a@b.c", "verified": true}', "{}"],
+    ),
+    (
+        "anyOf with siblings",
+        {
+            "type": "object",
+            "properties": {"kind": {"type": "string"}, "r": {"type": "number"}, "w": {"type": "number"}},
+            "additionalProperties": False,
+            "anyOf": [{"required": ["kind", "r"]}, {"required": ["kind", "w"]}],
+        },
+        ['{"kind": "circle", "r": 1}', '{"kind": "box", "w": 2.5}'],
+    ),
+    (
+        "required but not listed",
+        {"type": "object", "properties": {"id": {"type": "string", "maxLength": 5}}, "required": ["id", "rank"]},
+        ['{"id": "a", "rank": 3}', '{"id": "a", "rank": {"x": [1]}}'],
+    ),
+    (
+        "type list with object keywords",
+        {
+            "type": ["string", "object"],
+            "maxLength": 4,
+            "properties": {"args": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1}},
+            "required": ["args"],
+        },
+        ['"abcd"', '{"args": ["x"]}'],
+    ),
+    (
+        "formats as bounds",
+        {
+            "type": "object",
+            "properties": {
+                "replicas": {"type": ["integer", "null"], "format": "int32"},
+                "data": {"type": "string", "format": "byte"},
+                "ratio": {"type": "number", "format": "double"},
+            },
+        },
+        ['{"replicas": 2147483647, "data": "QUJD", "ratio": 0.5}', '{"replicas": null}'],
+    ),
+    (
+        "uniqueItems over strings",
+        {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": True},
+        ["[]", '["abc"]'],
+    ),
+    (
+        "patternProperties .*",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "patternProperties": {".*": {"type": "integer", "minimum": 0}},
+        },
+        ['{"a": 1}'],
+    ),
+    (
+        "required beside patternProperties",
+        {
+            "type": "object",
+            "properties": {"b": {"type": "integer"}},
+            "patternProperties": {"^[a-e]$": {"type": "integer"}},
+            "required": ["a"],
+            "minProperties": 2,
+        },
+        ['{"b": 1, "a": 2}'],
+    ),
+    (
+        "a listed name a pattern matches",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "type": {"enum": ["x", 1, 2]}},
+            "patternProperties": {"^[a-z]+$": {"type": "integer"}},
+        },
+        ['{"type": 1}', '{"type": 2}', "{}"],
+    ),
+    (
+        "patterns whose names overlap",
+        {
+            "type": "object",
+            "patternProperties": {
+                "^a": {"type": "integer"},
+                "^ab": {"type": "integer", "minimum": 0},
+                "^abc$": {"type": "string"},
+                "^j$": {"enum": ["x", 1]},
+            },
+            "additionalProperties": False,
+        },
+        ['{"a": -1}', '{"ab": 2}', '{"j": "x"}', "{}"],
+    ),
+    (
+        "enum beside type",
+        {
+            "type": "object",
+            "properties": {
+                "k": {"type": "integer", "enum": ["1", 1, 2, 2.5, None]},
+                "j": {"type": ["string", "null"], "enum": ["x", 1, None]},
+            },
+        },
+        ['{"k": 1, "j": null}', '{"k": 2, "j": "x"}'],
+    ),
+    (
+        "minProperties over no properties",
+        {"type": "object", "minProperties": 1, "maxProperties": 2},
+        ['{"k": 1}', '{"k": [], "j": null}'],
+    ),
     # xgrammar reads propertyNames alone: beside it, it gives every allowed name any value
-    ("propertyNames pattern beside additionalProperties", {
-        "type": "object", "propertyNames": {"pattern": "^[a-k]+$"}, "additionalProperties": {"type": "integer"}},
-     ['{"k": 1}', '{"ab": 2, "j": -3}', "{}"]),
-    ("propertyNames list beside additionalProperties", {
-        "type": "object", "propertyNames": {"oneOf": [{"enum": ["k", "x"]}, {"const": "j"}]},
-        "additionalProperties": {"type": "string", "maxLength": 3}},
-     ['{"k": "ab"}', '{"x": "abc", "j": ""}']),
-    ("propertyNames list beside patternProperties", {
-        "type": "object", "properties": {"k": {"type": "integer"}}, "patternProperties": {"^[jk]$": {"type": "integer", "minimum": 0}},
-        "propertyNames": {"enum": ["k", "j", "secret"], "maxLength": 1}},
-     ['{"k": 1, "j": 2}', '{"j": 0}', "{}"]),
-    ("propertyNames beside listed properties", {
-        "type": "object", "properties": {"a": {"type": "integer"}, "secret": {"type": "string"}},
-        "propertyNames": {"maxLength": 3}, "required": ["a"]},
-     ['{"a": 1}']),
-    ("vendor keywords and annotation formats", {
-        "type": "object", "x-kubernetes-preserve-unknown-fields": True, "_format": "int32",
-        "properties": {"c": {"type": "string", "format": "color", "maxLength": 7, "example": "#fff"}},
-        "required": ["c"]},
-     ['{"c": "#fff"}']),
+    (
+        "propertyNames pattern beside additionalProperties",
+        {"type": "object", "propertyNames": {"pattern": "^[a-k]+$"}, "additionalProperties": {"type": "integer"}},
+        ['{"k": 1}', '{"ab": 2, "j": -3}', "{}"],
+    ),
+    (
+        "propertyNames list beside additionalProperties",
+        {
+            "type": "object",
+            "propertyNames": {"oneOf": [{"enum": ["k", "x"]}, {"const": "j"}]},
+            "additionalProperties": {"type": "string", "maxLength": 3},
+        },
+        ['{"k": "ab"}', '{"x": "abc", "j": ""}'],
+    ),
+    (
+        "propertyNames list beside patternProperties",
+        {
+            "type": "object",
+            "properties": {"k": {"type": "integer"}},
+            "patternProperties": {"^[jk]$": {"type": "integer", "minimum": 0}},
+            "propertyNames": {"enum": ["k", "j", "secret"], "maxLength": 1},
+        },
+        ['{"k": 1, "j": 2}', '{"j": 0}', "{}"],
+    ),
+    (
+        "propertyNames beside listed properties",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "secret": {"type": "string"}},
+            "propertyNames": {"maxLength": 3},
+            "required": ["a"],
+        },
+        ['{"a": 1}'],
+    ),
+    (
+        "vendor keywords and annotation formats",
+        {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "_format": "int32",
+            "properties": {"c": {"type": "string", "format": "color", "maxLength": 7, "example": "#fff"}},
+            "required": ["c"],
+        },
+        ['{"c": "#fff"}'],
+    ),
 ]
 
 
@@ -167,8 +332,7 @@ def _names(node, out: list) -> list:
 
 
 def _value(rng: random.Random, names: list, depth: int):
-    kind = rng.choice(["int", "int", "big", "num", "str", "str", "bool", "null", "list", "obj", "obj"][: 11 if depth
-                                                                                                      else 8])
+    kind = rng.choice(["int", "int", "big", "num", "str", "str", "bool", "null", "list", "obj", "obj"][: 11 if depth else 8])
     if kind == "int":
         return rng.randint(-3, 10)
     if kind == "big":
@@ -176,8 +340,26 @@ def _value(rng: random.Random, names: list, depth: int):
     if kind == "num":
         return rng.choice([0.5, -1.25, 3.0, 150.5])
     if kind == "str":
-        return rng.choice(["", "a", "ab", "ABC", "abcd", "x@y", "QUJD", "QUJ", "#fff", "red", "green", "x", "y",
-                           "circle", "a@b.c", "longer text"])
+        return rng.choice(
+            [
+                "",
+                "a",
+                "ab",
+                "ABC",
+                "abcd",
+                "x@y",
+                "QUJD",
+                "QUJ",
+                "#fff",
+                "red",
+                "green",
+                "x",
+                "y",
+                "circle",
+                "a@b.c",
+                "longer text",
+            ]
+        )
     if kind == "bool":
         return rng.random() < 0.5
     if kind == "null":
@@ -220,8 +402,10 @@ def test_each_keyword_group_lets_through_only_what_both_validators_accept(report
             assert not errors, (name, text, errors[0].message)
             assert ok is not False, (name, text, "ajv refuses it")  # None: a draft-04 schema, which ajv 8 cannot read
         total += len(accepted)
-    report(f"schema rewrite: {len(CASES)} keyword groups, {total} accepted texts of ~400 random instances each, "
-           "every one valid for jsonschema and ajv; every listed valid example accepted")
+    report(
+        f"schema rewrite: {len(CASES)} keyword groups, {total} accepted texts of ~400 random instances each, "
+        "every one valid for jsonschema and ajv; every listed valid example accepted"
+    )
 
 
 def test_names_xgrammar_would_not_require_or_count_are_listed():
@@ -231,10 +415,20 @@ def test_names_xgrammar_would_not_require_or_count_are_listed():
     before (4 of 8 answers)."""
     spec, grammar = _grammar({"type": "object", "patternProperties": {"^[a-e]$": {"type": "integer"}}, "required": ["a"]})
     assert [_is_grammar_accept_string(grammar, t) for t in ("{}", '{"b": 1}', '{"a": "x"}', '{"a": 1}')] == [False] * 3 + [True]
-    assert list(spec.warnings) == ["generated only the listed and required properties (xgrammar enforces neither required "
-                             "nor listed names' schemas beside patternProperties, nor distinct names for minProperties) at #"]
-    _, grammar = _grammar({"type": "object", "properties": {"c": {"type": "integer"}}, "required": ["d"],
-                           "patternProperties": {"^[a-e]$": True}, "additionalProperties": False, "minProperties": 2})
+    assert list(spec.warnings) == [
+        "generated only the listed and required properties (xgrammar enforces neither required "
+        "nor listed names' schemas beside patternProperties, nor distinct names for minProperties) at #"
+    ]
+    _, grammar = _grammar(
+        {
+            "type": "object",
+            "properties": {"c": {"type": "integer"}},
+            "required": ["d"],
+            "patternProperties": {"^[a-e]$": True},
+            "additionalProperties": False,
+            "minProperties": 2,
+        }
+    )
     assert not _is_grammar_accept_string(grammar, '{"d": 1, "d": 2}')
     assert _is_grammar_accept_string(grammar, '{"c": 1, "d": 2}')
     with pytest.raises(StructuredOutputError, match="'minProperties'"):  # two distinct unlisted names: not expressible
@@ -247,14 +441,29 @@ def test_names_two_schemas_apply_to_are_generated_with_both():
     each invalid: a listed name with a pattern's weaker schema, a name of one pattern with another's
     schema missing, an enum's value of another type than the `type` beside it."""
     cases = [
-        ({"type": "object", "properties": {"a": {"type": "string"}, "type": {"enum": ["x"]}},
-          "patternProperties": {"^[a-z]$": {"type": "integer"}, "^t": {}}},
-         ['{"a": 1}', '{"type": 5}', '{"a": "x"}'], ["{}", '{"type": "x"}']),  # 'a' (string and integer): nothing
-        ({"type": "object", "patternProperties": {"^a": {"type": "integer"}, "^ab": {"type": "string"}},
-          "additionalProperties": False},
-         ['{"ab": "x"}', '{"ab": 1}'], ['{"a": 1}', "{}"]),  # "ab" needs both: no value is
-        ({"type": "object", "properties": {"k": {"type": "integer", "enum": ["x", 1]}}, "required": ["k"]},
-         ['{"k": "x"}'], ['{"k": 1}']),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string"}, "type": {"enum": ["x"]}},
+                "patternProperties": {"^[a-z]$": {"type": "integer"}, "^t": {}},
+            },
+            ['{"a": 1}', '{"type": 5}', '{"a": "x"}'],
+            ["{}", '{"type": "x"}'],
+        ),  # 'a' (string and integer): nothing
+        (
+            {
+                "type": "object",
+                "patternProperties": {"^a": {"type": "integer"}, "^ab": {"type": "string"}},
+                "additionalProperties": False,
+            },
+            ['{"ab": "x"}', '{"ab": 1}'],
+            ['{"a": 1}', "{}"],
+        ),  # "ab" needs both: no value is
+        (
+            {"type": "object", "properties": {"k": {"type": "integer", "enum": ["x", 1]}}, "required": ["k"]},
+            ['{"k": "x"}'],
+            ['{"k": 1}'],
+        ),
     ]
     for schema, invalid, valid in cases:
         check = _validator(schema)
@@ -265,7 +474,8 @@ def test_names_two_schemas_apply_to_are_generated_with_both():
         for text in valid:
             assert check.is_valid(json.loads(text)) and _is_grammar_accept_string(grammar, text), (schema, text)
     assert response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": cases[1][0]}}).warnings == (
-        "did not generate names of a pattern that other patterns' schemas contradict at #",)
+        "did not generate names of a pattern that other patterns' schemas contradict at #",
+    )
     with pytest.raises(StructuredOutputError, match="'const' at #: no value is of the type \"integer\""):
         _grammar({"type": "integer", "const": "1"})
 
@@ -287,7 +497,8 @@ def test_what_was_ignored_is_reported_once_per_keyword():
         "ignored the unknown keyword 'x-kubernetes-preserve-unknown-fields' at #",
         "ignored the unknown keyword '_format' at #",
         "ignored format 'color' (no validator checks it) at #/properties/c",
-        "ignored the unknown keyword 'example' at #/properties/c")
+        "ignored the unknown keyword 'example' at #/properties/c",
+    )
     many = {"type": "object", "properties": {f"p{i}": {"type": "string", "x-order": i} for i in range(5)}}
     spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": many}})
     assert spec.warnings == ("ignored the unknown keyword 'x-order' at #/properties/p0 and 4 more places",)
@@ -297,19 +508,35 @@ REFUSED_CASES = [  # (schema, what the error says)
     (3, "schema at # must be an object or a boolean, not integer"),
     ([{"type": "string"}], "schema at # must be an object or a boolean, not array"),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}}, "'#/$defs/nowhere' points to nothing"),
-    ({"$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}, {"type": "object"}]},
-                "b": {"allOf": [{"$ref": "#/$defs/a"}, {"required": ["x"]}]}}, "$ref": "#/$defs/a"},
-     "refers to itself through allOf"),
+    (
+        {
+            "$defs": {
+                "a": {"allOf": [{"$ref": "#/$defs/b"}, {"type": "object"}]},
+                "b": {"allOf": [{"$ref": "#/$defs/a"}, {"required": ["x"]}]},
+            },
+            "$ref": "#/$defs/a",
+        },
+        "refers to itself through allOf",
+    ),
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "keyword 'type' at #/allOf/1: no type is in both"),
-    ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"], "additionalProperties": False},
-     "'b' is required but not in properties, and additionalProperties is false"),
+    (
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"], "additionalProperties": False},
+        "'b' is required but not in properties, and additionalProperties is false",
+    ),
     ({"type": "strin"}, "schema keyword 'type' at #: \"strin\" is not a JSON Schema type"),
-    ({"type": "object", "additionalProperties": {"type": "integer"},  # oneOf: 'a' is in both, so not allowed
-      "propertyNames": {"oneOf": [{"enum": ["a"]}, {"pattern": "^[a-z]+$"}]}},
-     "schema keyword 'propertyNames' at #: names it allows beside a schema for their values"),
-    ({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"], "propertyNames": {"maxLength": 1}},
-     "the required name 'id' is not an allowed name"),
-    ({"type": ["string", "null"], "enum": [1, 2]}, "schema keyword 'enum' at #: no value is of the type [\"string\", \"null\"]"),
+    (
+        {
+            "type": "object",
+            "additionalProperties": {"type": "integer"},  # oneOf: 'a' is in both, so not allowed
+            "propertyNames": {"oneOf": [{"enum": ["a"]}, {"pattern": "^[a-z]+$"}]},
+        },
+        "schema keyword 'propertyNames' at #: names it allows beside a schema for their values",
+    ),
+    (
+        {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"], "propertyNames": {"maxLength": 1}},
+        "the required name 'id' is not an allowed name",
+    ),
+    ({"type": ["string", "null"], "enum": [1, 2]}, 'schema keyword \'enum\' at #: no value is of the type ["string", "null"]'),
 ]
 
 
@@ -325,8 +552,10 @@ def test_a_huge_schema_is_refused_within_the_limits():
     import time
 
     node: dict = {"type": "string"}
-    wide = {"type": "object", "properties": {f"p{i}": {"type": "object", "properties": {
-        f"q{j}": node for j in range(60)}} for i in range(4000)}}
+    wide = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "object", "properties": {f"q{j}": node for j in range(60)}} for i in range(4000)},
+    }
     assert len(json.dumps(wide)) > 5_000_000
     start = time.perf_counter()
     with pytest.raises(StructuredOutputError, match="more than 20000 subschemas"):
@@ -351,8 +580,7 @@ def test_browser_and_server_decide_and_write_alike():
     same_text = instances = 0
     for row, web in zip(rows, ts):
         try:
-            spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": row["schema"]}},
-                                        defaults)
+            spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "s", "schema": row["schema"]}}, defaults)
         except StructuredOutputError as err:
             assert web == {"error": f"InvalidRequestError: {err}"}, row["schema"]
             continue
@@ -375,5 +603,7 @@ def test_browser_and_server_decide_and_write_alike():
             instances += 1
     assert same_text >= len(CASES) // 2
     if bench:
-        print(f"{len(bench)} JSONSchemaBench schemas: {same_text} grammars alike as text, {instances} test instances "
-              "alike on the others")
+        print(
+            f"{len(bench)} JSONSchemaBench schemas: {same_text} grammars alike as text, {instances} test instances "
+            "alike on the others"
+        )

@@ -79,8 +79,7 @@ def llama_cpp_greedy_steps(art: Artifact, messages: list[dict], max_tokens: int)
 
     cfg = art.tokenizer_config()
     ids = art.tokenizer().encode(render(cfg["chat_template"], messages), add_special_tokens=False).ids
-    llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=1024, flash_attn=True, logits_all=True,
-                verbose=False)
+    llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=1024, flash_attn=True, logits_all=True, verbose=False)
     llm.eval(ids)
     steps = []
     while len(steps) < max_tokens:
@@ -114,7 +113,12 @@ def as_alone(art: Artifact, tokens: list[str], messages: list[dict], max_tokens:
         return True
     _, second, gap = alone[k]
     assert tokens[k] == tokenizer.decode([second], skip_special_tokens=False) and gap < NEAR_TIE_LOGITS, (
-        messages, k, tokens, text, gap)
+        messages,
+        k,
+        tokens,
+        text,
+        gap,
+    )
     return False
 
 
@@ -130,8 +134,9 @@ def test_openai_client_greedy_equals_the_engines_reference_and_streams_the_same(
     assert "Paris" in text
     ChatCompletion.model_validate(reply.model_dump())
     assert reply.usage.completion_tokens > 0 and reply.model_extra["lantern_route"] == "cloud"
-    stream = client.chat.completions.create(model=name, messages=user(PROMPTS[0]), max_tokens=32, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=name, messages=user(PROMPTS[0]), max_tokens=32, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
@@ -155,24 +160,36 @@ def test_errors_have_openai_shape_and_status(server, client, smollm2):
         client.chat.completions.create(model="nope", messages=user("hi"))
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model=smollm2.path.name, messages=user("hi"), temperature=5)
-    for body in (b"{not json", b'{"messages": "hi"}', b'{"messages": [{"role": "wizard", "content": "x"}]}',
-                 b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 1}}',
-                 b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}'):
+    for body in (
+        b"{not json",
+        b'{"messages": "hi"}',
+        b'{"messages": [{"role": "wizard", "content": "x"}]}',
+        b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 1}}',
+        b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}',
+    ):
         status, data = raw(server, "POST", "/v1/chat/completions", body)
         assert status == 400, body
         assert set(json.loads(data)["error"]) >= {"message", "type"}
     # chat's constraints on a raw completion: refused by name, not ignored (nor a 500)
-    status, data = raw(server, "POST", "/v1/completions", json.dumps(
-        {"prompt": "x", "max_tokens": 2, "response_format": {"type": "json_object"}}).encode())
+    status, data = raw(
+        server,
+        "POST",
+        "/v1/completions",
+        json.dumps({"prompt": "x", "max_tokens": 2, "response_format": {"type": "json_object"}}).encode(),
+    )
     assert status == 400 and json.loads(data)["error"]["param"] == "response_format", data
     status, _ = raw(server, "POST", "/v1/chat/completions", b"x" * (2 << 20))
     assert status == 413
-    for path in ("/models/../../etc/passwd", "/models/%2e%2e/%2e%2e/etc/passwd", "/runtime/../README.md",
-                 f"/models/{smollm2.path.name}/../../pyproject.toml", "/..%2fpyproject.toml"):
+    for path in (
+        "/models/../../etc/passwd",
+        "/models/%2e%2e/%2e%2e/etc/passwd",
+        "/runtime/../README.md",
+        f"/models/{smollm2.path.name}/../../pyproject.toml",
+        "/..%2fpyproject.toml",
+    ):
         status, _ = raw(server, "GET", path)
         assert status == 404, path
-    status, data = raw(server, "GET", f"/models/{smollm2.path.name}/tensor-cache.json",
-                       headers={"range": "bytes=0-9"})
+    status, data = raw(server, "GET", f"/models/{smollm2.path.name}/tensor-cache.json", headers={"range": "bytes=0-9"})
     assert status == 206 and len(data) == 10
     status, data = raw(server, "GET", "/metrics")
     text = data.decode()
@@ -200,9 +217,12 @@ def test_a_full_queue_answers_429_with_retry_after_and_disconnects_free_its_plac
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         name = smollm2.path.name
         no_end = {str(eos_id(smollm2)): -100}
-        streams = [client.chat.completions.create(model=name, messages=user(f"Count to {100 + i}."), max_tokens=500,
-                                                  temperature=0, logit_bias=no_end, stream=True)
-                   for i in range(16)]
+        streams = [
+            client.chat.completions.create(
+                model=name, messages=user(f"Count to {100 + i}."), max_tokens=500, temperature=0, logit_bias=no_end, stream=True
+            )
+            for i in range(16)
+        ]
         assert 'lantern_queue_depth{model="%s"} 16' % name in raw(base, "GET", "/metrics")[1].decode()
         waits = []
         for i in range(4):
@@ -223,8 +243,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_disconnects_free_its_plac
         else:
             pytest.fail("the disconnected streams were not all cancelled")
         assert 'lantern_queue_depth{model="%s"} 0' % name in raw(base, "GET", "/metrics")[1].decode()
-        s = client.chat.completions.create(model=name, messages=user("Say 1."), max_tokens=3, temperature=0,
-                                           stream=True)
+        s = client.chat.completions.create(model=name, messages=user("Say 1."), max_tokens=3, temperature=0, stream=True)
         assert [c.choices[0].finish_reason for c in s][-1] in ("stop", "length")
 
 
@@ -237,16 +256,20 @@ def test_llamacpp_decodes_concurrent_requests_together_and_exactly(smollm2, repo
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 
         def ask(text: str) -> list[str]:
-            reply = client.chat.completions.create(model=smollm2.path.name, messages=user(text), max_tokens=24,
-                                                   temperature=0, logprobs=True)
+            reply = client.chat.completions.create(
+                model=smollm2.path.name, messages=user(text), max_tokens=24, temperature=0, logprobs=True
+            )
             return [t.token for t in reply.choices[0].logprobs.content]
+
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             together = list(pool.map(ask, PROMPTS))
         peak = re.search(r"lantern_batch_sequences_max\{[^}]*\} (\d+)", raw(base, "GET", "/metrics")[1].decode())
         assert int(peak.group(1)) >= 3  # they really shared llama_decode calls
     same = sum(as_alone(smollm2, tokens, user(prompt), 24) for tokens, prompt in zip(together, PROMPTS))
-    report(f"llama.cpp engine, {len(PROMPTS)} prompts decoded together: {same} token for token as alone, "
-           f"{len(PROMPTS) - same} parted at a near-tie (< {NEAR_TIE_LOGITS} logits)")
+    report(
+        f"llama.cpp engine, {len(PROMPTS)} prompts decoded together: {same} token for token as alone, "
+        f"{len(PROMPTS) - same} parted at a near-tie (< {NEAR_TIE_LOGITS} logits)"
+    )
 
 
 def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smollm2, shakespeare_text):
@@ -255,15 +278,23 @@ def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smol
     from openai import OpenAI
 
     system = {"role": "system", "content": "Answer in the style of this text.\n" + shakespeare_text[:1500]}
-    prefix = len(smollm2.tokenizer().encode(render(smollm2.tokenizer_config()["chat_template"], [system]),
-                                            add_special_tokens=False).ids)
+    prefix = len(
+        smollm2.tokenizer().encode(render(smollm2.tokenizer_config()["chat_template"], [system]), add_special_tokens=False).ids
+    )
     assert prefix > 300
     with served(smollm2, engine="llamacpp") as (base, _):
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 
         def ask(question: str, max_tokens: int = 12, **kw):
-            return client.chat.completions.create(model=smollm2.path.name, messages=[system, *user(question)],
-                                                  max_tokens=max_tokens, temperature=0, logprobs=True, **kw)
+            return client.chat.completions.create(
+                model=smollm2.path.name,
+                messages=[system, *user(question)],
+                max_tokens=max_tokens,
+                temperature=0,
+                logprobs=True,
+                **kw,
+            )
+
         first = ask("Who speaks first?")
         assert first.usage.model_extra["cached_prompt_tokens"] == 0
         idle = ask("Name a city.")  # the first request's slot is idle: its prefix is reused in place
@@ -286,17 +317,18 @@ def test_tvm_keeps_conversations_cached_between_turns(smollm2, shakespeare_text,
     is the CPU library's from scratch."""
     from openai import OpenAI
 
-    chats = [[{"role": "system", "content": "Answer in the style of this text.\n" + shakespeare_text[i:i + 900]}]
-             for i in (0, 5000)]
+    chats = [
+        [{"role": "system", "content": "Answer in the style of this text.\n" + shakespeare_text[i : i + 900]}] for i in (0, 5000)
+    ]
     with served(smollm2, engine="tvm") as (base, _):
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
 
         def turn(messages, question):
             messages.append(user(question)[0])
-            reply = client.chat.completions.create(model=smollm2.path.name, messages=messages, max_tokens=8,
-                                                   temperature=0)
+            reply = client.chat.completions.create(model=smollm2.path.name, messages=messages, max_tokens=8, temperature=0)
             messages.append({"role": "assistant", "content": reply.choices[0].message.content})
             return reply
+
         first = [turn(chat, "Who speaks first?") for chat in chats]
         second = [turn(chat, "And then?") for chat in chats]
     for one, two, chat in zip(first, second, chats):
@@ -304,14 +336,17 @@ def test_tvm_keeps_conversations_cached_between_turns(smollm2, shakespeare_text,
         assert two.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens
         assert two.usage.model_extra["cached_prompt_tokens"] == two.usage.prompt_tokens_details.cached_tokens
         assert two.choices[0].message.content == cpu_greedy(smollm2, chat[:-1], 8)
-    report(f"lantern serve (tvm), a chat's second turn with another chat in between: TTFT "
-           f"{first[0].usage.model_extra['ttft_ms'] / 1000:.2f} s ({first[0].usage.prompt_tokens} prompt tokens) -> "
-           f"{second[0].usage.model_extra['ttft_ms'] / 1000:.2f} s ({second[0].usage.prompt_tokens_details.cached_tokens}"
-           f" of {second[0].usage.prompt_tokens} cached)")
+    report(
+        f"lantern serve (tvm), a chat's second turn with another chat in between: TTFT "
+        f"{first[0].usage.model_extra['ttft_ms'] / 1000:.2f} s ({first[0].usage.prompt_tokens} prompt tokens) -> "
+        f"{second[0].usage.model_extra['ttft_ms'] / 1000:.2f} s ({second[0].usage.prompt_tokens_details.cached_tokens}"
+        f" of {second[0].usage.prompt_tokens} cached)"
+    )
 
 
-def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(tiny_q4, tiny_hf, build_artifact,
-                                                                            monkeypatch, capsys):
+def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(
+    tiny_q4, tiny_hf, build_artifact, monkeypatch, capsys
+):
     from lantern.cli import main
     from lantern.errors import LanternError
     from lantern.server import llamacpp
@@ -348,7 +383,7 @@ def test_dry_penalties_follow_their_definition():
     from lantern.server.sampler import dry_penalties
 
     def by_definition(history: list[int], p: SamplingParams) -> dict[int, float]:
-        w = history[-p.dry_penalty_last_n:] if p.dry_penalty_last_n > 0 else history
+        w = history[-p.dry_penalty_last_n :] if p.dry_penalty_last_n > 0 else history
         n, longest = len(w), {}
         for j in range(n - 1):  # w[j + 1] follows a run ending at j
             m = 0
@@ -361,13 +396,17 @@ def test_dry_penalties_follow_their_definition():
     rng = random.Random(0)
     for _ in range(300):
         history = [rng.randrange(3) for _ in range(rng.randrange(0, 40))]
-        p = SamplingParams(dry_multiplier=rng.choice([0.8, 2.0]), dry_base=rng.choice([1.75, 1.1]),
-                           dry_allowed_length=rng.randrange(1, 4), dry_penalty_last_n=rng.choice([-1, 5, 12]))
+        p = SamplingParams(
+            dry_multiplier=rng.choice([0.8, 2.0]),
+            dry_base=rng.choice([1.75, 1.1]),
+            dry_allowed_length=rng.randrange(1, 4),
+            dry_penalty_last_n=rng.choice([-1, 5, 12]),
+        )
         got, want = dry_penalties(history, p), by_definition(history, p)
         assert got.keys() == want.keys() and all(abs(got[t] - want[t]) <= 1e-9 * want[t] for t in want), history
     # a run of one digit: the penalty on writing it once more grows with the run
     p = SamplingParams(dry_multiplier=0.8)
-    assert [dry_penalties([9] * n, p).get(9, 0) for n in (2, 3, 5)] == [0, 0.8, 0.8 * 1.75 ** 2]
+    assert [dry_penalties([9] * n, p).get(9, 0) for n in (2, 3, 5)] == [0, 0.8, 0.8 * 1.75**2]
 
 
 def test_python_and_browser_samplers_agree(smollm2):
@@ -379,18 +418,23 @@ def test_python_and_browser_samplers_agree(smollm2):
     from browser import chromium
 
     rng = np.random.default_rng(0)
-    cases = [dict(temperature=0.8, seed=7), dict(temperature=1.2, top_p=0.9, seed=11),
-             dict(temperature=0.7, top_k=20, seed=3, repetition_penalty=1.3, presence_penalty=0.5),
-             dict(temperature=0.5, top_p=0.5, top_k=300, seed=2),
-             dict(temperature=0.9, seed=5, mask=True), dict(temperature=0, mask=True),
-             dict(temperature=0, mask=True, nan=True), dict(temperature=0.9, seed=5, mask=True, nan=True),
-             dict(temperature=1.0, top_p=0.95, seed=9, mask=True, nan=True),
-             # DRY over the prompt and the answer: fixed logits would repeat the greedy token forever
-             dict(temperature=0, dry_multiplier=0.8, prompt=[1, 2, 3, 1, 2]),
-             dict(temperature=0, dry_multiplier=0.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=9, mask=True),
-             dict(temperature=0.9, seed=4, dry_multiplier=0.8, prompt=[7, 7, 7, 7]),
-             # penalties over the prompt too, as llama.cpp (the wasm device) counts them
-             dict(temperature=0, repetition_penalty=1.5, frequency_penalty=0.4, prompt=[1, 2, 3, 3, 5])]
+    cases = [
+        dict(temperature=0.8, seed=7),
+        dict(temperature=1.2, top_p=0.9, seed=11),
+        dict(temperature=0.7, top_k=20, seed=3, repetition_penalty=1.3, presence_penalty=0.5),
+        dict(temperature=0.5, top_p=0.5, top_k=300, seed=2),
+        dict(temperature=0.9, seed=5, mask=True),
+        dict(temperature=0, mask=True),
+        dict(temperature=0, mask=True, nan=True),
+        dict(temperature=0.9, seed=5, mask=True, nan=True),
+        dict(temperature=1.0, top_p=0.95, seed=9, mask=True, nan=True),
+        # DRY over the prompt and the answer: fixed logits would repeat the greedy token forever
+        dict(temperature=0, dry_multiplier=0.8, prompt=[1, 2, 3, 1, 2]),
+        dict(temperature=0, dry_multiplier=0.5, dry_base=2.0, dry_allowed_length=3, dry_penalty_last_n=9, mask=True),
+        dict(temperature=0.9, seed=4, dry_multiplier=0.8, prompt=[7, 7, 7, 7]),
+        # penalties over the prompt too, as llama.cpp (the wasm device) counts them
+        dict(temperature=0, repetition_penalty=1.5, frequency_penalty=0.4, prompt=[1, 2, 3, 3, 5]),
+    ]
     vocabularies = []
     for size, spread in ((512, 3.0), (262144, 2.0)):
         logits = (rng.standard_normal(size) * spread).astype(np.float32)
@@ -398,8 +442,7 @@ def test_python_and_browser_samplers_agree(smollm2):
     py = []
     for logits, allowed in vocabularies:
         for c in cases:
-            s = Sampler(SamplingParams(**{k: v for k, v in c.items() if k not in ("mask", "nan", "prompt")}),
-                        c.get("prompt", []))
+            s = Sampler(SamplingParams(**{k: v for k, v in c.items() if k not in ("mask", "nan", "prompt")}), c.get("prompt", []))
             mask = None
             if c.get("mask"):
                 mask = np.zeros(len(logits), bool)
@@ -421,7 +464,8 @@ def test_python_and_browser_samplers_agree(smollm2):
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
         js = []
         for logits, allowed in vocabularies:
-            js += page.evaluate("""([logits, allowed, cases]) => cases.map((c) => {
+            js += page.evaluate(
+                """([logits, allowed, cases]) => cases.map((c) => {
                 const s = new lantern.Sampler(lantern.samplingParams(c, logits.length), c.prompt ?? []);
                 let mask;
                 if (c.mask) {
@@ -432,15 +476,20 @@ def test_python_and_browser_samplers_agree(smollm2):
                 const out = [];
                 for (let i = 0; i < 20; i++) { const t = s.sample(source, mask).token; s.accept(t); out.push(t); }
                 return out;
-            })""", [logits.tolist(), allowed, cases])
+            })""",
+                [logits.tolist(), allowed, cases],
+            )
         # a prompt's tokens are penalized: the greedy token, once in the prompt, loses its place
         logits = vocabularies[0][0]
         top = int(np.argmax(logits))
-        in_browser = page.evaluate("""([logits, top]) => {
+        in_browser = page.evaluate(
+            """([logits, top]) => {
             const p = lantern.samplingParams({ temperature: 0, presence_penalty: 2 }, logits.length);
             const l = Float32Array.from(logits);
             return [new lantern.Sampler(p).sample(l).token, new lantern.Sampler(p, [top]).sample(l).token];
-        }""", [logits.tolist(), top])
+        }""",
+            [logits.tolist(), top],
+        )
         p = SamplingParams(temperature=0, presence_penalty=2.0)
         assert in_browser == [top, Sampler(p, [top]).sample(logits).token] and in_browser[1] != top
         first = page.evaluate("() => { const r = new lantern.Rng(42); return [r.next(), r.next(), r.next()]; }")

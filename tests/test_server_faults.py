@@ -37,8 +37,14 @@ def endless(art, **fields) -> dict:
     """A chat request that would generate LONG tokens: the model's stop tokens are banned."""
     chat = json.loads((art.path / "mlc-chat-config.json").read_text())
     ban = {str(t): -100 for t in request_rules.stop_token_ids(chat)}
-    return {"model": art.path.name, "messages": user("Count from one to a thousand."), "max_tokens": LONG,
-            "temperature": 0, "logit_bias": ban, **fields}
+    return {
+        "model": art.path.name,
+        "messages": user("Count from one to a thousand."),
+        "max_tokens": LONG,
+        "temperature": 0,
+        "logit_bias": ban,
+        **fields,
+    }
 
 
 def metrics(base: str) -> str:
@@ -82,6 +88,7 @@ def test_clients_that_leave_stop_their_generation_running_or_queued(smollm2, eng
     """Three unstreamed requests, one decoding and two in the queue (one sequence at a time), whose
     clients close their sockets after 1.5 s: all three stop, the running one within a token."""
     with served(smollm2, engine=engine_name, parallel=1) as (base, _):
+
         def leave():
             conn = post(base, endless(smollm2), timeout=1.5)
             with pytest.raises(TimeoutError):
@@ -103,8 +110,7 @@ def test_clients_that_leave_stop_their_generation_running_or_queued(smollm2, eng
         assert 0 < made < LONG / 4, text  # about 1.5 s of decoding, not 2000 tokens
         assert metric(text, "lantern_tokens_after_cancel_total") <= 3, text
         assert metric(text, "lantern_cancelled_tokens_saved_total") == 3 * LONG - made, text
-        status, body = raw(base, "POST", "/v1/chat/completions", json.dumps(
-            {"messages": user("Hi"), "max_tokens": 2}).encode())
+        status, body = raw(base, "POST", "/v1/chat/completions", json.dumps({"messages": user("Hi"), "max_tokens": 2}).encode())
         assert status == 200, body  # nothing left running: answered at once
 
 
@@ -159,8 +165,10 @@ def test_a_body_sent_too_slowly_gets_408_while_others_are_served():
     with lantern_server(ServerConfig([], limits=limits)) as (base, _):
         host, port = base.removeprefix("http://").split(":")
         slow = socket.create_connection((host, int(port)))
-        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 200\r\n\r\n{\"messages\": ")  # and then nothing more
+        slow.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 200\r\n\r\n{"messages": '
+        )  # and then nothing more
         started = time.monotonic()
         assert raw(base, "GET", "/v1/models")[0] == 200  # the server is not held up meanwhile
         slow.settimeout(10)
@@ -174,8 +182,13 @@ def test_a_body_sent_too_slowly_gets_408_while_others_are_served():
 
         # a chunked body has no content-length to refuse up front: it is cut at the limit
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
-        conn.request("POST", "/v1/chat/completions", body=iter([b"[" + b"1," * 4000 + b"1]"]),
-                     headers={"content-type": "application/json"}, encode_chunked=True)
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=iter([b"[" + b"1," * 4000 + b"1]"]),
+            headers={"content-type": "application/json"},
+            encode_chunked=True,
+        )
         resp = conn.getresponse()
         assert resp.status == 413, resp.read()
 
@@ -226,7 +239,8 @@ def test_the_router_reports_a_cloud_killed_mid_stream_as_a_typed_error(smollm2, 
         try:
             page = open_page(browser, page_base)
             page.expose_function("killCloud", lambda: os.kill(proc.pid, signal.SIGKILL))
-            out = page.evaluate("""async ([options, req]) => {
+            out = page.evaluate(
+                """async ([options, req]) => {
                 const router = await lantern.createRouter(options);
                 const chunks = [];
                 try {
@@ -238,9 +252,16 @@ def test_the_router_reports_a_cloud_killed_mid_stream_as_a_typed_error(smollm2, 
                 } catch (err) {
                     return { chunks, error: { name: err.name, message: err.message } };
                 }
-            }""", [{"local": {"model": f"/models/{smollm2.path.name}/"}, "policy": "cloud",
-                    "cloud": {"baseURL": cloud + "/v1", "model": smollm2.path.name}},
-                   {**endless(smollm2, stream=True), "max_tokens": 400}])
+            }""",
+                [
+                    {
+                        "local": {"model": f"/models/{smollm2.path.name}/"},
+                        "policy": "cloud",
+                        "cloud": {"baseURL": cloud + "/v1", "model": smollm2.path.name},
+                    },
+                    {**endless(smollm2, stream=True), "max_tokens": 400},
+                ],
+            )
         finally:
             browser.close()
             proc.kill()
@@ -248,5 +269,6 @@ def test_the_router_reports_a_cloud_killed_mid_stream_as_a_typed_error(smollm2, 
     assert len(out["chunks"]) >= 2 and out["chunks"][0]["lantern_route"] == "cloud", out["chunks"][:2]
     assert all(c["choices"][0]["finish_reason"] is None for c in out["chunks"] if c["choices"]), out["chunks"][-1]
     assert out["error"] and out["error"]["name"] == "NetworkError", out["error"]
-    assert "the stream closed before its end" in out["error"]["message"] or "the stream broke" in out["error"]["message"], (
-        out["error"])
+    assert "the stream closed before its end" in out["error"]["message"] or "the stream broke" in out["error"]["message"], out[
+        "error"
+    ]

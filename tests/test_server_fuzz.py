@@ -36,8 +36,9 @@ def test_no_request_the_schema_allows_gets_a_server_error(tiny_hf, build_artifac
         for result in schema.get_all_operations():
             operation = result.ok()
 
-            @hypothesis.settings(max_examples=30, deadline=None, database=None,
-                                 suppress_health_check=list(hypothesis.HealthCheck))
+            @hypothesis.settings(
+                max_examples=30, deadline=None, database=None, suppress_health_check=list(hypothesis.HealthCheck)
+            )
             @hypothesis.given(operation.as_strategy())
             def run(case):
                 nonlocal calls

@@ -75,13 +75,19 @@ def test_tabs_share_one_engine_fairly_and_a_closed_tab_cancels_only_its_own(serv
     assert model_requests(seen, mark) == []
     assert second["stats"]["host"] == {"kind": "shared", "tabs": 2, "models": 1}
     assert a.evaluate("engine.stats()")["host"]["tabs"] == 2
-    report(f"shared engine: first page's load {first['ms']:.0f} ms, second page's {second['ms']:.0f} ms "
-           f"({first['ms'] / max(second['ms'], 1):.0f}x faster), 0 requests to the server")
+    report(
+        f"shared engine: first page's load {first['ms']:.0f} ms, second page's {second['ms']:.0f} ms "
+        f"({first['ms'] / max(second['ms'], 1):.0f}x faster), 0 requests to the server"
+    )
 
     # in turn: page a sends three requests (a long one first), then b one while a's first runs;
     # b's is answered before a's last (one queue for all pages would answer it last)
-    req = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 24, "temperature": 0,
-           "logit_bias": {str(eos_id(tiny_q4)): -100}}
+    req = {
+        "messages": [{"role": "user", "content": "Count to ten."}],
+        "max_tokens": 24,
+        "temperature": 0,
+        "logit_bias": {str(eos_id(tiny_q4)): -100},
+    }
     a.evaluate(SEND, [{**req, "max_tokens": 160}, req, req])
     wait_queued(b, 2)  # a's first runs, its other two wait
     b.evaluate(SEND, [req])
@@ -95,9 +101,12 @@ def test_tabs_share_one_engine_fairly_and_a_closed_tab_cancels_only_its_own(serv
     assert [who for who, _ in order][::3] == ["a", "a"], order
 
     # page a streams a long answer; b's request waits for its turn; a closes mid-stream
-    a.evaluate("""(r) => { window.got = 0; (async () => {
+    a.evaluate(
+        """(r) => { window.got = 0; (async () => {
       for await (const c of await engine.chat.completions.create({ ...r, stream: true })) window.got++;
-    })(); return true; }""", {**req, "max_tokens": 2000})
+    })(); return true; }""",
+        {**req, "max_tokens": 2000},
+    )
     a.wait_for_function("window.got >= 3")
     before = b.evaluate("engine.stats()")["requests"]
     b.evaluate(SEND, [req])
@@ -167,8 +176,7 @@ def test_on_the_wasm_device_one_tabs_worker_serves_every_tab_and_hands_over(serv
 
     # the host tab closes mid-stream of the other: that stream fails as a crash does (the router goes
     # on from the cloud); the tab then runs the engine itself, from the cache
-    b.evaluate("(r) => { window.long = (" + LONG_STREAM + ")(r); }",
-               {**req, "max_tokens": 1500, "stream": True})
+    b.evaluate("(r) => { window.long = (" + LONG_STREAM + ")(r); }", {**req, "max_tokens": 1500, "stream": True})
     b.wait_for_function("engine.stats().then((s) => s.kvSequences > 0)")
     mark = len(seen)
     a.close()

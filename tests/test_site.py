@@ -55,8 +55,10 @@ def watch(page) -> list[str]:
     problems: list[str] = []
     page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
     page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"failed: {r.url} ({r.failure})")
-            if "net::ERR_ABORTED" not in (r.failure or "") else None)  # a stopped answer aborts its stream
+    page.on(
+        "requestfailed",
+        lambda r: problems.append(f"failed: {r.url} ({r.failure})") if "net::ERR_ABORTED" not in (r.failure or "") else None,
+    )  # a stopped answer aborts its stream
     page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
     return problems
 
@@ -85,12 +87,15 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
             page.get_by_role("button", name="New chat").click()
             page.locator("#seed").fill(str(seed))
             ask(page, "What is the capital of France?")
-            page.wait_for_function("document.querySelector('.msg-assistant') && "
-                                   "document.getElementById('send').disabled === false", timeout=300_000)
+            page.wait_for_function(
+                "document.querySelector('.msg-assistant') && document.getElementById('send').disabled === false", timeout=300_000
+            )
             answers.append(page.locator(".msg-assistant").inner_text())
         paris = sum("Paris" in a for a in answers)
-        report(f"chat page (no GPU: CPU/wasm, artifact defaults): 'Paris' in {paris}/{len(answers)} answers "
-               f"(seeds {PARIS_SEEDS.start}-{PARIS_SEEDS.stop - 1})")
+        report(
+            f"chat page (no GPU: CPU/wasm, artifact defaults): 'Paris' in {paris}/{len(answers)} answers "
+            f"(seeds {PARIS_SEEDS.start}-{PARIS_SEEDS.stop - 1})"
+        )
         assert paris >= 4, answers
         page.get_by_role("button", name="New chat").click()
         page.locator("#seed").fill("")
@@ -104,8 +109,10 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
         assert page.locator(".msg-assistant").inner_text().endswith("[stopped]")
         # a second question still streams a full answer, with live figures
         ask(page, "What is the capital of France?")
-        page.wait_for_function("document.querySelectorAll('.msg-assistant').length === 2 && "
-                               "document.getElementById('send').disabled === false", timeout=300_000)
+        page.wait_for_function(
+            "document.querySelectorAll('.msg-assistant').length === 2 && document.getElementById('send').disabled === false",
+            timeout=300_000,
+        )
         answer = page.locator(".msg-assistant").nth(1).inner_text()
         assert answer.strip() and "[error" not in answer and "[stopped]" not in answer
         assert "tok/s" in page.locator("#stats").inner_text()
@@ -174,8 +181,9 @@ def test_without_webgpu_the_chat_page_answers_on_the_cpu(site, playwright):
         assert page.locator("#route").get_attribute("data-route") == "local"
         assert page.locator("#route").inner_text().startswith("local · CPU (wasm, ")
         ask(page, "What is the capital of France?")
-        page.wait_for_function("document.querySelector('.msg-assistant') && "
-                               "document.getElementById('send').disabled === false", timeout=120_000)
+        page.wait_for_function(
+            "document.querySelector('.msg-assistant') && document.getElementById('send').disabled === false", timeout=120_000
+        )
         answer = page.locator(".msg-assistant").inner_text()
         assert answer.strip() and "[error" not in answer
         page.goto(site + "/capability.html")
@@ -193,8 +201,7 @@ def test_the_embedding_example_runs_as_shown(site, playwright):
         page.goto(site + "/embed.html")
         shown = page.locator("#code").inner_text()
         assert 'createEngine({ model: "/models/smollm2/" })' in shown
-        page.wait_for_function("document.getElementById('embed-output').textContent !== 'loading the model…'",
-                               timeout=300_000)
+        page.wait_for_function("document.getElementById('embed-output').textContent !== 'loading the model…'", timeout=300_000)
         assert page.locator("#embed-output").inner_text().strip()
         # the AI SDK snippet: the real `ai` package (/runtime/ai.js) streams through Lantern's provider
         assert "streamText({ model: lantern()" in page.locator("#code-ai").inner_text()
@@ -207,8 +214,7 @@ def test_the_embedding_example_runs_as_shown(site, playwright):
 
 
 def npm_pack(folder: Path, report) -> list[str]:
-    out = subprocess.run(["npm", "pack", "--dry-run", "--json"], cwd=folder, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(["npm", "pack", "--dry-run", "--json"], cwd=folder, capture_output=True, text=True, check=True)
     files = sorted(f["path"] for f in json.loads(out.stdout)[0]["files"])
     report(f"npm pack --dry-run ({folder.name}): {', '.join(files)}")
     return files

@@ -49,8 +49,7 @@ def transformers_model(smollm2_gguf):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,
-                                                dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
 
 
 def test_q0f32_matches_transformers(q0, transformers_model, report):
@@ -63,18 +62,26 @@ def test_q0f32_matches_transformers(q0, transformers_model, report):
         ours_logits = model.prefill(ids)
         with torch.no_grad():
             ref_logits = transformers_model(torch.tensor([ids])).logits[0, -1].numpy()
-            ref = transformers_model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                              eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()
+            ref = transformers_model.generate(
+                torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos, pad_token_id=eos
+            )[0, len(ids) :].tolist()
         rel = np.abs(ours_logits - ref_logits).max() / np.abs(ref_logits).max()
         report(f"SmolLM2 q0f32 vs transformers, {text!r}: last-position logit error {rel:.1e} (relative)")
         assert rel < 1e-3, f"{text!r}: last-position logits differ by {rel:.2e} (relative)"
-        ref = ref[:ref.index(eos)] if eos in ref else ref
+        ref = ref[: ref.index(eos)] if eos in ref else ref
         assert model.greedy(ids, MAX_TOKENS, stop_ids=[eos]) == ref, text
 
 
 def test_q4f32_greedy_matches_numpy_reference(q4):
-    cfg = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "head_dim": 64,
-           "num_hidden_layers": 30, "rms_norm_eps": 1e-5, "rope_theta": 100000.0}
+    cfg = {
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "hidden_size": 576,
+        "head_dim": 64,
+        "num_hidden_layers": 30,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 100000.0,
+    }
     weights = hf_weights_from_artifact(q4.params(), cfg, "q4f32_1")
     model = q4.cpu_model()
     for text in PROMPTS[:3]:
@@ -84,7 +91,7 @@ def test_q4f32_greedy_matches_numpy_reference(q4):
         # the token chosen there, numpy's own greedy decoding gives the same 16 tokens (by induction), in
         # one pass instead of 16 (numpy has no KV cache: greedy recomputed the sequence for each token).
         logits = numpy_llama.forward(weights, cfg, ids + out[:-1])
-        assert logits[len(ids) - 1:].argmax(axis=1).tolist() == out, text
+        assert logits[len(ids) - 1 :].argmax(axis=1).tolist() == out, text
 
 
 def test_capital_of_france_mentions_paris(q4):
@@ -130,8 +137,10 @@ def test_q4_perplexity_close_to_q0(q0, q4, q4_in_domain, shakespeare_text, repor
     tokens = q0.tokenizer().encode(shakespeare_text, add_special_tokens=False).ids[:384]
     ppl_q0 = perplexity(q0, tokens)
     ppl_default, ppl_in_domain = perplexity(q4, tokens), perplexity(q4_in_domain, tokens)
-    report(f"SmolLM2 perplexity on {len(tokens)} held-out tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}; "
-           f"q4f32_1 GPTQ on the built-in text {ppl_default:.3f} (+{100 * (ppl_default / ppl_q0 - 1):.1f}%), "
-           f"on Tiny Shakespeare's head {ppl_in_domain:.3f} (+{100 * (ppl_in_domain / ppl_q0 - 1):.1f}%)")
+    report(
+        f"SmolLM2 perplexity on {len(tokens)} held-out tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}; "
+        f"q4f32_1 GPTQ on the built-in text {ppl_default:.3f} (+{100 * (ppl_default / ppl_q0 - 1):.1f}%), "
+        f"on Tiny Shakespeare's head {ppl_in_domain:.3f} (+{100 * (ppl_in_domain / ppl_q0 - 1):.1f}%)"
+    )
     assert ppl_in_domain <= IN_DOMAIN_BOUND * ppl_q0
     assert ppl_default <= DEFAULT_BOUND * ppl_q0

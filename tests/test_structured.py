@@ -18,47 +18,77 @@ import xgrammar
 from xgrammar.testing import _get_matcher_from_grammar, _is_grammar_accept_string
 
 from browser import lantern_server, repo_root, wait_until_ready
-from structured_cases import (ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, STRICT_FORMATS,
-                              TOOLS, WEATHER, closed_json, cpu_runs, random_strict_schema, request)
+from structured_cases import (
+    ADD,
+    ANNOTATED,
+    ANNOTATED_WARNINGS,
+    BAD_REQUESTS,
+    MESSAGES,
+    SCHEMAS,
+    SEEDS,
+    STRICT_FORMATS,
+    TOOLS,
+    WEATHER,
+    closed_json,
+    cpu_runs,
+    random_strict_schema,
+    request,
+)
 
-from lantern.server.structured import (JSON_LAYOUT, StructuredOutputError, check_schema, parse_tool_calls,
-                                       request_spec, schema_ebnf, tight_structural_tag)
+from lantern.server.structured import (
+    JSON_LAYOUT,
+    StructuredOutputError,
+    check_schema,
+    parse_tool_calls,
+    request_spec,
+    schema_ebnf,
+    tight_structural_tag,
+)
 
 WEBRUNTIME = repo_root() / "webruntime"
 
 
 def python_spec(req: dict):
-    spec = request_spec(req.get("response_format"), req.get("tools") or [], req.get("tool_choice"),
-                        req.get("parallel_tool_calls", True), req.get("schema_defaults"))
+    spec = request_spec(
+        req.get("response_format"),
+        req.get("tools") or [],
+        req.get("tool_choice"),
+        req.get("parallel_tool_calls", True),
+        req.get("schema_defaults"),
+    )
     return spec and {"kind": spec.kind, "source": spec.source}
 
 
 # ---- schema checks (no model) --------------------------------------------------------------------
 
-@pytest.mark.parametrize("schema, keyword", [
-    ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),  # items that cannot be listed
-    ({"type": "array", "items": {"type": "object"}, "uniqueItems": True, "minItems": 2}, "uniqueItems"),
-    ({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.01}}}, "multipleOf"),  # not exact in doubles
-    ({"enum": []}, "enum"),
-    ({"type": "string", "pattern": "^a$", "minLength": 2}, "minLength"),  # no string matches both
-    ({"type": "string", "pattern": "x^y"}, "pattern"),
-    ({"type": "string", "minLength": 4, "maxLength": 3}, "maxLength"),
-    ({"type": "array", "minItems": 4, "maxItems": 3}, "minItems"),
-    ({"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}, "required"),
-    ({"type": "string", "format": "uuid", "maxLength": 8}, "maxLength"),
-    ({"type": "integer", "not": {"const": 3}}, "not"),
-    ({"type": "string", "format": "uri-reference", "pattern": "^a"}, "pattern"),  # a format is a pattern already
-    ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "pattern"),  # two patterns: not merged
-    ({"type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if"),
-    ({"type": "array", "contains": {"type": "integer"}}, "contains"),
-    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref"),  # a $ref to nowhere
-    ({"$ref": "https://example.com/s.json"}, "$ref"),
-    ({"type": "number", "minimum": 10, "maximum": 1}, "minimum"),  # contradictory bounds
-    ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}, "exclusiveMinimum"),  # no integer between
-    ({"minimum": 1}, "minimum"),  # a bound needs a numeric type
-    ({"type": "number", "maximum": "10"}, "maximum"),
-    ({"type": "integer", "maximum": 10, "enum": [1, 20]}, "maximum"),
-])
+
+@pytest.mark.parametrize(
+    "schema, keyword",
+    [
+        ({"type": "array", "uniqueItems": True, "minItems": 2}, "uniqueItems"),  # items that cannot be listed
+        ({"type": "array", "items": {"type": "object"}, "uniqueItems": True, "minItems": 2}, "uniqueItems"),
+        ({"type": "object", "properties": {"a": {"type": "number", "multipleOf": 0.01}}}, "multipleOf"),  # not exact in doubles
+        ({"enum": []}, "enum"),
+        ({"type": "string", "pattern": "^a$", "minLength": 2}, "minLength"),  # no string matches both
+        ({"type": "string", "pattern": "x^y"}, "pattern"),
+        ({"type": "string", "minLength": 4, "maxLength": 3}, "maxLength"),
+        ({"type": "array", "minItems": 4, "maxItems": 3}, "minItems"),
+        ({"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}, "required"),
+        ({"type": "string", "format": "uuid", "maxLength": 8}, "maxLength"),
+        ({"type": "integer", "not": {"const": 3}}, "not"),
+        ({"type": "string", "format": "uri-reference", "pattern": "^a"}, "pattern"),  # a format is a pattern already
+        ({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]}, "pattern"),  # two patterns: not merged
+        ({"type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if"),
+        ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref"),  # a $ref to nowhere
+        ({"$ref": "https://example.com/s.json"}, "$ref"),
+        ({"type": "number", "minimum": 10, "maximum": 1}, "minimum"),  # contradictory bounds
+        ({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2}, "exclusiveMinimum"),  # no integer between
+        ({"minimum": 1}, "minimum"),  # a bound needs a numeric type
+        ({"type": "number", "maximum": "10"}, "maximum"),
+        ({"type": "integer", "maximum": 10, "enum": [1, 20]}, "maximum"),
+    ],
+)
 def test_schema_features_xgrammar_would_ignore_are_rejected_by_name(schema, keyword):
     with pytest.raises(StructuredOutputError, match=re.escape(f"'{keyword}'")):
         check_schema(schema)
@@ -66,8 +96,12 @@ def test_schema_features_xgrammar_would_ignore_are_rejected_by_name(schema, keyw
 
 def test_properties_come_in_the_schema_s_order():
     """As OpenAI's strict mode writes them: a model that reasons before it answers keeps that order."""
-    schema = {"type": "object", "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
-              "required": ["reasoning", "answer"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+        "required": ["reasoning", "answer"],
+        "additionalProperties": False,
+    }
     spec = request_spec({"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}, [], None, True)
     grammar = xgrammar.Grammar.from_json_schema(spec.source, **JSON_LAYOUT)
     assert _is_grammar_accept_string(grammar, '{"reasoning": "x", "answer": 1}')
@@ -78,9 +112,15 @@ def test_number_ranges_are_enforced_exactly_inside_a_schema():
     # xgrammar 0.1.27 turns 18..120 into digit classes that also accept 121..129, and 0 < x < 1 into any number
     raw = xgrammar.Grammar.from_json_schema(json.dumps({"type": "integer", "minimum": 18, "maximum": 120}))
     assert _is_grammar_accept_string(raw, "125")
-    schema = {"type": "object", "properties": {"age": {"type": "integer", "exclusiveMinimum": 17, "maximum": 120},
-                                               "p": {"type": ["number", "null"], "exclusiveMinimum": 0, "exclusiveMaximum": 1}},
-              "required": ["age", "p"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "exclusiveMinimum": 17, "maximum": 120},
+            "p": {"type": ["number", "null"], "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        },
+        "required": ["age", "p"],
+        "additionalProperties": False,
+    }
     grammar = xgrammar.Grammar.from_ebnf(schema_ebnf(json.dumps(check_schema(schema))))
     for value in range(-5, 140):
         assert _is_grammar_accept_string(grammar, f'{{"age": {value}, "p": null}}') == (18 <= value <= 120), value
@@ -112,19 +152,28 @@ def _without_grammars(node):
 def test_typescript_and_python_build_the_same_grammars():
     requests = [request(name, 1) for name in SCHEMAS]
     requests += [{"messages": [], **bad} for bad, _ in BAD_REQUESTS]
-    requests += [{"messages": [], "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}
-                 for choice in ("auto", "required", "none", {"type": "function", "function": {"name": "add"}})
-                 for parallel in (True, False)]
-    requests += [{**request(name, 1), "schema_defaults": bounds} for name in ("flat_required", "array_of_objects")
-                 for bounds in ({"maxLength": 5, "maxItems": 1}, {"maxLength": 0, "maxItems": 0}, {"maxLength": 300})]
+    requests += [
+        {"messages": [], "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}
+        for choice in ("auto", "required", "none", {"type": "function", "function": {"name": "add"}})
+        for parallel in (True, False)
+    ]
+    requests += [
+        {**request(name, 1), "schema_defaults": bounds}
+        for name in ("flat_required", "array_of_objects")
+        for bounds in ({"maxLength": 5, "maxItems": 1}, {"maxLength": 0, "maxItems": 0}, {"maxLength": 300})
+    ]
     requests += [{"messages": [], "tools": TOOLS, "tool_choice": "required", "schema_defaults": {"maxLength": 7}}]
-    requests += [{"messages": [], "response_format": {"type": "regex", "pattern": "[a-z]+@[a-z]+\\.com"}},
-                 {"messages": [], "response_format": {"type": "grammar", "grammar": 'root ::= "yes" | "no"'}},
-                 {"messages": [], "response_format": {"type": "json_object"}},
-                 {"messages": [], "response_format": {"type": "json_object", "schema": json.dumps(SCHEMAS["enum"])}}]
-    texts = ['Sure.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
-             '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n<tool_call>{"name": "ad',
-             "no calls here"]
+    requests += [
+        {"messages": [], "response_format": {"type": "regex", "pattern": "[a-z]+@[a-z]+\\.com"}},
+        {"messages": [], "response_format": {"type": "grammar", "grammar": 'root ::= "yes" | "no"'}},
+        {"messages": [], "response_format": {"type": "json_object"}},
+        {"messages": [], "response_format": {"type": "json_object", "schema": json.dumps(SCHEMAS["enum"])}},
+    ]
+    texts = [
+        'Sure.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n<tool_call>{"name": "ad',
+        "no calls here",
+    ]
     payload = {"requests": requests, "schemas": list(SCHEMAS.values()), "texts": texts}
     out = run_typescript("structured_parity.ts", payload)
 
@@ -172,22 +221,30 @@ def test_unbounded_strings_and_arrays_get_the_request_s_default_bounds():
     own bounds; 0 turns a bound off."""
     from lantern.server.protocol import ChatCompletionRequest
 
-    schema = {"type": "object", "properties": {
-        "s": {"type": ["string", "null"]}, "p": {"type": "string", "pattern": "^a+$"},
-        "a": {"type": "array", "items": {"type": "integer"}}, "m": {"type": "string", "minLength": 300}},
-        "required": ["s", "p", "a", "m"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "s": {"type": ["string", "null"]},
+            "p": {"type": "string", "pattern": "^a+$"},
+            "a": {"type": "array", "items": {"type": "integer"}},
+            "m": {"type": "string", "minLength": 300},
+        },
+        "required": ["s", "p", "a", "m"],
+        "additionalProperties": False,
+    }
 
     def accepts(defaults: dict | None):
-        req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], response_format={
-            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, **({"schema_defaults": defaults}
-                                                                                        if defaults is not None else {}))
-        assert req.schema_defaults.model_dump() == {"maxLength": 256, "maxItems": 64, "dryMultiplier": 0.8,
-                                                    **(defaults or {})}
-        spec = request_spec(req.response_format.model_dump(exclude_none=True), [], None, True,
-                            req.schema_defaults.model_dump())
+        req = ChatCompletionRequest(
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+            **({"schema_defaults": defaults} if defaults is not None else {}),
+        )
+        assert req.schema_defaults.model_dump() == {"maxLength": 256, "maxItems": 64, "dryMultiplier": 0.8, **(defaults or {})}
+        spec = request_spec(req.response_format.model_dump(exclude_none=True), [], None, True, req.schema_defaults.model_dump())
         return lambda s="x", p="a", a=(1,), m="m" * 300: _is_grammar_accept_string(  # noqa: E731
             xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source)),
-            json.dumps({"s": s, "p": p, "a": list(a), "m": m}, separators=(", ", ": ")))
+            json.dumps({"s": s, "p": p, "a": list(a), "m": m}, separators=(", ", ": ")),
+        )
 
     table = accepts(None)
     assert table(s="x" * 256) and not table(s="x" * 257) and table(s=None)
@@ -204,8 +261,7 @@ def test_the_compile_limit_is_the_schema_s_size_and_the_time_limit_a_server_faul
     count on every machine; the browser's is held equal in test_browser_and_server_decide_alike...); a
     compile past the seconds safety net is a 503-type fault whose grammar is kept; the cache keeps at most
     cache_megabytes of grammars, least recently used out first."""
-    from lantern.server.structured import (COMPILE_LIMITS, GrammarCompileFault, GrammarCompiler, GrammarSpec,
-                                           grammar_size)
+    from lantern.server.structured import COMPILE_LIMITS, GrammarCompileFault, GrammarCompiler, GrammarSpec, grammar_size
 
     assert COMPILE_LIMITS == {"size": 2000, "seconds": 30, "cache_megabytes": 1024}
     wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(70)}, "minProperties": 1}
@@ -231,24 +287,32 @@ def run_typescript(entry: str, payload: dict) -> dict:
     """Bundle tests/node/``entry`` with esbuild (the runtime's inlined JSON files as in its build:
     webruntime/defines.mjs) and run it under Node with ``payload`` on stdin; returns what it prints (JSON)."""
     bundle = subprocess.run(
-        ["node", "--input-type=module", "-e",
-         "import * as esbuild from 'esbuild'; import { defines } from './defines.mjs';"
-         f"const r = await esbuild.build({{ entryPoints: ['../tests/node/{entry}'], bundle: true,"
-         " format: 'esm', platform: 'node', write: false, logLevel: 'error', nodePaths: [process.cwd() + '/node_modules'],"
-         # tvmjs requires ws only in Node code paths the tests never take
-         " external: ['ws'], banner: { js: 'globalThis.location = { href: \"file:///\" };' }, define: defines });"
-         "process.stdout.write(r.outputFiles[0].text);"],
-        cwd=WEBRUNTIME, capture_output=True, text=True, check=True).stdout
+        [
+            "node",
+            "--input-type=module",
+            "-e",
+            "import * as esbuild from 'esbuild'; import { defines } from './defines.mjs';"
+            f"const r = await esbuild.build({{ entryPoints: ['../tests/node/{entry}'], bundle: true,"
+            " format: 'esm', platform: 'node', write: false, logLevel: 'error', nodePaths: [process.cwd() + '/node_modules'],"
+            # tvmjs requires ws only in Node code paths the tests never take
+            " external: ['ws'], banner: { js: 'globalThis.location = { href: \"file:///\" };' }, define: defines });"
+            "process.stdout.write(r.outputFiles[0].text);",
+        ],
+        cwd=WEBRUNTIME,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     with tempfile.NamedTemporaryFile("w", suffix=".mjs", dir=WEBRUNTIME, delete=True) as f:
         f.write(bundle)
         f.flush()
-        run = subprocess.run(["node", f.name], input=json.dumps(payload), cwd=WEBRUNTIME, capture_output=True,
-                             text=True)
+        run = subprocess.run(["node", f.name], input=json.dumps(payload), cwd=WEBRUNTIME, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout)
 
 
 # ---- the CPU engine (the server's) ----------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["tvm", "llamacpp"])
@@ -258,8 +322,10 @@ def test_every_schema_validates_for_two_seeds_on_the_cpu(smollm2_q4, report, eng
         assert run["finish"] == "stop", (name, seed, run["text"])
         jsonschema.validate(json.loads(run["text"]), SCHEMAS[name], format_checker=jsonschema.FormatChecker())
     tokens = sum(r["tokens"] for r in runs.values())
-    report(f"structured (server, {engine} engine): {len(runs)} generations over {len(SCHEMAS)} schemas, 100% valid JSON; "
-           f"{tokens / len(runs):.1f} tokens per answer")
+    report(
+        f"structured (server, {engine} engine): {len(runs)} generations over {len(SCHEMAS)} schemas, 100% valid JSON; "
+        f"{tokens / len(runs):.1f} tokens per answer"
+    )
 
 
 @pytest.mark.webgpu_build  # tiny_q4 is built with every target (shared with other tests); only its CPU library runs here
@@ -284,11 +350,18 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
         for k in range(50):
             schema = random_strict_schema(rng)
             for seed in SEEDS:
-                req = ChatCompletionRequest(messages=MESSAGES, seed=seed, temperature=1.0, max_tokens=160,
-                                            response_format={"type": "json_schema",
-                                                             "json_schema": {"name": f"s{k}", "schema": schema, "strict": True}})
-                grammar = engine.compile_grammar(spec := request_spec(req.response_format.model_dump(exclude_none=True),
-                                                                      [], None, True, req.schema_defaults.model_dump()))
+                req = ChatCompletionRequest(
+                    messages=MESSAGES,
+                    seed=seed,
+                    temperature=1.0,
+                    max_tokens=160,
+                    response_format={"type": "json_schema", "json_schema": {"name": f"s{k}", "schema": schema, "strict": True}},
+                )
+                grammar = engine.compile_grammar(
+                    spec := request_spec(
+                        req.response_format.model_dump(exclude_none=True), [], None, True, req.schema_defaults.model_dump()
+                    )
+                )
                 steps = []
                 engine.generate(prompt, req, Stop(), steps.append, grammar=grammar)
                 text, finish = "".join(s.delta for s in steps), steps[-1].finish
@@ -305,9 +378,11 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
     finally:
         engine.close()
     assert finished >= 40
-    report(f"random strict schemas (tiny model, lantern serve's tvm engine): 50 schemas x 2 seeds: {finished} finished, "
-           f"{closed} closed at max_tokens, 100% valid (jsonschema with format checks); {cut} cut by max_tokens "
-           "(finish_reason length)")
+    report(
+        f"random strict schemas (tiny model, lantern serve's tvm engine): 50 schemas x 2 seeds: {finished} finished, "
+        f"{closed} closed at max_tokens, 100% valid (jsonschema with format checks); {cut} cut by max_tokens "
+        "(finish_reason length)"
+    )
 
 
 @pytest.mark.slow
@@ -332,8 +407,9 @@ def client(smollm2_q4, request):
 
 
 def chat(client, text: str, **kw):
-    return client.chat.completions.create(model=client.models.list().data[0].id,
-                                          messages=[{"role": "user", "content": text}], **{"max_tokens": 64, **kw})
+    return client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=[{"role": "user", "content": text}], **{"max_tokens": 64, **kw}
+    )
 
 
 def assert_valid_call(call, tool: dict):
@@ -344,42 +420,72 @@ def assert_valid_call(call, tool: dict):
 @pytest.mark.slow
 def test_openai_client_gets_json_schema_output(client):
     schema = SCHEMAS["nested_object"]
-    reply = chat(client, "Describe a user.", temperature=0,
-                 response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": schema}})
+    reply = chat(
+        client,
+        "Describe a user.",
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": schema}},
+    )
     jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
-    stream = chat(client, "Describe a user.", temperature=0, stream=True,
-                  response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": schema}})
+    stream = chat(
+        client,
+        "Describe a user.",
+        temperature=0,
+        stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": schema}},
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == reply.choices[0].message.content
     # OpenAI's strict-mode keywords together: number bounds and multipleOf, formats, a pattern, nullable, anyOf,
     # bounded arrays, $defs and $ref
-    strict = {"type": "object", "additionalProperties": False,
-              "required": ["item", "price", "when", "note", "size", "sku", "qty", "colors"],
-              "properties": {"item": {"$ref": "#/$defs/name"},
-                             "price": {"type": "number", "exclusiveMinimum": 0, "maximum": 99.5},
-                             "sku": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
-                             "qty": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100},
-                             "colors": {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 1, "maxItems": 2},
-                             "when": {"type": "string", "format": "date"},
-                             "note": {"type": ["string", "null"], "maxLength": 12},
-                             "size": {"anyOf": [{"type": "integer", "minimum": 1, "exclusiveMaximum": 4}, {"enum": ["big"]}]}},
-              "$defs": {"name": {"type": "string", "maxLength": 10}}}
-    reply = chat(client, "Describe a product for sale.", temperature=0, max_tokens=256,
-                 response_format={"type": "json_schema", "json_schema": {"name": "product", "schema": strict, "strict": True}})
+    strict = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["item", "price", "when", "note", "size", "sku", "qty", "colors"],
+        "properties": {
+            "item": {"$ref": "#/$defs/name"},
+            "price": {"type": "number", "exclusiveMinimum": 0, "maximum": 99.5},
+            "sku": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+            "qty": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100},
+            "colors": {"type": "array", "items": {"enum": ["red", "blue"]}, "minItems": 1, "maxItems": 2},
+            "when": {"type": "string", "format": "date"},
+            "note": {"type": ["string", "null"], "maxLength": 12},
+            "size": {"anyOf": [{"type": "integer", "minimum": 1, "exclusiveMaximum": 4}, {"enum": ["big"]}]},
+        },
+        "$defs": {"name": {"type": "string", "maxLength": 10}},
+    }
+    reply = chat(
+        client,
+        "Describe a product for sale.",
+        temperature=0,
+        max_tokens=256,
+        response_format={"type": "json_schema", "json_schema": {"name": "product", "schema": strict, "strict": True}},
+    )
     assert reply.choices[0].finish_reason == "stop", reply.choices[0].message.content
     jsonschema.Draft202012Validator(strict, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER).validate(
-        json.loads(reply.choices[0].message.content))
+        json.loads(reply.choices[0].message.content)
+    )
     # Lantern's bound for free strings, set through the client's extra_body
     free = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"], "additionalProperties": False}
-    reply = chat(client, "Describe a user.", temperature=0, extra_body={"schema_defaults": {"maxLength": 3}},
-                 response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": free}})
+    reply = chat(
+        client,
+        "Describe a user.",
+        temperature=0,
+        extra_body={"schema_defaults": {"maxLength": 3}},
+        response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": free}},
+    )
     assert len(json.loads(reply.choices[0].message.content)["name"]) <= 3
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("client", ["llamacpp"], indirect=True)  # engine-independent: the fast engine
 def test_a_constrained_answer_cut_by_max_tokens_ends_with_length(client):
-    reply = chat(client, "Describe a user.", temperature=0, max_tokens=4,
-                 response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMAS["nested_object"]}})
+    reply = chat(
+        client,
+        "Describe a user.",
+        temperature=0,
+        max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMAS["nested_object"]}},
+    )
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 4
     with pytest.raises(json.JSONDecodeError):
         json.loads(reply.choices[0].message.content)  # 4 tokens cannot hold the object: unfinished, as OpenAI's
@@ -391,11 +497,17 @@ def test_a_json_answer_cut_by_max_tokens_is_closed_within_it(client):
     """An answer that max_tokens cuts is rewound and closed (closing.py): valid JSON within the budget,
     finish_reason still "length". The stream holds back the tokens it may rewind and gives the same
     text. With logprobs (a closing token has none) it stays unfinished."""
-    names = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}},
-                                              "done": {"type": "boolean"}},
-             "required": ["names", "done"], "additionalProperties": False}
-    kw = {"temperature": 0, "max_tokens": 24,
-          "response_format": {"type": "json_schema", "json_schema": {"name": "names", "schema": names}}}
+    names = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}, "done": {"type": "boolean"}},
+        "required": ["names", "done"],
+        "additionalProperties": False,
+    }
+    kw = {
+        "temperature": 0,
+        "max_tokens": 24,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "names", "schema": names}},
+    }
     ask = "List fifty first names."
     reply = chat(client, ask, **kw)
     text = reply.choices[0].message.content
@@ -417,24 +529,30 @@ def test_a_json_answer_cut_by_max_tokens_is_closed_within_it(client):
 @pytest.mark.parametrize("client", ["llamacpp"], indirect=True)  # engine-independent code: the fast engine (tvm: +90 s)
 def test_openai_client_tool_calls_required_named_and_round_trip(client):
     for seed in (1, 2, 3):
-        reply = chat(client, "What is the weather in Paris?", tools=TOOLS, tool_choice="required", seed=seed,
-                     parallel_tool_calls=False)
+        reply = chat(
+            client, "What is the weather in Paris?", tools=TOOLS, tool_choice="required", seed=seed, parallel_tool_calls=False
+        )
         choice = reply.choices[0]
         assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
         call = choice.message.tool_calls[0]
         assert_valid_call(call, {c["function"]["name"]: c for c in TOOLS}[call.function.name])
 
-    reply = chat(client, "What is 2 plus 3?", tools=TOOLS, temperature=0,
-                 tool_choice={"type": "function", "function": {"name": "add"}})
+    reply = chat(
+        client, "What is 2 plus 3?", tools=TOOLS, temperature=0, tool_choice={"type": "function", "function": {"name": "add"}}
+    )
     [call] = reply.choices[0].message.tool_calls
     assert_valid_call(call, ADD)
 
     # the tool's result goes back in a `tool` message; the model answers in text
     a, b = (json.loads(call.function.arguments)[k] for k in "ab")
-    messages = [{"role": "user", "content": "What is 2 plus 3?"}, reply.choices[0].message.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sum": a + b})}]
-    final = client.chat.completions.create(model=reply.model, messages=messages, tools=TOOLS, tool_choice="none",
-                                           max_tokens=32, temperature=0)
+    messages = [
+        {"role": "user", "content": "What is 2 plus 3?"},
+        reply.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sum": a + b})},
+    ]
+    final = client.chat.completions.create(
+        model=reply.model, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=32, temperature=0
+    )
     assert final.choices[0].finish_reason in ("stop", "length")
     assert final.choices[0].message.content and not final.choices[0].message.tool_calls
 

@@ -18,8 +18,21 @@ import xgrammar
 from xgrammar.testing import _get_matcher_from_grammar
 
 from browser import launch, lantern_server
-from structured_cases import (ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER,
-                              closed_json, cpu_runs, random_strict_schema, request)
+from structured_cases import (
+    ADD,
+    ANNOTATED,
+    ANNOTATED_WARNINGS,
+    BAD_REQUESTS,
+    MESSAGES,
+    SCHEMAS,
+    SEEDS,
+    TOOLS,
+    WEATHER,
+    closed_json,
+    cpu_runs,
+    random_strict_schema,
+    request,
+)
 
 from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 
@@ -76,9 +89,11 @@ def test_every_schema_validates_in_the_browser_and_answers_as_the_cpu(page, smol
             tok_s.append(reply["usage"]["decode_tokens_per_s"])
     # Same seed, same sampler, logits within ~1e-4 of the CPU's: the answers agree but for rare near-ties.
     assert same >= 0.8 * total, f"{same}/{total} answers equal the CPU engine's"
-    report(f"structured (browser): {total} generations over {len(SCHEMAS)} schemas, 100% valid (ajv); "
-           f"{same}/{total} identical to the CPU engine's for the same seed; {tokens / total:.1f} tokens per answer, "
-           f"decode {sorted(tok_s)[len(tok_s) // 2]:.2f} tok/s (median)")
+    report(
+        f"structured (browser): {total} generations over {len(SCHEMAS)} schemas, 100% valid (ajv); "
+        f"{same}/{total} identical to the CPU engine's for the same seed; {tokens / total:.1f} tokens per answer, "
+        f"decode {sorted(tok_s)[len(tok_s) // 2]:.2f} tok/s (median)"
+    )
     stats = page.evaluate("engine.stats()")
     assert stats["grammarCache"]["entries"] == len(SCHEMAS)
     assert stats["grammarCache"]["hits"] >= len(SEEDS) - 1  # the repeated schema was not compiled again
@@ -86,16 +101,21 @@ def test_every_schema_validates_in_the_browser_and_answers_as_the_cpu(page, smol
 
 def valid_call(page, call: dict, tool: dict) -> bool:
     """The call names ``tool`` and its arguments validate against its parameters schema (ajv)."""
-    return (call["type"] == "function" and call["function"]["name"] == tool["function"]["name"]
-            and page.evaluate("([s, t]) => ajvCheck(s, t)",
-                              [tool["function"]["parameters"], call["function"]["arguments"]]) is None)
+    return (
+        call["type"] == "function"
+        and call["function"]["name"] == tool["function"]["name"]
+        and page.evaluate("([s, t]) => ajvCheck(s, t)", [tool["function"]["parameters"], call["function"]["arguments"]]) is None
+    )
 
 
 def test_tool_calls_required_named_and_round_trip(page):
     ask = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 plus 3?"}]
     base = {"messages": ask, "tools": TOOLS, "max_tokens": 48}
-    required, named = chat(page, {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
-                           {**base, "tool_choice": {"type": "function", "function": {"name": "add"}}, "temperature": 0})
+    required, named = chat(
+        page,
+        {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
+        {**base, "tool_choice": {"type": "function", "function": {"name": "add"}}, "temperature": 0},
+    )
     for reply in (required, named):
         ChatCompletion.model_validate(reply)
         assert reply["choices"][0]["finish_reason"] == "tool_calls"
@@ -105,14 +125,14 @@ def test_tool_calls_required_named_and_round_trip(page):
     assert valid_call(page, call, ADD)
 
     # the result goes back as a `tool` message; the model then answers in text
-    turn = [*ask, named["choices"][0]["message"],
-            {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"sum": 5})}]
+    turn = [*ask, named["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"sum": 5})}]
     [final] = chat(page, {"messages": turn, "tools": TOOLS, "tool_choice": "none", "max_tokens": 16, "temperature": 0})
     assert final["choices"][0]["message"]["content"] and not final["choices"][0]["message"].get("tool_calls")
 
     # streamed: no tag text in the content deltas, the call whole in the last chunk
-    [streamed] = chat(page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
-                             "max_tokens": 48, "stream": True})
+    [streamed] = chat(
+        page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0, "max_tokens": 48, "stream": True}
+    )
     for c in streamed["chunks"]:
         ChatCompletionChunk.model_validate(c)
     assert "<tool_call>" not in streamed["text"] and streamed["finish"] == "tool_calls"
@@ -122,8 +142,9 @@ def test_tool_calls_required_named_and_round_trip(page):
 
 def test_bad_structured_requests_are_rejected_up_front(page):
     for bad, word in BAD_REQUESTS:
-        err = page.evaluate("(req) => errorOf(() => engine.chat.completions.create(req))",
-                            {"messages": MESSAGES, "max_tokens": 4, **bad})
+        err = page.evaluate(
+            "(req) => errorOf(() => engine.chat.completions.create(req))", {"messages": MESSAGES, "max_tokens": 4, **bad}
+        )
         assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
     stats = page.evaluate("engine.stats()")
     assert stats["queued"] == 0 and stats["kvSequences"] <= 1
@@ -146,17 +167,25 @@ def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, 
     finished = closed = cut = 0
     for k in range(16):
         schema = random_strict_schema(rng)
-        req = {"messages": MESSAGES, "seed": k, "temperature": 1.0, "max_tokens": 256, "response_format": {
-            "type": "json_schema", "json_schema": {"name": f"s{k}", "schema": schema, "strict": True}}}
+        req = {
+            "messages": MESSAGES,
+            "seed": k,
+            "temperature": 1.0,
+            "max_tokens": 256,
+            "response_format": {"type": "json_schema", "json_schema": {"name": f"s{k}", "schema": schema, "strict": True}},
+        }
         [reply] = chat(tiny_page, req)
         ChatCompletion.model_validate(reply)
         text, finish = reply["choices"][0]["message"]["content"], reply["choices"][0]["finish_reason"]
         if finish == "length" and not closed_json(text):  # cut where it could not be closed
             parsed = ChatCompletionRequest(**req)
-            spec = request_spec(parsed.response_format.model_dump(exclude_none=True), [], None, True,
-                                parsed.schema_defaults.model_dump())
-            assert _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source))).accept_string(text), \
-                (schema, text)
+            spec = request_spec(
+                parsed.response_format.model_dump(exclude_none=True), [], None, True, parsed.schema_defaults.model_dump()
+            )
+            assert _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source))).accept_string(text), (
+                schema,
+                text,
+            )
             cut += 1
             continue
         assert finish in ("stop", "length"), (schema, text, finish)
@@ -166,6 +195,8 @@ def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, 
         finished += finish == "stop"
         closed += finish == "length"
     assert finished >= 10
-    report(f"random strict schemas (tiny model, browser, webgpu): 16 schemas: {finished} finished, {closed} closed "
-           f"at max_tokens, 100% valid (ajv and jsonschema with format checks); {cut} cut by max_tokens "
-           "(finish_reason length)")
+    report(
+        f"random strict schemas (tiny model, browser, webgpu): 16 schemas: {finished} finished, {closed} closed "
+        f"at max_tokens, 100% valid (ajv and jsonschema with format checks); {cut} cut by max_tokens "
+        "(finish_reason length)"
+    )

@@ -41,6 +41,7 @@ def accepts_of(rules: list[str], name: str):
             return matcher.accept_string(text) and matcher.is_terminated()
         finally:
             matcher.reset()
+
     return accepts
 
 
@@ -69,19 +70,37 @@ def near(values) -> set[str]:
     return {t for t in out if "e" not in t and "n" not in t}
 
 
-@pytest.mark.parametrize("kind, schema, inside, outside", [
-    ("number", {"minimum": -1.5, "maximum": 2.25}, ["-1.5", "2.25", "0", "-1.4999", "2.2499999"], ["-1.50001", "2.2500001", "-2", "3"]),
-    ("number", {"exclusiveMinimum": -1.5, "exclusiveMaximum": 2.25}, ["-1.4999999", "2.2499999", "0"], ["-1.5", "2.25", "-1.50", "2.250"]),
-    ("number", {"exclusiveMinimum": 0}, ["0.000000000000001", "1", "123456789012345"], ["0", "0.0", "-0.1", "-0"]),
-    ("number", {"minimum": 0, "exclusiveMaximum": 1}, ["0", "0.0", "0.999999999999999"], ["1", "1.0", "-0.000001"]),
-    ("number", {"minimum": 0.1, "maximum": 0.3}, ["0.1", "0.2", "0.3", "0.25"], ["0.09999", "0.30001", "0.300000000000001"]),
-    ("number", {"maximum": -0.5}, ["-0.5", "-0.50", "-7", "-100000"], ["-0.49999", "0", "1"]),
-    ("number", {"exclusiveMaximum": 0.30000000000000004}, ["0.3", "0.300000000000000"], ["0.31", "0.30000000000000004"]),
-    ("integer", {"minimum": -5, "exclusiveMaximum": 3}, ["-5", "0", "2"], ["-6", "3", "2.0", "1.5", "-0"]),
-    ("integer", {"exclusiveMinimum": 17.5, "maximum": 120}, ["18", "120", "99"], ["17", "121", "125", "129", "1200"]),
-    ("integer", {"minimum": 0, "maximum": 10**6}, ["0", "1000000", "999999"], ["1000001", "-1", "10000000"]),
-    ("integer", {"minimum": -10**12, "maximum": -10**11}, ["-1000000000000", "-100000000000"], ["-99999999999", "-1000000000001"]),
-])
+@pytest.mark.parametrize(
+    "kind, schema, inside, outside",
+    [
+        (
+            "number",
+            {"minimum": -1.5, "maximum": 2.25},
+            ["-1.5", "2.25", "0", "-1.4999", "2.2499999"],
+            ["-1.50001", "2.2500001", "-2", "3"],
+        ),
+        (
+            "number",
+            {"exclusiveMinimum": -1.5, "exclusiveMaximum": 2.25},
+            ["-1.4999999", "2.2499999", "0"],
+            ["-1.5", "2.25", "-1.50", "2.250"],
+        ),
+        ("number", {"exclusiveMinimum": 0}, ["0.000000000000001", "1", "123456789012345"], ["0", "0.0", "-0.1", "-0"]),
+        ("number", {"minimum": 0, "exclusiveMaximum": 1}, ["0", "0.0", "0.999999999999999"], ["1", "1.0", "-0.000001"]),
+        ("number", {"minimum": 0.1, "maximum": 0.3}, ["0.1", "0.2", "0.3", "0.25"], ["0.09999", "0.30001", "0.300000000000001"]),
+        ("number", {"maximum": -0.5}, ["-0.5", "-0.50", "-7", "-100000"], ["-0.49999", "0", "1"]),
+        ("number", {"exclusiveMaximum": 0.30000000000000004}, ["0.3", "0.300000000000000"], ["0.31", "0.30000000000000004"]),
+        ("integer", {"minimum": -5, "exclusiveMaximum": 3}, ["-5", "0", "2"], ["-6", "3", "2.0", "1.5", "-0"]),
+        ("integer", {"exclusiveMinimum": 17.5, "maximum": 120}, ["18", "120", "99"], ["17", "121", "125", "129", "1200"]),
+        ("integer", {"minimum": 0, "maximum": 10**6}, ["0", "1000000", "999999"], ["1000001", "-1", "10000000"]),
+        (
+            "integer",
+            {"minimum": -(10**12), "maximum": -(10**11)},
+            ["-1000000000000", "-100000000000"],
+            ["-99999999999", "-1000000000001"],
+        ),
+    ],
+)
 def test_values_just_inside_each_bound_are_accepted_and_just_outside_refused(kind, schema, inside, outside):
     g = grammar(kind, schema)
     for text in inside:
@@ -100,6 +119,7 @@ def random_schemas(rng: random.Random, count: int):
         if pick < 0.75:
             return rng.choice([0, 0.1, 0.2, 0.3, 1e-7, 1 / 3, 0.1 + 0.2, 2.5e-5, 1e15, 123456789.123, -1e-3])
         return rng.uniform(-5, 5)  # 16-17 digit doubles
+
     for _ in range(count):
         kind = rng.choice(["number", "integer"])
         schema = {key: bound() for key in rng.sample(BOUNDS, rng.randint(1, 3))}
@@ -127,16 +147,21 @@ def test_random_bounds_accept_exactly_what_jsonschema_validates(report):
         assert got == want, (kind, schema, sorted(got ^ want)[:5])
         checked += len(texts)
         accepted += len(got)
-    report(f"number ranges: 400 random bounds (30% with a multipleOf), {checked} texts: the grammar accepts the "
-           f"{accepted} jsonschema validates and no other; {empty} ranges hold no {MAX_DIGITS}-digit number and are refused")
+    report(
+        f"number ranges: 400 random bounds (30% with a multipleOf), {checked} texts: the grammar accepts the "
+        f"{accepted} jsonschema validates and no other; {empty} ranges hold no {MAX_DIGITS}-digit number and are refused"
+    )
 
 
-@pytest.mark.parametrize("schema, inside, outside", [
-    ({"type": "integer", "multipleOf": 3, "minimum": -10, "maximum": 10}, ["-9", "0", "3", "9"], ["-10", "-1", "10", "12"]),
-    ({"type": "number", "multipleOf": 0.25}, ["0.25", "-1.75", "3", "1.50", "2.0", "100.000"], ["0.3", "0.125", "1.2"]),
-    ({"type": "number", "multipleOf": 2, "exclusiveMaximum": 5}, ["4", "4.0", "-2", "0"], ["5", "6", "3", "4.5"]),
-    ({"type": "integer", "multipleOf": 0.5}, ["1", "-7", "0"], ["1.5", "0.5"]),
-])
+@pytest.mark.parametrize(
+    "schema, inside, outside",
+    [
+        ({"type": "integer", "multipleOf": 3, "minimum": -10, "maximum": 10}, ["-9", "0", "3", "9"], ["-10", "-1", "10", "12"]),
+        ({"type": "number", "multipleOf": 0.25}, ["0.25", "-1.75", "3", "1.50", "2.0", "100.000"], ["0.3", "0.125", "1.2"]),
+        ({"type": "number", "multipleOf": 2, "exclusiveMaximum": 5}, ["4", "4.0", "-2", "0"], ["5", "6", "3", "4.5"]),
+        ({"type": "integer", "multipleOf": 0.5}, ["1", "-7", "0"], ["1.5", "0.5"]),
+    ],
+)
 def test_multiple_of_is_exact(schema, inside, outside):
     g = accepts_of(number_rules(placeholder(schema["type"], schema), "n"), "n")
     for text in inside:
@@ -146,8 +171,13 @@ def test_multiple_of_is_exact(schema, inside, outside):
 
 
 def test_a_multiple_of_validators_cannot_divide_exactly_is_refused_by_name():
-    for bad, words in [(0.01, "not a binary fraction"), (0.1, "0.07 / 0.01"), (0, "above 0"), (-2, "above 0"),
-                       (251, "above 250")]:
+    for bad, words in [
+        (0.01, "not a binary fraction"),
+        (0.1, "0.07 / 0.01"),
+        (0, "above 0"),
+        (-2, "above 0"),
+        (251, "above 250"),
+    ]:
         with pytest.raises(StructuredOutputError, match=re.escape("'multipleOf'")) as err:
             check_schema({"type": "number", "multipleOf": bad})
         assert words in str(err.value), (bad, err.value)
@@ -156,9 +186,39 @@ def test_a_multiple_of_validators_cannot_divide_exactly_is_refused_by_name():
 
 # ---- patterns and lengths ------------------------------------------------------------------------
 
-ATOMS = ["a", "b", "z", "0", "7", "\\.", "\\d", "\\w", "\\s", "\\D", "\\W", "\\S", ".", "[a-c]", "[^a]", "[^\\d]",
-         "[A-Z_]", "[\\w-]", "\\u00e9", "[é-ë]", "\\\\", '"', "\\/", " ", "\\n", "\\t", "[\\s\\S]", "中", "\\x41", "[-.]"]
-ALPHABET = "abz07.AZ_- \"\\/\n\t\r\x7féê中٣\u00a0\x1c\x01"
+ATOMS = [
+    "a",
+    "b",
+    "z",
+    "0",
+    "7",
+    "\\.",
+    "\\d",
+    "\\w",
+    "\\s",
+    "\\D",
+    "\\W",
+    "\\S",
+    ".",
+    "[a-c]",
+    "[^a]",
+    "[^\\d]",
+    "[A-Z_]",
+    "[\\w-]",
+    "\\u00e9",
+    "[é-ë]",
+    "\\\\",
+    '"',
+    "\\/",
+    " ",
+    "\\n",
+    "\\t",
+    "[\\s\\S]",
+    "中",
+    "\\x41",
+    "[-.]",
+]
+ALPHABET = 'abz07.AZ_- "\\/\n\t\r\x7féê中٣\u00a0\x1c\x01'
 
 
 def random_pattern(rng: random.Random, depth: int = 0) -> str:
@@ -213,14 +273,17 @@ def test_patterns_and_lengths_let_through_only_valid_strings(report):
             continue
         node = string_grammar.parse_pattern(pattern)
         texts = {sample(node, rng) for _ in range(12)}
-        texts |= {t[:k] + rng.choice(ALPHABET) + t[k + 1:] for t in sorted(texts) for k in range(len(t) + 1) if rng.random() < 0.3}
+        texts |= {
+            t[:k] + rng.choice(ALPHABET) + t[k + 1 :] for t in sorted(texts) for k in range(len(t) + 1) if rng.random() < 0.3
+        }
         texts |= {"".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 5))) for _ in range(10)}
         cases.append((schema, sorted(texts), accepts_of(rules, "s")))
-    anchored = [{"schema": {**s, "pattern": f"^(?:{s['pattern']})$"}, "texts": [json.dumps(t) for t in texts]}
-                for s, texts, _ in cases]
+    anchored = [
+        {"schema": {**s, "pattern": f"^(?:{s['pattern']})$"}, "texts": [json.dumps(t) for t in texts]} for s, texts, _ in cases
+    ]
     plain = [{"schema": s, "texts": [json.dumps(t) for t in texts]} for s, texts, _ in cases]
     by_ajv = run_typescript("ajv_check.ts", {"cases": plain + anchored})["out"]
-    for (schema, texts, g), ajv_ok, ajv_full in zip(cases, by_ajv, by_ajv[len(cases):]):
+    for (schema, texts, g), ajv_ok, ajv_full in zip(cases, by_ajv, by_ajv[len(cases) :]):
         validator = jsonschema.Draft202012Validator(schema)
         for text, ok, full in zip(texts, ajv_ok, ajv_full):
             got = g(json_text(text))
@@ -228,31 +291,61 @@ def test_patterns_and_lengths_let_through_only_valid_strings(report):
                 assert validator.is_valid(text) and ok, (schema, text)
                 accepted += 1
             if all(ord(c) < 0x80 and not 0x1C <= ord(c) <= 0x1F for c in text):
-                both = (re.fullmatch(schema["pattern"], text) is not None and full
-                        and schema["minLength"] <= len(text) <= schema.get("maxLength", len(text)))
+                both = (
+                    re.fullmatch(schema["pattern"], text) is not None
+                    and full
+                    and schema["minLength"] <= len(text) <= schema.get("maxLength", len(text))
+                )
                 assert got == both, (schema, text, got)
                 ascii_checked += 1
     total = sum(len(t) for _, t, _ in cases)
-    report(f"patterns: 150 random patterns with lengths, {total} strings: {accepted} accepted, each valid for "
-           f"jsonschema and ajv; on {ascii_checked} ASCII strings accepted = matched in full by both; "
-           f"{refused} patterns refused (empty or not read alike)")
+    report(
+        f"patterns: 150 random patterns with lengths, {total} strings: {accepted} accepted, each valid for "
+        f"jsonschema and ajv; on {ascii_checked} ASCII strings accepted = matched in full by both; "
+        f"{refused} patterns refused (empty or not read alike)"
+    )
 
 
-@pytest.mark.parametrize("pattern, what", [
-    ("a^b", "no string matches it"), ("(?=a)a", "lookaround"), ("\\bx", "\\b"), ("\\1", "\\1"), ("[]", "empty class"),
-    ("a{3,1}", "minimum is above"), ("a**", "quantifier on a quantifier"), ("(a", "unclosed '('"), ("a)", "unmatched"),
-    ("[\\d-z]", "class shorthand"), ("😀", "above U+FFFF"), ("\\p{Script=Latin}", "\\p{Script=Latin}"),
-    ("\\p{Foo}", "unknown Unicode property"), ("\\pL", "without a {name}"), ("\\p{Cn}", "no string matches"), ("a{", "starts no"), ("[[a]]", "inside a class"),
-])
+@pytest.mark.parametrize(
+    "pattern, what",
+    [
+        ("a^b", "no string matches it"),
+        ("(?=a)a", "lookaround"),
+        ("\\bx", "\\b"),
+        ("\\1", "\\1"),
+        ("[]", "empty class"),
+        ("a{3,1}", "minimum is above"),
+        ("a**", "quantifier on a quantifier"),
+        ("(a", "unclosed '('"),
+        ("a)", "unmatched"),
+        ("[\\d-z]", "class shorthand"),
+        ("😀", "above U+FFFF"),
+        ("\\p{Script=Latin}", "\\p{Script=Latin}"),
+        ("\\p{Foo}", "unknown Unicode property"),
+        ("\\pL", "without a {name}"),
+        ("\\p{Cn}", "no string matches"),
+        ("a{", "starts no"),
+        ("[[a]]", "inside a class"),
+    ],
+)
 def test_patterns_not_enforced_exactly_are_refused_by_name(pattern, what):
     with pytest.raises(StructuredOutputError, match=re.escape("'pattern'")) as err:
         check_schema({"type": "string", "pattern": pattern})
     assert what in str(err.value), err.value
 
 
-UNICODE_PATTERNS = ["^\\p{Lu}\\p{Ll}*$", "^[\\p{L}\\p{N} ]+$", "^[^\\p{P}\\p{S}]+$", "^\\P{L}{1,2}$", "^\\p{gc=Nd}+$",
-                    "^[\\p{Zs}A-Za-z0-9+\\.,\\-_:;()]*$",  # a real schema's (JSONSchemaBench Github_ultra, bio.tools)
-                    "^\\p{Letter}\\p{General_Category=Mn}?$", "^\\p{Assigned}$", "^[\\P{Cn}x]$", "^(?:\\p{LC}|\\p{Zl})$"]
+UNICODE_PATTERNS = [
+    "^\\p{Lu}\\p{Ll}*$",
+    "^[\\p{L}\\p{N} ]+$",
+    "^[^\\p{P}\\p{S}]+$",
+    "^\\P{L}{1,2}$",
+    "^\\p{gc=Nd}+$",
+    "^[\\p{Zs}A-Za-z0-9+\\.,\\-_:;()]*$",  # a real schema's (JSONSchemaBench Github_ultra, bio.tools)
+    "^\\p{Letter}\\p{General_Category=Mn}?$",
+    "^\\p{Assigned}$",
+    "^[\\P{Cn}x]$",
+    "^(?:\\p{LC}|\\p{Zl})$",
+]
 
 
 def test_unicode_property_classes_let_through_only_what_both_engines_count(report):
@@ -264,12 +357,19 @@ def test_unicode_property_classes_let_through_only_what_both_engines_count(repor
 
     rng = random.Random(18)
     spread = [chr(c) for c in range(0x20, 0x10000, 5) if not 0xD800 <= c <= 0xDFFF]
-    texts = sorted(set(spread) | {"".join(rng.choice(spread) for _ in range(rng.randint(2, 4))) for _ in range(400)}
-                   | {"Émile", "Ab", "12", "a b", "\u0295", "x\u0300"})
-    cases = [(pattern, accepts_of(string_grammar.string_rules(string_grammar.placeholder(pattern, 0, None), "s"), "s"))
-             for pattern in UNICODE_PATTERNS]
-    by_ajv = run_typescript("ajv_check.ts", {"cases": [{"schema": {"type": "string", "pattern": p},
-                                                        "texts": [json.dumps(t) for t in texts]} for p, _ in cases]})["out"]
+    texts = sorted(
+        set(spread)
+        | {"".join(rng.choice(spread) for _ in range(rng.randint(2, 4))) for _ in range(400)}
+        | {"Émile", "Ab", "12", "a b", "\u0295", "x\u0300"}
+    )
+    cases = [
+        (pattern, accepts_of(string_grammar.string_rules(string_grammar.placeholder(pattern, 0, None), "s"), "s"))
+        for pattern in UNICODE_PATTERNS
+    ]
+    by_ajv = run_typescript(
+        "ajv_check.ts",
+        {"cases": [{"schema": {"type": "string", "pattern": p}, "texts": [json.dumps(t) for t in texts]} for p, _ in cases]},
+    )["out"]
     known = {chr(c) for lo, hi in string_grammar.ASSIGNED for c in range(lo, hi + 1)}
     accepted = exact = 0
     for (pattern, g), ajv_ok in zip(cases, by_ajv):
@@ -281,8 +381,10 @@ def test_unicode_property_classes_let_through_only_what_both_engines_count(repor
             if all(c in known for c in text):
                 assert got == ok, (pattern, text, got)
                 exact += 1
-    report(f"\\p classes: {len(cases)} patterns, {len(texts)} strings each: {accepted} accepted, each valid for ajv and "
-           f"Python's regex; {exact} of known characters accepted exactly when ajv validates them")
+    report(
+        f"\\p classes: {len(cases)} patterns, {len(texts)} strings each: {accepted} accepted, each valid for ajv and "
+        f"Python's regex; {exact} of known characters accepted exactly when ajv validates them"
+    )
 
 
 def test_the_unicode_table_agrees_with_python_and_javascript():
@@ -295,7 +397,9 @@ def test_the_unicode_table_agrees_with_python_and_javascript():
     for cat, ranges in string_grammar.CATEGORIES.items():
         codes = [c for lo, hi in ranges for c in range(lo, hi + 1)]
         assert all(unicodedata.category(chr(c)) == cat for c in codes), cat
-        cases.append({"schema": {"type": "string", "pattern": f"^\\p{{gc={cat}}}$"}, "texts": [json.dumps(chr(c)) for c in codes]})
+        cases.append(
+            {"schema": {"type": "string", "pattern": f"^\\p{{gc={cat}}}$"}, "texts": [json.dumps(chr(c)) for c in codes]}
+        )
     for case, out in zip(cases, run_typescript("ajv_check.ts", {"cases": cases})["out"]):
         assert all(out), (case["schema"], [json.loads(t) for t, ok in zip(case["texts"], out) if not ok][:5])
     assert sum(len(c["texts"]) for c in cases) > 60000
@@ -311,12 +415,17 @@ def test_long_strings_beyond_the_merged_size_stay_exact():
 def test_xgrammar_alone_lets_invalid_strings_through():
     """Why Lantern writes string rules itself: xgrammar 0.1.27 on the same schemas."""
     from xgrammar.testing import _is_grammar_accept_string as raw_accepts
+
     raw = lambda schema: xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)  # noqa: E731
     assert raw_accepts(raw({"type": "string", "pattern": "^[^a]+$"}), '"""')  # a raw quote: not JSON
     assert raw_accepts(raw({"type": "string", "pattern": "^a$", "maxLength": 0}), '"a"')  # lengths dropped
     assert raw_accepts(raw({"type": "string", "maxLength": 3}), '"\t"')  # a raw tab: not JSON
-    ours = lambda schema: accepts_of(string_grammar.string_rules(  # noqa: E731
-        string_grammar.placeholder(schema.get("pattern"), schema.get("minLength", 0), schema.get("maxLength")), "s"), "s")
+    ours = lambda schema: accepts_of(  # noqa: E731
+        string_grammar.string_rules(
+            string_grammar.placeholder(schema.get("pattern"), schema.get("minLength", 0), schema.get("maxLength")), "s"
+        ),
+        "s",
+    )
     assert not ours({"pattern": "^[^a]+$"})('"""') and ours({"pattern": "^[^a]+$"})('"\\""')
     assert not ours({"maxLength": 3, "minLength": 1})('"\t"') and ours({"maxLength": 3, "minLength": 1})('"\\t"')
     # a maxLength alone is one repeated class (fast to mask): raw characters, escapes left out
@@ -325,22 +434,31 @@ def test_xgrammar_alone_lets_invalid_strings_through():
 
 # ---- uniqueItems ----------------------------------------------------------------------------------
 
+
 def test_unique_items_accept_exactly_the_valid_arrays(report):
     rng = random.Random(16)
-    pool = ["red", "green", "b\"q", "é", 1, 2.5, True, False, None, 0]
+    pool = ["red", "green", 'b"q', "é", 1, 2.5, True, False, None, 0]
     checked = accepted = 0
     for _ in range(60):
         values = rng.sample(pool, rng.randint(1, 5))
         items = rng.choice([{"enum": values}, {"const": values[0]}, {"type": "boolean"}])
         lo = rng.randint(0, 3)
         hi = rng.choice([None, lo + rng.randint(0, 2)])
-        schema = {"type": "array", "items": items, "uniqueItems": True, "minItems": lo, **({"maxItems": hi} if hi is not None else {})}
+        schema = {
+            "type": "array",
+            "items": items,
+            "uniqueItems": True,
+            "minItems": lo,
+            **({"maxItems": hi} if hi is not None else {}),
+        }
         try:
             key = unique_grammar.placeholder(unique_grammar.item_values(items), lo, hi)
             g = accepts_of(unique_grammar.unique_rules(key, "u"), "u")
         except unique_grammar.UniqueItemsError:
-            assert not any(jsonschema.Draft202012Validator(schema).is_valid(list(c)) for c in
-                           [rng.sample(values + [True, False], k) for k in range(lo, lo + 1) if k <= len(values) + 2])
+            assert not any(
+                jsonschema.Draft202012Validator(schema).is_valid(list(c))
+                for c in [rng.sample(values + [True, False], k) for k in range(lo, lo + 1) if k <= len(values) + 2]
+            )
             continue
         choices = values + [True, False] + ["other"]
         for _ in range(20):
@@ -350,8 +468,10 @@ def test_unique_items_accept_exactly_the_valid_arrays(report):
             assert g(text) == want, (schema, text)
             checked += 1
             accepted += want
-    report(f"uniqueItems: 60 random arrays of enums, consts and booleans, {checked} arrays: the grammar accepts the "
-           f"{accepted} jsonschema validates and no other")
+    report(
+        f"uniqueItems: 60 random arrays of enums, consts and booleans, {checked} arrays: the grammar accepts the "
+        f"{accepted} jsonschema validates and no other"
+    )
 
 
 def python_rules(case: dict) -> dict:
@@ -375,25 +495,43 @@ def python_rules(case: dict) -> dict:
 def test_typescript_writes_the_same_rules():
     rng = random.Random(17)
     cases = [{"kind": kind, "schema": schema} for kind, schema in random_schemas(rng, 300)]
-    cases += [{"kind": "number", "schema": {"minimum": 1e21, "maximum": 1e22}},
-              {"kind": "number", "schema": {"exclusiveMinimum": 1e-20, "exclusiveMaximum": 2e-20}},
-              {"kind": "number", "schema": {"multipleOf": 0.01}}, {"kind": "integer", "schema": {"multipleOf": 251}}]
+    cases += [
+        {"kind": "number", "schema": {"minimum": 1e21, "maximum": 1e22}},
+        {"kind": "number", "schema": {"exclusiveMinimum": 1e-20, "exclusiveMaximum": 2e-20}},
+        {"kind": "number", "schema": {"multipleOf": 0.01}},
+        {"kind": "integer", "schema": {"multipleOf": 251}},
+    ]
     for _ in range(150):
         lo = rng.choice([0, 1, 3])
-        cases.append({"kind": "string", "pattern": rng.choice([random_pattern(rng), None]), "min": lo,
-                      "max": rng.choice([None, lo + rng.randint(0, 5)])})
+        cases.append(
+            {
+                "kind": "string",
+                "pattern": rng.choice([random_pattern(rng), None]),
+                "min": lo,
+                "max": rng.choice([None, lo + rng.randint(0, 5)]),
+            }
+        )
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": None} for p in ["a^b", "(?=a)", "\\", "😀", "\ud800", "[z-a]"]]
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": 8} for p in UNICODE_PATTERNS + ["\\p{sc=Han}", "\\p{Lx}"]]
     cases += [{"kind": "classes", "pattern": p} for p in UNICODE_PATTERNS + ["[\\]\\p{Zs}]\\P{N}", "\\\\p{L}", "\\p{sc=Han}"]]
     cases += [{"kind": "string", "pattern": p, "min": 0, "max": 300} for p in SUPPORT["format_patterns"].values()]
     # automata past string_grammar.MAX_MERGED states are not merged: the same unmerged rules on both sides
-    cases += [{"kind": "string", "pattern": None, "min": 0, "max": 1200}, {"kind": "string", "pattern": "[a-c]*x", "min": 3,
-                                                                            "max": 700}]
+    cases += [
+        {"kind": "string", "pattern": None, "min": 0, "max": 1200},
+        {"kind": "string", "pattern": "[a-c]*x", "min": 3, "max": 700},
+    ]
     for _ in range(40):
         values = rng.sample(["x", "é", 'q"', 1, 2.5, 1.0, True, None, 1e21], rng.randint(1, 4))
-        cases.append({"kind": "unique", "items": rng.choice([{"enum": values}, {"type": "boolean"}, {"type": "string"},
-                                                             {"enum": values, "type": "string"}]),
-                      "min": rng.randint(0, 3), "max": rng.choice([None, 2])})
+        cases.append(
+            {
+                "kind": "unique",
+                "items": rng.choice(
+                    [{"enum": values}, {"type": "boolean"}, {"type": "string"}, {"enum": values, "type": "string"}]
+                ),
+                "min": rng.randint(0, 3),
+                "max": rng.choice([None, 2]),
+            }
+        )
     out = run_typescript("exact_rules.ts", {"cases": cases})["out"]
     for case, ts in zip(cases, out):
         assert ts == python_rules(case), case
@@ -404,26 +542,44 @@ def test_typescript_writes_the_same_rules():
 
 OPENAI_FORMATS = ["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"]
 FORMAT_SAMPLES = {  # (valid, invalid)
-    "date": (["2024-02-29", "2000-02-29", "2023-02-28", "2023-12-31", "0001-01-01", "1900-02-28"],
-             ["2023-02-29", "1900-02-29", "2023-02-31", "2023-04-31", "2023-13-01", "2023-00-10", "2023-1-1", "0000-01-01"]),
-    "time": (["00:00:00Z", "23:59:59+01:00", "12:30:00.5-05:30", "08:15:00Z"],
-             ["25:00:00Z", "24:00:00Z", "12:60:00Z", "12:00:60Z", "12:00", "12:00:00+24:00", "12:00:00"]),
-    "date-time": (["2024-02-29T12:00:00Z", "1999-12-31T23:59:59.123456+14:00"],
-                  ["2023-02-29T12:00:00Z", "2024-02-29T25:00:00Z", "2024-02-29 12:00:00Z", "2024-02-29T12:00:00"]),
-    "ipv4": (["0.0.0.0", "1.2.3.4", "255.255.255.255", "192.168.0.1"],
-             ["256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.-1"]),
-    "ipv6": (["::", "::1", "2001:db8::1", "1:2:3:4:5:6:7:8", "::ffff:1.2.3.4", "fe80::"],
-             ["1:2:3:4:5:6:7:8:9", ":::", "1::2::3", "12345::", "g::1", "fe80::1%eth0"]),
-    "hostname": (["example.com", "a", "a-b.c", "localhost", "xn--80ak6aa92e.com", "x" * 62 + ".com"],
-                 ["-a.com", "a-.com", "a..b", "x" * 64 + ".com", "a_b.com", "a b"]),
-    "email": (["a@b.com", "first.last@example.co.uk", "x+tag@mail-host.org"],
-              ["@b.com", "a@", "a b@c.com", "a..b@c.com", "a@-b.com", "a@b-.com", "plain"]),
-    "uuid": (["123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000"],
-             ["123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400", "zzze4567-e89b-12d3-a456-426614174000"]),
+    "date": (
+        ["2024-02-29", "2000-02-29", "2023-02-28", "2023-12-31", "0001-01-01", "1900-02-28"],
+        ["2023-02-29", "1900-02-29", "2023-02-31", "2023-04-31", "2023-13-01", "2023-00-10", "2023-1-1", "0000-01-01"],
+    ),
+    "time": (
+        ["00:00:00Z", "23:59:59+01:00", "12:30:00.5-05:30", "08:15:00Z"],
+        ["25:00:00Z", "24:00:00Z", "12:60:00Z", "12:00:60Z", "12:00", "12:00:00+24:00", "12:00:00"],
+    ),
+    "date-time": (
+        ["2024-02-29T12:00:00Z", "1999-12-31T23:59:59.123456+14:00"],
+        ["2023-02-29T12:00:00Z", "2024-02-29T25:00:00Z", "2024-02-29 12:00:00Z", "2024-02-29T12:00:00"],
+    ),
+    "ipv4": (
+        ["0.0.0.0", "1.2.3.4", "255.255.255.255", "192.168.0.1"],
+        ["256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4.5", "1.2.3.-1"],
+    ),
+    "ipv6": (
+        ["::", "::1", "2001:db8::1", "1:2:3:4:5:6:7:8", "::ffff:1.2.3.4", "fe80::"],
+        ["1:2:3:4:5:6:7:8:9", ":::", "1::2::3", "12345::", "g::1", "fe80::1%eth0"],
+    ),
+    "hostname": (
+        ["example.com", "a", "a-b.c", "localhost", "xn--80ak6aa92e.com", "x" * 62 + ".com"],
+        ["-a.com", "a-.com", "a..b", "x" * 64 + ".com", "a_b.com", "a b"],
+    ),
+    "email": (
+        ["a@b.com", "first.last@example.co.uk", "x+tag@mail-host.org"],
+        ["@b.com", "a@", "a b@c.com", "a..b@c.com", "a@-b.com", "a@b-.com", "plain"],
+    ),
+    "uuid": (
+        ["123e4567-e89b-12d3-a456-426614174000", "123E4567-E89B-12D3-A456-426614174000"],
+        ["123e4567e89b12d3a456426614174000", "123e4567-e89b-12d3-a456-42661417400", "zzze4567-e89b-12d3-a456-426614174000"],
+    ),
     "duration": (["P1D", "PT1H", "P1Y2M3DT4H5M6S", "P1W", "PT0S"], ["P", "PT", "P1DT", "1D", "P1M1W"]),
     # beyond OpenAI's list
-    "uri": (["http://a.com", "https://a.com/b?c=d#e", "mailto:a@b.com", "urn:isbn:123"],
-            ["/relative", "http://a b.com", "http://a.com/%zz", "1http://a"]),
+    "uri": (
+        ["http://a.com", "https://a.com/b?c=d#e", "mailto:a@b.com", "urn:isbn:123"],
+        ["/relative", "http://a b.com", "http://a.com/%zz", "1http://a"],
+    ),
     "json-pointer": (["", "/a", "/a~0b", "/a~1"], ["a", "/~2"]),
     "relative-json-pointer": (["0", "1/a", "0#"], ["-1", "01", "a"]),
     "byte": (["", "QUJD", "YWI=", "YQ==", "QUJDRA=="], ["QUJ", "YQ=", "a b", "YQ===", "Y"]),  # ajv-formats' base64
@@ -432,8 +588,10 @@ FORMAT_SAMPLES = {  # (valid, invalid)
     "iso-date-time": (["2024-02-29T12:00:00Z"], ["2023-02-29T12:00:00Z", "2024-02-29 12:00"]),
     "idn-email": (["a@b.com", "x+y@mail-host.org"], ["plain", "@b.com", "a@"]),
     "idn-hostname": (["example.com", "a", "abc-def.org", "x" * 62], ["ab--cd.com", "-a.com", "a-.com", "x" * 64, "a..b"]),
-    "uri-reference": (["", "a/b", "/a/b?c=d#e", "https://a.com:8080/x", "../x", "#f", "?q=1"],
-                      ["a b", "http://a b.com", "%zz", "http://a.com/%zz"]),
+    "uri-reference": (
+        ["", "a/b", "/a/b?c=d#e", "https://a.com:8080/x", "../x", "#f", "?q=1"],
+        ["a b", "http://a b.com", "%zz", "http://a.com/%zz"],
+    ),
     "iri": (["https://a.com", "http://a.b/c?d=e#f"], ["a/b", "http://", "//a.com", "http://a b"]),
     "iri-reference": (["", "a/b", "https://a.com/x#y"], ["a b", "http://a b.com"]),
     "uri-template": (["https://a.com/{id}", "/users/{id}/posts", "/x"], ["/x/{id", "/x/}", "a b"]),
@@ -453,12 +611,15 @@ def test_formats_let_through_only_strings_both_validators_accept(report):
     """Every sample the grammar accepts is valid for jsonschema (FormatChecker with the format-nongpl
     checkers) and for ajv-formats; the valid samples are all accepted, the invalid all refused."""
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
-    cases = [{"schema": {"type": "string", "format": fmt}, "texts": [json.dumps(t) for t in valid + invalid]}
-             for fmt, (valid, invalid) in FORMAT_SAMPLES.items()]
+    cases = [
+        {"schema": {"type": "string", "format": fmt}, "texts": [json.dumps(t) for t in valid + invalid]}
+        for fmt, (valid, invalid) in FORMAT_SAMPLES.items()
+    ]
     ajv = run_typescript("ajv_check.ts", {"cases": cases})["out"]
     for (fmt, (valid, invalid)), ajv_ok in zip(FORMAT_SAMPLES.items(), ajv):
-        matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(json.dumps(
-            check_schema({"type": "string", "format": fmt})))))
+        matcher = _get_matcher_from_grammar(
+            xgrammar.Grammar.from_ebnf(schema_ebnf(json.dumps(check_schema({"type": "string", "format": fmt}))))
+        )
         for text, by_ajv in zip(valid + invalid, ajv_ok):
             accepted = matcher.accept_string(json.dumps(text)) and matcher.is_terminated()
             matcher.reset()
@@ -466,8 +627,10 @@ def test_formats_let_through_only_strings_both_validators_accept(report):
                 assert checker.conforms(text, fmt) and by_ajv, (fmt, text, "accepted but invalid")
             assert accepted == (text in valid), (fmt, text, accepted)
     total = sum(len(v) + len(i) for v, i in FORMAT_SAMPLES.values())
-    report(f"formats: {len(FORMAT_SAMPLES)} formats, {total} samples (2023-02-29, 25:00:00Z, 256.1.1.1 among them): "
-           "the grammar accepts exactly the valid ones, each valid for jsonschema and ajv-formats")
+    report(
+        f"formats: {len(FORMAT_SAMPLES)} formats, {total} samples (2023-02-29, 25:00:00Z, 256.1.1.1 among them): "
+        "the grammar accepts exactly the valid ones, each valid for jsonschema and ajv-formats"
+    )
 
 
 def test_every_format_pattern_admits_only_strings_both_validators_accept(report):
@@ -489,11 +652,14 @@ def test_every_format_pattern_admits_only_strings_both_validators_accept(report)
         for text in case["texts"][:40]:
             assert matcher.accept_string(text) and matcher.is_terminated(), (case["schema"], text)
             matcher.reset()
-    report(f"format patterns: {sum(len(c['texts']) for c in cases)} strings sampled from {len(cases)} patterns, "
-           "all valid for jsonschema and ajv-formats")
+    report(
+        f"format patterns: {sum(len(c['texts']) for c in cases)} strings sampled from {len(cases)} patterns, "
+        "all valid for jsonschema and ajv-formats"
+    )
 
 
 # ---- the keyword table ----------------------------------------------------------------------------
+
 
 def test_the_docs_list_every_keyword_from_the_shared_table():
     """schema_support.json's keyword table puts each accepted keyword in one row and names the refused
@@ -509,6 +675,5 @@ def test_the_docs_list_every_keyword_from_the_shared_table():
         assert keyword not in SUPPORT["keywords"]
         with pytest.raises(StructuredOutputError, match=re.escape(f"'{keyword}'")):
             check_schema({"type": "object", keyword: {}})
-    check = subprocess.run([sys.executable, "ci/schema_table.py", "--check"], cwd=repo_root(), capture_output=True,
-                           text=True)
+    check = subprocess.run([sys.executable, "ci/schema_table.py", "--check"], cwd=repo_root(), capture_output=True, text=True)
     assert check.returncode == 0, check.stdout

@@ -33,8 +33,7 @@ def tiny(tiny_hf, tiny_q4, build_artifact) -> Artifact:
     """For the failing cases: a breach is found the same way on any model, and the tiny one loads in seconds.
     tiny_q4 with only the WebGPU library SwiftShader runs (its libraries and weights come from
     tiny_q4's build, in seconds): each run compiles half the pipelines."""
-    return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=("webgpu", "cpu"),
-                                        webgpu_schedule="cpu-emulated"))
+    return Artifact.open(build_artifact(tiny_hf[0], "q4f32_1", targets=("webgpu", "cpu"), webgpu_schedule="cpu-emulated"))
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +44,9 @@ def prompts(tmp_path_factory):
 
 
 def validate(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lantern.cli", "validate", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=1200)
+    return subprocess.run(
+        [sys.executable, "-m", "lantern.cli", "validate", *map(str, args)], capture_output=True, text=True, env=env, timeout=1200
+    )
 
 
 def copy_artifact(art: Artifact, dst):
@@ -68,10 +68,13 @@ def healthy_report(smollm2, prompts, cache_dir, request):
     """ci/validate.sh, the plain-shell job users copy into their CI: `lantern build smollm2` (a cache
     hit after smollm2_q4: the same inputs), then `lantern validate` against ci/budget.toml."""
     root = request.config.rootpath
-    env = {**os.environ, "LANTERN": str(Path(sys.executable).with_name("lantern")), "LANTERN_CACHE": str(cache_dir),
-           "VALIDATE_ARGS": " ".join(["--prompts", str(prompts), *QUICK])}
-    run = subprocess.run(["bash", str(root / "ci" / "validate.sh")], capture_output=True, text=True, env=env,
-                         timeout=1800)
+    env = {
+        **os.environ,
+        "LANTERN": str(Path(sys.executable).with_name("lantern")),
+        "LANTERN_CACHE": str(cache_dir),
+        "VALIDATE_ARGS": " ".join(["--prompts", str(prompts), *QUICK]),
+    }
+    run = subprocess.run(["bash", str(root / "ci" / "validate.sh")], capture_output=True, text=True, env=env, timeout=1800)
     return run, root / "test-output"
 
 
@@ -90,9 +93,11 @@ def test_a_healthy_artifact_passes(healthy_report, report):
     assert any(c["name"] == "correctness.min_structured_valid" and c["status"] == "pass" for c in data["checks"])
     suite = ET.parse(out / "validate.xml").getroot()
     assert suite.get("failures") == "0" and int(suite.get("tests")) == len(data["checks"])
-    report(f"validate (SmolLM2 q4f32_1, SwiftShader): load cold {m['load_s_cold']:.1f} s, cached "
-           f"{m['load_s_cached']:.1f} s, decode {m['decode_tokens_per_s']:.2f} tok/s, perplexity "
-           f"{m['perplexity']:.1f} (CPU {m['cpu_perplexity']:.1f}), peak GPU {m['peak_gpu_bytes'] / 2**20:.0f} MiB")
+    report(
+        f"validate (SmolLM2 q4f32_1, SwiftShader): load cold {m['load_s_cold']:.1f} s, cached "
+        f"{m['load_s_cached']:.1f} s, decode {m['decode_tokens_per_s']:.2f} tok/s, perplexity "
+        f"{m['perplexity']:.1f} (CPU {m['cpu_perplexity']:.1f}), peak GPU {m['peak_gpu_bytes'] / 2**20:.0f} MiB"
+    )
 
 
 # Correctness limits that hold for any model, random weights included (ci/budget.toml's perplexity
@@ -110,8 +115,7 @@ min_baseline_token_match = 0.9
 def tiny_baseline(tiny, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny-baseline")
     (out / "budget.toml").write_text(TINY_BUDGET)
-    run = validate(tiny.path, "--budget", out / "budget.toml", "--prompts", prompts, *QUICK, "--json",
-                   out / "report.json")
+    run = validate(tiny.path, "--budget", out / "budget.toml", "--prompts", prompts, *QUICK, "--json", out / "report.json")
     assert run.returncode == 0, run.stderr[-3000:]
     return out
 
@@ -127,13 +131,21 @@ def test_perturbed_weights_fail_the_correctness_budget(tiny, prompts, tiny_basel
         data = np.frombuffer((folder / shard["dataPath"]).read_bytes(), dtype=np.uint8).copy()
         for rec in shard["records"]:
             if rec["name"].endswith("q_weight"):
-                part = data[rec["byteOffset"]:rec["byteOffset"] + rec["nbytes"]]
+                part = data[rec["byteOffset"] : rec["byteOffset"] + rec["nbytes"]]
                 hit = rng.random(len(part)) < 0.2
                 part[hit] ^= rng.integers(1, 256, hit.sum(), dtype=np.uint8)
         (folder / shard["dataPath"]).write_bytes(data.tobytes())
     rehash(folder)
-    run = validate(folder, "--budget", tiny_baseline / "budget.toml", "--prompts", prompts, *QUICK,
-                   "--baseline", tiny_baseline / "report.json")
+    run = validate(
+        folder,
+        "--budget",
+        tiny_baseline / "budget.toml",
+        "--prompts",
+        prompts,
+        *QUICK,
+        "--baseline",
+        tiny_baseline / "report.json",
+    )
     assert run.returncode == 1, run.stderr[-3000:]
     breached = run.stderr.split("budget breached:")[1]
     assert "correctness." in breached and "speed." not in breached
@@ -172,8 +184,20 @@ def test_firefox_and_webkit_validate_the_gguf_and_a_corrupt_part_cannot_run(smol
     budget = tmp_path / "budget.toml"
     budget.write_text(re.sub(r"\n\[speed\].*?(?=\n\[)", "\n", (root / "ci" / "budget.toml").read_text(), flags=re.S))
     # one llama.cpp thread each: the suite runs a test file per core (see test_wasm_device.py's session)
-    run = validate(smollm2.path, "--browser", "firefox,webkit", "--budget", budget,
-                   "--prompts", prompts, *QUICK, "--threads", "1", "--json", out)
+    run = validate(
+        smollm2.path,
+        "--browser",
+        "firefox,webkit",
+        "--budget",
+        budget,
+        "--prompts",
+        prompts,
+        *QUICK,
+        "--threads",
+        "1",
+        "--json",
+        out,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     data = json.loads(out.read_text())
     for name in ("firefox", "webkit"):

@@ -14,8 +14,19 @@ import shutil
 import pytest
 
 from browser import launch, lantern_server, manifest_alias, wait_until_ready
-from structured_cases import (ADD, ANNOTATED, ANNOTATED_WARNINGS, BAD_REQUESTS, MESSAGES, SCHEMAS, SEEDS, TOOLS, WEATHER,
-                              closed_json, request)
+from structured_cases import (
+    ADD,
+    ANNOTATED,
+    ANNOTATED_WARNINGS,
+    BAD_REQUESTS,
+    MESSAGES,
+    SCHEMAS,
+    SEEDS,
+    TOOLS,
+    WEATHER,
+    closed_json,
+    request,
+)
 from test_gbnf import LONG_STRING, OPTIONAL
 from test_runtime import cpu_greedy, open_page
 from test_smollm2 import PROMPTS
@@ -24,8 +35,7 @@ from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 
 pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build, pytest.mark.slow]
 
-PARIS = [{"role": "system", "content": "Answer briefly."},
-         {"role": "user", "content": "What is the capital of France?"}]
+PARIS = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +69,11 @@ def test_auto_picks_wasm_and_answers(session, smollm2_q4, report):
     phases = page.evaluate("progress.map((p) => p.phase)")
     assert "wasm-load" in phases and "gpu-upload" not in phases
 
-    plain, streamed = chat(page, {"messages": PARIS, "max_tokens": 24, "temperature": 0},
-                           {"messages": PARIS, "max_tokens": 24, "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True}})
+    plain, streamed = chat(
+        page,
+        {"messages": PARIS, "max_tokens": 24, "temperature": 0},
+        {"messages": PARIS, "max_tokens": 24, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}},
+    )
     ChatCompletion.model_validate(plain)
     text = plain["choices"][0]["message"]["content"]
     assert "Paris" in text and plain["lantern_device"] == "wasm"
@@ -77,9 +89,11 @@ def test_auto_picks_wasm_and_answers(session, smollm2_q4, report):
     [second] = chat(page, {"messages": turn, "max_tokens": 16, "temperature": 0})
     cached = second["usage"]["cached_prompt_tokens"]
     assert cached >= plain["usage"]["prompt_tokens"], second["usage"]
-    report(f"wasm device: '{text}' ({plain['usage']['decode_tokens_per_s']:.1f} tok/s decode, "
-           f"{plain['usage']['prefill_tokens_per_s']:.1f} tok/s prefill, {stats['deviceLabel']}); "
-           f"second turn reused {cached}/{second['usage']['prompt_tokens']} prompt tokens")
+    report(
+        f"wasm device: '{text}' ({plain['usage']['decode_tokens_per_s']:.1f} tok/s decode, "
+        f"{plain['usage']['prefill_tokens_per_s']:.1f} tok/s prefill, {stats['deviceLabel']}); "
+        f"second turn reused {cached}/{second['usage']['prompt_tokens']} prompt tokens"
+    )
 
 
 def test_greedy_tokens_match_the_cpu_library(session, smollm2_q4, report):
@@ -95,15 +109,24 @@ def test_greedy_tokens_match_the_cpu_library(session, smollm2_q4, report):
         n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         same += n
         total += max(len(a), len(b))
-    report(f"wasm device vs CPU library, greedy: {same}/{total} tokens agree before the first difference "
-           f"({100 * same / total:.0f}%; Q4_0 with f16 scales vs the same weights in f32 kernels)")
+    report(
+        f"wasm device vs CPU library, greedy: {same}/{total} tokens agree before the first difference "
+        f"({100 * same / total:.0f}%; Q4_0 with f16 scales vs the same weights in f32 kernels)"
+    )
     assert same >= 0.5 * total
 
 
 def test_seed_sampling_fields_and_abort(session, smollm2_q4):
     page = session["page"]
-    sample = {"messages": PARIS, "max_tokens": 16, "temperature": 1.0, "top_p": 0.95, "top_k": 40,
-              "frequency_penalty": 0.5, "seed": 11}
+    sample = {
+        "messages": PARIS,
+        "max_tokens": 16,
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "top_k": 40,
+        "frequency_penalty": 0.5,
+        "seed": 11,
+    }
     a, b = chat(page, sample, sample)
     assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
     # logit_bias bans the greedy answer's first token; logprobs come with the ids' text
@@ -111,8 +134,9 @@ def test_seed_sampling_fields_and_abort(session, smollm2_q4):
     first = greedy["choices"][0]["logprobs"]["content"][0]
     assert len(first["top_logprobs"]) == 2 and first["token"] == first["top_logprobs"][0]["token"]
     [first_id] = smollm2_q4.tokenizer().encode(first["token"], add_special_tokens=False).ids
-    [banned] = chat(page, {"messages": PARIS, "max_tokens": 4, "temperature": 0, "logprobs": True,
-                           "logit_bias": {str(first_id): -100}})
+    [banned] = chat(
+        page, {"messages": PARIS, "max_tokens": 4, "temperature": 0, "logprobs": True, "logit_bias": {str(first_id): -100}}
+    )
     assert banned["choices"][0]["logprobs"]["content"][0]["token"] != first["token"]
     # stop strings end the answer before the stop text
     [stopped] = chat(page, {"messages": PARIS, "max_tokens": 24, "temperature": 0, "stop": ["Paris"]})
@@ -144,15 +168,25 @@ def test_structured_output_and_tools(session, report):
             assert valid(page, schema, text), (name, seed, text)
             finished += reply["choices"][0]["finish_reason"] == "stop"
             closed += reply["choices"][0]["finish_reason"] == "length"
-    report(f"structured (wasm): {finished} finished answers over {len(SCHEMAS)} schemas, {closed} closed at "
-           f"max_tokens, 100% valid (ajv); {cut} cut by max_tokens")
+    report(
+        f"structured (wasm): {finished} finished answers over {len(SCHEMAS)} schemas, {closed} closed at "
+        f"max_tokens, 100% valid (ajv); {cut} cut by max_tokens"
+    )
     assert cut <= len(SCHEMAS) // 5
 
     # an answer that max_tokens cuts is closed within it (closing.ts), streamed or not, the same text
-    names = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}},
-             "required": ["names"], "additionalProperties": False}
-    ask = {"messages": [{"role": "user", "content": "List fifty first names."}], "temperature": 0, "max_tokens": 10,
-           "response_format": {"type": "json_schema", "json_schema": {"name": "names", "schema": names}}}
+    names = {
+        "type": "object",
+        "properties": {"names": {"type": "array", "items": {"type": "string"}}},
+        "required": ["names"],
+        "additionalProperties": False,
+    }
+    ask = {
+        "messages": [{"role": "user", "content": "List fifty first names."}],
+        "temperature": 0,
+        "max_tokens": 10,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "names", "schema": names}},
+    }
     whole, streamed = chat(page, ask, {**ask, "stream": True})
     text = whole["choices"][0]["message"]["content"]
     assert whole["choices"][0]["finish_reason"] == "length" and whole["usage"]["completion_tokens"] <= 10, whole
@@ -162,9 +196,11 @@ def test_structured_output_and_tools(session, report):
     ask = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 plus 3?"}]
     base = {"messages": ask, "tools": TOOLS, "max_tokens": 48}
     required, named, auto = chat(
-        page, {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
+        page,
+        {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
         {**base, "tool_choice": {"type": "function", "function": {"name": "add"}}, "temperature": 0},
-        {**base, "tool_choice": "auto", "temperature": 0})
+        {**base, "tool_choice": "auto", "temperature": 0},
+    )
     for reply in (required, named):
         assert reply["choices"][0]["finish_reason"] == "tool_calls", reply
     by_name = {t["function"]["name"]: t for t in TOOLS}
@@ -174,14 +210,16 @@ def test_structured_output_and_tools(session, report):
             assert valid(page, tool["function"]["parameters"], call["function"]["arguments"]), call
     [call] = named["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == ADD["function"]["name"]
-    [streamed] = chat(page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0,
-                             "max_tokens": 48, "stream": True})
+    [streamed] = chat(
+        page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0, "max_tokens": 48, "stream": True}
+    )
     assert "<tool_call>" not in streamed["text"] and streamed["finish"] == "tool_calls"
 
     # the same up-front errors as the webgpu device (one table, one grammar engine)
     for bad, word in BAD_REQUESTS:
-        err = page.evaluate("(req) => errorOf(() => engine.chat.completions.create(req))",
-                            {"messages": MESSAGES, "max_tokens": 4, **bad})
+        err = page.evaluate(
+            "(req) => errorOf(() => engine.chat.completions.create(req))", {"messages": MESSAGES, "max_tokens": 4, **bad}
+        )
         assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
     # the same warnings for what a real-world schema's rewrite ignored
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": ANNOTATED}}
@@ -203,8 +241,9 @@ def test_grammars_at_llama_cpp_parser_limits_are_enforced(session):
 def test_device_choice_and_bad_artifacts(session, smollm2_q4, tmp_path, playwright):
     page, base = session["page"], session["base"]
     # "webgpu" is obeyed: without WebGPU it fails instead of falling back
-    err = page.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'webgpu' }))",
-                        f"/models/{smollm2_q4.path.name}/")
+    err = page.evaluate(
+        "(m) => errorOf(() => lantern.createEngine({ model: m, device: 'webgpu' }))", f"/models/{smollm2_q4.path.name}/"
+    )
     assert err["name"] == "WebGPUUnavailableError", err
 
     # a tampered GGUF part: IntegrityError naming it; an artifact without a GGUF: how to rebuild
@@ -222,14 +261,17 @@ def test_device_choice_and_bad_artifacts(session, smollm2_q4, tmp_path, playwrig
         browser = launch(playwright, webgpu=False)
         try:
             p = open_page(browser, base2)
-            err = p.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'wasm', cache: 'none' }))",
-                             "/models/tampered/")
+            err = p.evaluate(
+                "(m) => errorOf(() => lantern.createEngine({ model: m, device: 'wasm', cache: 'none' }))", "/models/tampered/"
+            )
             assert err["name"] == "IntegrityError" and err["file"] == part.name, err
-            err = p.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'auto', cache: 'none' }))",
-                             "/models/plain/")
+            err = p.evaluate(
+                "(m) => errorOf(() => lantern.createEngine({ model: m, device: 'auto', cache: 'none' }))", "/models/plain/"
+            )
             assert err["name"] == "WebGPUUnavailableError", err  # no GGUF to fall back on
-            err = p.evaluate("(m) => errorOf(() => lantern.createEngine({ model: m, device: 'wasm', cache: 'none' }))",
-                             "/models/plain/")
+            err = p.evaluate(
+                "(m) => errorOf(() => lantern.createEngine({ model: m, device: 'wasm', cache: 'none' }))", "/models/plain/"
+            )
             assert err["name"] == "ArtifactError" and "gguf target" in err["message"], err
         finally:
             browser.close()
@@ -265,9 +307,13 @@ def test_a_model_too_large_for_wasm_memory_is_refused_before_download_and_routed
         try:
             page = open_page(browser, base)
             err = page.evaluate("() => errorOf(() => lantern.createEngine({ model: '/huge/', device: 'wasm' }))")
-            out = page.evaluate("([o, r]) => routerChat(o, r)", [
-                {"local": {"model": "/huge/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
-                {"messages": PARIS, "max_tokens": 8, "temperature": 0}])
+            out = page.evaluate(
+                "([o, r]) => routerChat(o, r)",
+                [
+                    {"local": {"model": "/huge/"}, "cloud": {"baseURL": base + "/v1", "model": name}},
+                    {"messages": PARIS, "max_tokens": 8, "temperature": 0},
+                ],
+            )
         finally:
             browser.close()
     assert err["name"] == "OutOfMemoryError", err
@@ -280,8 +326,7 @@ def test_a_model_too_large_for_wasm_memory_is_refused_before_download_and_routed
     assert reply["lantern_route"] == "cloud" and reply["choices"][0]["message"]["content"]
 
 
-def test_two_pages_loading_into_an_empty_cache_at_once_both_answer_and_the_cache_serves_a_third(
-        smollm2_q4, playwright):
+def test_two_pages_loading_into_an_empty_cache_at_once_both_answer_and_the_cache_serves_a_third(smollm2_q4, playwright):
     """Two tabs of one origin (one browser context: one Cache Storage) load the same model at once into
     an empty cache. Both load and answer alike, each file is stored once, and a third tab loads every
     file from the cache (none fetched) and verifies it there."""
@@ -296,8 +341,7 @@ def test_two_pages_loading_into_an_empty_cache_at_once_both_answer_and_the_cache
             for page in (first, second):  # both start before either has stored a byte
                 page.evaluate("(m) => { window.loading = load(m, { device: 'wasm' }); }", model)
             stats = [page.evaluate("() => window.loading") for page in (first, second)]
-            answers = [chat(page, {"messages": PARIS, "max_tokens": 12, "temperature": 0})[0]
-                       for page in (first, second)]
+            answers = [chat(page, {"messages": PARIS, "max_tokens": 12, "temperature": 0})[0] for page in (first, second)]
             stored = first.evaluate("""async () => {
                 const out = [];
                 for (const name of await caches.keys())

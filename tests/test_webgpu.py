@@ -14,15 +14,15 @@ pytestmark = [pytest.mark.browser, pytest.mark.webgpu_build]
 def test_tiny_model_webgpu_matches_cpu(emulated, tiny_q4, report):
     """Both schedules of the default build: prefill, decodes, then a prefill on top of the history."""
     art = tiny_q4
-    check_against_cpu(art, multi_turn_steps(0), rtol=1e-4, report=report,
-                      lib=art.library("webgpu", emulated=emulated).name)
+    check_against_cpu(art, multi_turn_steps(0), rtol=1e-4, report=report, lib=art.library("webgpu", emulated=emulated).name)
 
 
 @pytest.mark.slow
 def test_smollm2_q4f32_webgpu_matches_cpu(smollm2_q4, report):
     """Real weights on the library SwiftShader runs (the tiny model covers the other schedule)."""
-    check_against_cpu(smollm2_q4, multi_turn_steps(1), rtol=1e-3, report=report,
-                      lib=smollm2_q4.library("webgpu", emulated=True).name)
+    check_against_cpu(
+        smollm2_q4, multi_turn_steps(1), rtol=1e-3, report=report, lib=smollm2_q4.library("webgpu", emulated=True).name
+    )
 
 
 def test_f16_artifact_has_a_fallback_that_runs_without_shader_f16(tiny_hf, build_artifact):

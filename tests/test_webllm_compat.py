@@ -19,8 +19,7 @@ def test_webllm_greedy_answer_equals_cpu_library(build_artifact):
 
     Built with `--temperature 0` (a cache hit of the shared build) and asked with no sampling fields:
     WebLLM answers greedily only if it reads the artifact's default from mlc-chat-config.json."""
-    art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=DEFAULT_TARGETS,
-                                       generation={"temperature": 0}))
+    art = Artifact.open(build_artifact("smollm2", "q4f32_1", targets=DEFAULT_TARGETS, generation={"temperature": 0}))
     chat_config = json.loads((art.path / "mlc-chat-config.json").read_text())
     assert chat_config["model_lib"] == art.library("webgpu").name == "smollm2-q4f32_1-webgpu.wasm"
     assert chat_config["temperature"] == 0 and art.manifest["generation"]["temperature"] == 0

@@ -42,8 +42,9 @@ def get(url: str) -> tuple[int, bytes]:
 def installed(tmp_path_factory) -> Path:
     """A fresh venv with the wheel of this checkout installed; returns its bin/ folder."""
     tmp = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp / "dist"), str(ROOT)],
-                           capture_output=True, text=True)
+    build = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(tmp / "dist"), str(ROOT)], capture_output=True, text=True
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     for noise in ("BuildBackendWarning", "SetuptoolsDeprecationWarning", "would be ignored"):  # setuptools' complaints
         assert noise not in build.stdout + build.stderr, build.stdout + build.stderr
@@ -51,17 +52,26 @@ def installed(tmp_path_factory) -> Path:
     env = tmp / "venv"
     venv.create(env, with_pip=False)
     python = env / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     (Path(site) / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet", str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     return env / "bin"
 
 
 def test_the_wheel_carries_the_site_and_the_runtime(installed, tmp_path):
-    where = subprocess.run([str(installed / "python"), "-c", "import lantern; print(lantern.__file__)"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [str(installed / "python"), "-c", "import lantern; print(lantern.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     package = Path(where).parent
     assert installed.parent in package.parents, where  # the wheel's copy, not the checkout
     for name in sorted(RUNTIME_FILES):
@@ -71,9 +81,13 @@ def test_the_wheel_carries_the_site_and_the_runtime(installed, tmp_path):
 
 def test_the_installed_cli_serves_site_runtime_and_api_from_a_temporary_directory(installed, tiny_q4, tmp_path):
     port = free_port()
-    server = subprocess.Popen([str(installed / "lantern"), "serve", str(tiny_q4.path), "--port", str(port),
-                               "--engine", "tvm"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+    server = subprocess.Popen(
+        [str(installed / "lantern"), "serve", str(tiny_q4.path), "--port", str(port), "--engine", "tvm"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

@@ -28,15 +28,20 @@ def random_llama_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
     h, i, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     d = h // cfg["num_attention_heads"]
     kv = cfg["num_key_value_heads"] * d
-    w = {"model.embed_tokens.weight": rng.normal(0, 1.0, (v, h)),
-         "model.norm.weight": 1 + 0.1 * rng.normal(size=h)}
+    w = {"model.embed_tokens.weight": rng.normal(0, 1.0, (v, h)), "model.norm.weight": 1 + 0.1 * rng.normal(size=h)}
     if not cfg["tie_word_embeddings"]:
         w["lm_head.weight"] = rng.normal(0, 0.2, (v, h))
     for layer in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{layer}."
-        shapes = {"self_attn.q_proj": (h, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-                  "self_attn.o_proj": (h, h), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h),
-                  "mlp.down_proj": (h, i)}
+        shapes = {
+            "self_attn.q_proj": (h, h),
+            "self_attn.k_proj": (kv, h),
+            "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, h),
+            "mlp.gate_proj": (i, h),
+            "mlp.up_proj": (i, h),
+            "mlp.down_proj": (h, i),
+        }
         for name, shape in shapes.items():
             w[f"{p}{name}.weight"] = rng.normal(0, 0.6 / np.sqrt(shape[1]), shape)
         w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.normal(size=h)
@@ -64,37 +69,118 @@ def write_hf_folder(folder: Path, tokenizer_dir: Path, *, seed: int = 0, **overr
 # of 16: with a GQA ratio of 4, TVM 0.27's WebGPU sliding-window prefill and tree-attention kernels
 # fail to build at that size (no real model of these families has it; theirs are 64-256).
 FAMILY_CONFIGS = {
-    "llama": ("MistralConfig", "MistralForCausalLM", {  # Mistral: the llama family with a window on every layer
-        "hidden_size": 128, "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 1, "sliding_window": 16, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 256, "tie_word_embeddings": False}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {  # Phi-3.5's longrope: 256 positions trained, 4096 claimed
-        "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096,
-        "original_max_position_embeddings": 256, "tie_word_embeddings": False, "pad_token_id": 0,
-        "rope_scaling": {"type": "longrope", "short_factor": [1.0 + 0.15 * i for i in range(16)],
-                         "long_factor": [4.0 + i for i in range(16)]}}),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {
-        "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 1, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 256, "tie_word_embeddings": False}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 1, "head_dim": 32, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 256, "tie_word_embeddings": True}),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {  # caps small enough that tanh bends the tiny model's values
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "layer_types": ["sliding_attention", "full_attention"], "attn_logit_softcapping": 0.5,
-        "final_logit_softcapping": 1.5, "num_key_value_heads": 1, "head_dim": 32, "query_pre_attn_scalar": 48,
-        "sliding_window": 16, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "tie_word_embeddings": True}),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {  # a local layer (its own RoPE base), then a global one
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "num_key_value_heads": 1, "head_dim": 32, "query_pre_attn_scalar": 48, "sliding_window": 16,
-        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 256, "tie_word_embeddings": True}),
+    "llama": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        {  # Mistral: the llama family with a window on every layer
+            "hidden_size": 128,
+            "intermediate_size": 160,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "sliding_window": 16,
+            "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": False,
+        },
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        {  # Phi-3.5's longrope: 256 positions trained, 4096 claimed
+            "hidden_size": 128,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 256,
+            "tie_word_embeddings": False,
+            "pad_token_id": 0,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0 + 0.15 * i for i in range(16)],
+                "long_factor": [4.0 + i for i in range(16)],
+            },
+        },
+    ),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        {
+            "hidden_size": 128,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": False,
+        },
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        {
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "rope_theta": 1000000.0,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {  # caps small enough that tanh bends the tiny model's values
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "attn_logit_softcapping": 0.5,
+            "final_logit_softcapping": 1.5,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "query_pre_attn_scalar": 48,
+            "sliding_window": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": True,
+        },
+    ),
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {  # a local layer (its own RoPE base), then a global one
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "query_pre_attn_scalar": 48,
+            "sliding_window": 16,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": True,
+        },
+    ),
 }
 
 

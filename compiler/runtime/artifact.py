@@ -26,13 +26,13 @@ class PromptTokens:
         self.tokenizer = tokenizer
         self.bos, self.eos = text(config.get("bos_token")), text(config.get("eos_token"))
         plain, full = (tokenizer.encode("a", add_special_tokens=special).ids for special in (False, True))
-        start = next((i for i in range(len(full)) if full[i:i + len(plain)] == plain), 0)
+        start = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
         bos_id = tokenizer.token_to_id(self.bos) if self.bos else None
         self.raw_prefix: list[int] = full[:start] or ([bos_id] if config.get("add_bos_token") and bos_id is not None else [])
 
     def encode(self, text: str, raw: bool = False) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return self.raw_prefix + ids if raw and ids[:len(self.raw_prefix)] != self.raw_prefix else ids
+        return self.raw_prefix + ids if raw and ids[: len(self.raw_prefix)] != self.raw_prefix else ids
 
 
 @dataclass
@@ -61,8 +61,7 @@ class Artifact:
             if not p.exists():
                 raise LanternError(f"artifact file missing: {name}")
             if p.stat().st_size != info["size"]:
-                raise LanternError(f"integrity error: {name} has {p.stat().st_size} bytes, "
-                                   f"the manifest says {info['size']}")
+                raise LanternError(f"integrity error: {name} has {p.stat().st_size} bytes, the manifest says {info['size']}")
             if sha256_file(p) != info["sha256"]:
                 raise LanternError(f"integrity error: {name} does not match its sha256 in {MANIFEST}")
 
@@ -88,7 +87,7 @@ class Artifact:
         for shard in index["records"]:
             data = (self.path / shard["dataPath"]).read_bytes()
             for rec in shard["records"]:
-                raw = data[rec["byteOffset"]: rec["byteOffset"] + rec["nbytes"]]
+                raw = data[rec["byteOffset"] : rec["byteOffset"] + rec["nbytes"]]
                 out[rec["name"]] = np.frombuffer(raw, dtype=rec["dtype"]).reshape(rec["shape"])
         return out
 
@@ -103,9 +102,13 @@ class Artifact:
 
         params = self.params()
         context = self.context_window("cpu")
-        return CpuModel(self.library("cpu"), [params[n] for n in self.param_order()], context_window=context,
-                        prefill_chunk=min(self.manifest["model"]["prefill_chunk_size"], context),
-                        conversations=conversations)
+        return CpuModel(
+            self.library("cpu"),
+            [params[n] for n in self.param_order()],
+            context_window=context,
+            prefill_chunk=min(self.manifest["model"]["prefill_chunk_size"], context),
+            conversations=conversations,
+        )
 
     def tokenizer(self):
         from tokenizers import Tokenizer

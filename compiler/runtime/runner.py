@@ -14,8 +14,10 @@ import tvm
 from tvm import relax
 from tvm.runtime import ShapeTuple
 
-_KV = {name: tvm.get_global_func(f"vm.builtin.kv_state_{name}")
-       for name in ("add_sequence", "remove_sequence", "begin_forward", "end_forward", "clear", "popn")}
+_KV = {
+    name: tvm.get_global_func(f"vm.builtin.kv_state_{name}")
+    for name in ("add_sequence", "remove_sequence", "begin_forward", "end_forward", "clear", "popn")
+}
 
 
 def _shared(cached: Sequence[int], prompt: Sequence[int]) -> int:
@@ -36,8 +38,16 @@ class CpuModel:
     prompt goes to the one it shares most with (``prefill_reusing``), the others stay cached
     until their pages are needed (least recently used first)."""
 
-    def __init__(self, library: str | Path, params: Sequence[np.ndarray], *, context_window: int,
-                 prefill_chunk: int, page_size: int = 16, conversations: int = 1):
+    def __init__(
+        self,
+        library: str | Path,
+        params: Sequence[np.ndarray],
+        *,
+        context_window: int,
+        prefill_chunk: int,
+        page_size: int = 16,
+        conversations: int = 1,
+    ):
         self.device = tvm.cpu()
         self.vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), self.device)
         self.params = [tvm.runtime.tensor(p, self.device) for p in params]
@@ -47,8 +57,12 @@ class CpuModel:
         self.pages = -(-context_window // page_size)  # what the sequences may hold together
         # a page of slack per sequence: each one's last page is partly empty
         self.kv = self.vm["create_tir_paged_kv_cache"](
-            ShapeTuple([conversations]), ShapeTuple([(self.pages + conversations) * page_size]),
-            ShapeTuple([prefill_chunk]), ShapeTuple([page_size]), ShapeTuple([0]))
+            ShapeTuple([conversations]),
+            ShapeTuple([(self.pages + conversations) * page_size]),
+            ShapeTuple([prefill_chunk]),
+            ShapeTuple([page_size]),
+            ShapeTuple([0]),
+        )
         self.cached: dict[int, list[int]] = {}  # sequence id -> its tokens in the KV cache, in order
         for seq in range(conversations):
             _KV["add_sequence"](self.kv, seq)
@@ -79,8 +93,10 @@ class CpuModel:
     def _make_room(self, new: int) -> None:
         """Free pages for ``new`` more tokens of the current sequence: other sequences are dropped,
         least recently used first."""
+
         def pages(n: int) -> int:
             return -(-n // self.page_size)
+
         need = pages(len(self.tokens) + new)
         for seq in self.recent:
             if sum(pages(len(t)) for s, t in self.cached.items() if s != self.seq_id) + need <= self.pages:
@@ -105,7 +121,7 @@ class CpuModel:
         """Append ``tokens`` (in chunks) and return the last position's logits ``[V]``."""
         logits = None
         for start in range(0, len(tokens), self.prefill_chunk):
-            chunk = tokens[start:start + self.prefill_chunk]
+            chunk = tokens[start : start + self.prefill_chunk]
             logits = self._forward("prefill" if len(chunk) > 1 else "decode", chunk)
         assert logits is not None, "prefill of no tokens"  # callers pass one at least (prefill_reusing: the last)
         return logits.reshape(-1)
@@ -142,7 +158,7 @@ class CpuModel:
         """Append ``tokens`` and return logits ``[len(tokens), V]`` for every position."""
         rows = []
         for start in range(0, len(tokens), self.prefill_chunk):
-            chunk = tokens[start:start + self.prefill_chunk]
+            chunk = tokens[start : start + self.prefill_chunk]
             pos = tvm.runtime.tensor(np.arange(len(chunk), dtype="int32"), self.device)
             rows.append(self._forward("batch_prefill", chunk, pos)[0])
         return np.concatenate(rows, axis=0)

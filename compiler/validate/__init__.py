@@ -108,9 +108,15 @@ class Report:
         return all(c.status != "fail" for c in self.checks)
 
     def to_json(self) -> dict:
-        return {"artifact": self.artifact, "passed": self.passed, "metrics": self.metrics,
-                "checks": [asdict(c) for c in self.checks], "greedy": self.greedy, "pipelines": self.pipelines,
-                "structured": self.structured}
+        return {
+            "artifact": self.artifact,
+            "passed": self.passed,
+            "metrics": self.metrics,
+            "checks": [asdict(c) for c in self.checks],
+            "greedy": self.greedy,
+            "pipelines": self.pipelines,
+            "structured": self.structured,
+        }
 
 
 def load_budget(path: Path | None) -> dict[str, float]:
@@ -120,8 +126,9 @@ def load_budget(path: Path | None) -> dict[str, float]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise CannotRun(f"budget {path}: {err}") from None
-    flat = {f"{section}.{key}": value for section, table in data.items() if isinstance(table, dict)
-            for key, value in table.items()}
+    flat = {
+        f"{section}.{key}": value for section, table in data.items() if isinstance(table, dict) for key, value in table.items()
+    }
     unknown = sorted(set(flat) - set(BUDGETS))
     if unknown:
         raise CannotRun(f"budget {path}: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(BUDGETS))})")
@@ -139,7 +146,7 @@ def load_prompts(path: Path | None) -> list[dict]:
         except json.JSONDecodeError as err:
             raise CannotRun(f"{path}:{i}: not JSON ({err.msg})") from None
         if not isinstance(item, dict) or not ({"prompt", "messages"} & set(item)):
-            raise CannotRun(f"{path}:{i}: each line needs \"prompt\" (raw text) or \"messages\" (chat)")
+            raise CannotRun(f'{path}:{i}: each line needs "prompt" (raw text) or "messages" (chat)')
         prompts.append(item)
     if not prompts:
         raise CannotRun(f"{path}: no prompts")
@@ -159,21 +166,44 @@ def evaluate(metrics: dict, budget: dict[str, float], baseline: dict | None) -> 
             if kind == "drop":  # percent below the baseline
                 change = (base - value) / base * 100 if base else 0.0
                 ok = change <= limit
-                checks.append(Check(key, metric, value, limit, "pass" if ok else "fail",
-                                    f"{change:+.1f}% below baseline {base:.4g} (limit {limit}%)"))
+                checks.append(
+                    Check(
+                        key,
+                        metric,
+                        value,
+                        limit,
+                        "pass" if ok else "fail",
+                        f"{change:+.1f}% below baseline {base:.4g} (limit {limit}%)",
+                    )
+                )
             else:  # percent above the baseline
                 change = (value - base) / base * 100 if base else 0.0
                 ok = change <= limit
-                checks.append(Check(key, metric, value, limit, "pass" if ok else "fail",
-                                    f"{change:+.1f}% vs baseline {base:.4g} (limit +{limit}%)"))
+                checks.append(
+                    Check(
+                        key,
+                        metric,
+                        value,
+                        limit,
+                        "pass" if ok else "fail",
+                        f"{change:+.1f}% vs baseline {base:.4g} (limit +{limit}%)",
+                    )
+                )
             continue
         if value is None:
             checks.append(Check(key, metric, None, limit, "not-checked", "not measured in this run"))
             continue
         ok = value >= limit if kind == "min" else value <= limit
-        checks.append(Check(key, metric, value, limit, "pass" if ok else "fail",
-                            "" if ok else f"{metric} {value:.4g}, {'at least' if kind == 'min' else 'at most'} "
-                                          f"{limit:.4g} allowed"))
+        checks.append(
+            Check(
+                key,
+                metric,
+                value,
+                limit,
+                "pass" if ok else "fail",
+                "" if ok else f"{metric} {value:.4g}, {'at least' if kind == 'min' else 'at most'} {limit:.4g} allowed",
+            )
+        )
     return checks
 
 
@@ -220,6 +250,7 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
     def ids_of(item: dict) -> list[int]:
         if "messages" in item:
             from ..chat_template import render
+
             return tokens.encode(render(cfg["chat_template"], item["messages"], bos_token=tokens.bos, eos_token=tokens.eos))
         return tokens.encode(item["prompt"], raw=True)
 
@@ -257,8 +288,11 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))  # type: ignore[misc]  # mypy#15459
         timeout = FIREFOX_HANG_S if name == "firefox" else 600
         data = once_more_if_firefox_hangs(
-            name, lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout, opts.threads),  # noqa: B023 (run now)
-            FIREFOX_HANG_S, say)
+            name,
+            lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout, opts.threads),  # noqa: B023 (run now)
+            FIREFOX_HANG_S,
+            say,
+        )
         runs[name] = (data, _browser_metrics(data, prompts, text_ids, cpu_greedy, cpu_logits, cpu_nll))
     data, (first_metrics, greedy) = runs[opts.browsers[0]]
     metrics.update(first_metrics)
@@ -268,9 +302,14 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
     return Report(str(art.path), metrics, greedy=greedy, pipelines=pipelines, structured=data["structured"])
 
 
-def _browser_metrics(data: dict, prompts: list[dict], text_ids: list[int],
-                     cpu_greedy: list[list[int]], cpu_logits: np.ndarray,
-                     cpu_nll: list[float]) -> tuple[dict, list[dict]]:
+def _browser_metrics(
+    data: dict,
+    prompts: list[dict],
+    text_ids: list[int],
+    cpu_greedy: list[list[int]],
+    cpu_logits: np.ndarray,
+    cpu_nll: list[float],
+) -> tuple[dict, list[dict]]:
     """One browser's metrics against the CPU library, and its greedy tokens per prompt."""
     same = total = 0
     first_divergence = []
@@ -281,18 +320,22 @@ def _browser_metrics(data: dict, prompts: list[dict], text_ids: list[int],
         total += max(len(web_ids), len(cpu_ids), 1)
         first_divergence.append(first)
         greedy.append({"prompt": p, "tokens": web_ids, "cpu_tokens": cpu_ids, "first_divergence": first})
-    metrics = {"cpu_token_match": same / total,
-               "first_divergence": min((f for f in first_divergence if f is not None), default=None)}
+    metrics = {
+        "cpu_token_match": same / total,
+        "first_divergence": min((f for f in first_divergence if f is not None), default=None),
+    }
     if data.get("logits") is not None:  # the webgpu device; the wasm device has no logits to compare
         web_logits = np.asarray(data["logits"], dtype=np.float64)
         perplexity, cpu_perplexity = _perplexity(data["nll"]), _perplexity(cpu_nll)
-        metrics.update({
-            "logit_error": float(np.abs(web_logits - cpu_logits).max() / np.abs(cpu_logits).max()),
-            "perplexity": perplexity,
-            "cpu_perplexity": cpu_perplexity,
-            "perplexity_gap_pct": abs(perplexity / cpu_perplexity - 1) * 100,
-            "perplexity_tokens": len(text_ids),
-        })
+        metrics.update(
+            {
+                "logit_error": float(np.abs(web_logits - cpu_logits).max() / np.abs(cpu_logits).max()),
+                "perplexity": perplexity,
+                "cpu_perplexity": cpu_perplexity,
+                "perplexity_gap_pct": abs(perplexity / cpu_perplexity - 1) * 100,
+                "perplexity_tokens": len(text_ids),
+            }
+        )
     metrics.update(data["metrics"])
     return metrics, greedy
 
@@ -303,9 +346,16 @@ def _browser_metrics(data: dict, prompts: list[dict], text_ids: list[int],
 FIREFOX_HANG_S = 180
 
 
-def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int], max_tokens: int,
-                 step: Callable[[str], None], name: str = "chromium", timeout: float = 600,
-                 threads: int | None = None) -> dict:
+def _run_browser(
+    art: Artifact,
+    prompt_ids: list[list[int]],
+    text_ids: list[int],
+    max_tokens: int,
+    step: Callable[[str], None],
+    name: str = "chromium",
+    timeout: float = 600,
+    threads: int | None = None,
+) -> dict:
     """The browser-side measurements in ``name``: Chromium on the webgpu device; an engine without
     WebGPU here (Firefox, WebKitGTK) on the wasm device, which measures no logits, perplexity or pipelines."""
     from ..browsers import BrowserError, open_browser
@@ -317,6 +367,7 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
     model_url = f"/models/{art.path.name}/"
     out: dict = {"metrics": {}, "pipelines": [], "logits": None, "nll": None}
     with serve_in_thread(app) as base, open_browser(name, timeout=timeout) as browser:
+
         def open_page():
             page = browser.new_page()
             page.goto(base + "/index.html")
@@ -334,28 +385,35 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
         step("browser: cold load")
         call("(m) => lanternValidate.clearCache(m)", model_url)
         cold = call("([m, d, t]) => lanternValidate.load(m, d, t)", [model_url, device, threads])
-        out["metrics"].update(load_s_cold=cold["seconds"], peak_gpu_bytes=cold["stats"]["peakGpuBytes"],
-                              library=cold["stats"]["library"], adapter=cold["stats"]["adapter"],
-                              device=cold["stats"]["deviceLabel"])
+        out["metrics"].update(
+            load_s_cold=cold["seconds"],
+            peak_gpu_bytes=cold["stats"]["peakGpuBytes"],
+            library=cold["stats"]["library"],
+            adapter=cold["stats"]["adapter"],
+            device=cold["stats"]["deviceLabel"],
+        )
         step("browser: greedy continuations")
-        runs = [call("(r) => lanternValidate.debug(r)", {"op": "greedy", "prompt": ids, "maxTokens": max_tokens})
-                for ids in prompt_ids]
+        runs = [
+            call("(r) => lanternValidate.debug(r)", {"op": "greedy", "prompt": ids, "maxTokens": max_tokens})
+            for ids in prompt_ids
+        ]
         out["greedy"] = [r["tokens"] for r in runs]
         # speed from the same runs: prefill of each prompt, then one decode step per token
         prefill_s = sum(r["prefillMs"] for r in runs) / 1000
         decode_s = sum(r["decodeMs"] for r in runs) / 1000
         steps = sum(r["decodeSteps"] for r in runs)
-        out["metrics"].update(ttft_s=prefill_s / len(runs),
-                              prefill_tokens_per_s=sum(map(len, prompt_ids)) / prefill_s,
-                              decode_tokens_per_s=steps / decode_s if decode_s else None)
+        out["metrics"].update(
+            ttft_s=prefill_s / len(runs),
+            prefill_tokens_per_s=sum(map(len, prompt_ids)) / prefill_s,
+            decode_tokens_per_s=steps / decode_s if decode_s else None,
+        )
         if device == "webgpu":
             out["logits"] = call("(r) => lanternValidate.debug(r)", {"op": "logits", "tokens": prompt_ids[0]})["logits"]
             step("browser: perplexity")
             out["nll"] = call("(r) => lanternValidate.debug(r)", {"op": "nll", "tokens": text_ids})["nll"]
         step("browser: structured output")
         out["structured"] = _structured(call)
-        out["metrics"]["structured_valid"] = (sum(r["problem"] is None for r in out["structured"])
-                                              / len(out["structured"]))
+        out["metrics"]["structured_valid"] = sum(r["problem"] is None for r in out["structured"]) / len(out["structured"])
         out["metrics"]["peak_gpu_bytes"] = call("() => lanternValidate.stats()")["peakGpuBytes"]
         call("() => lanternValidate.unload()")
         step("browser: cached load")
@@ -367,8 +425,12 @@ def _run_browser(art: Artifact, prompt_ids: list[list[int]], text_ids: list[int]
             step("browser: pipelines")
             for lib in art.manifest["libraries"]:
                 if lib["target"] == "webgpu":
-                    out["pipelines"].append(call("([m, f, r]) => lanternValidate.pipelines(m, f, r)",
-                                                 [model_url, lib["file"], lib["required_features"]]))
+                    out["pipelines"].append(
+                        call(
+                            "([m, f, r]) => lanternValidate.pipelines(m, f, r)",
+                            [model_url, lib["file"], lib["required_features"]],
+                        )
+                    )
     return out
 
 
@@ -378,15 +440,20 @@ def _structured(call) -> list[dict]:
     out = []
     for name, schema in spec["schemas"].items():
         try:
-            reply = call("(r) => lanternValidate.chat(r)", {
-                "messages": spec["messages"], "max_tokens": spec["max_tokens"], "temperature": 0,
-                "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}})
+            reply = call(
+                "(r) => lanternValidate.chat(r)",
+                {
+                    "messages": spec["messages"],
+                    "max_tokens": spec["max_tokens"],
+                    "temperature": 0,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": name, "schema": schema}},
+                },
+            )
         except CannotRun as err:  # a generation that fails is this artifact's failure, not the run's
             out.append({"schema": name, "text": None, "problem": str(err)})
             continue
         text = reply["choices"][0]["message"]["content"]
-        out.append({"schema": name, "text": text, "problem": call("([s, t]) => lanternValidate.checkJson(s, t)",
-                                                                   [schema, text])})
+        out.append({"schema": name, "text": text, "problem": call("([s, t]) => lanternValidate.checkJson(s, t)", [schema, text])})
     return out
 
 
@@ -403,9 +470,13 @@ def pipeline_checks(report: Report) -> list[Check]:
 
 
 def write_junit(report: Report, path: Path) -> None:
-    suite = ET.Element("testsuite", name="lantern validate", tests=str(len(report.checks)),
-                       failures=str(sum(c.status == "fail" for c in report.checks)),
-                       skipped=str(sum(c.status == "not-checked" for c in report.checks)))
+    suite = ET.Element(
+        "testsuite",
+        name="lantern validate",
+        tests=str(len(report.checks)),
+        failures=str(sum(c.status == "fail" for c in report.checks)),
+        skipped=str(sum(c.status == "not-checked" for c in report.checks)),
+    )
     for c in report.checks:
         case = ET.SubElement(suite, "testcase", classname="lantern.validate", name=c.name)
         if c.status == "fail":

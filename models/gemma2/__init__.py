@@ -36,9 +36,15 @@ class Gemma2Config(Gemma3Config):
         caps = {key: float(cfg.get(key) or 0.0) for key in ("attn_logit_softcapping", "final_logit_softcapping")}
         base = Gemma3Config.from_hf({"sliding_window_pattern": PATTERN, **{k: v for k, v in cfg.items() if k not in caps}})
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Gemma3Config)}
-        return cls(**{**fields, "qk_norm": False, "rope_local_theta": base.rope_theta,  # one base for every layer
-                      "attention_softcap": caps["attn_logit_softcapping"]},
-                   final_softcap=caps["final_logit_softcapping"])
+        return cls(
+            **{
+                **fields,
+                "qk_norm": False,
+                "rope_local_theta": base.rope_theta,  # one base for every layer
+                "attention_softcap": caps["attn_logit_softcapping"],
+            },
+            final_softcap=caps["final_logit_softcapping"],
+        )
 
 
 class Gemma2ForCausalLM(Gemma3ForCausalLM):
@@ -66,16 +72,31 @@ def config_from_gguf(meta: dict, tensors) -> dict:
     and llama.cpp reads both caps as optional keys (an absent one is off)."""
     cfg = gemma3.config_from_gguf(meta, tensors, "gemma2", PATTERN)
     cfg.setdefault("sliding_window", 4096)
-    cfg.update(architectures=["Gemma2ForCausalLM"], model_type="gemma2",
-               attn_logit_softcapping=meta.get("gemma2.attn_logit_softcapping"),
-               final_logit_softcapping=meta.get("gemma2.final_logit_softcapping"))
+    cfg.update(
+        architectures=["Gemma2ForCausalLM"],
+        model_type="gemma2",
+        attn_logit_softcapping=meta.get("gemma2.attn_logit_softcapping"),
+        final_logit_softcapping=meta.get("gemma2.final_logit_softcapping"),
+    )
     return cfg
 
 
-GGUF = GGUFLayout(architecture="gemma2", tensors=gemma3.gguf_tensors, metadata=gguf_metadata,
-                  unsupported=lambda cfg: gemma3.gguf_unsupported(cfg, "gemma2"),
-                  config_from_metadata=config_from_gguf,
-                  names_from_gguf=lambda tensors, cfg: gemma3.names_from_gguf(tensors, cfg, "gemma2"), windows=True)
+GGUF = GGUFLayout(
+    architecture="gemma2",
+    tensors=gemma3.gguf_tensors,
+    metadata=gguf_metadata,
+    unsupported=lambda cfg: gemma3.gguf_unsupported(cfg, "gemma2"),
+    config_from_metadata=config_from_gguf,
+    names_from_gguf=lambda tensors, cfg: gemma3.names_from_gguf(tensors, cfg, "gemma2"),
+    windows=True,
+)
 
-FAMILY = Family(name="gemma2", architectures=("Gemma2ForCausalLM",), config=Gemma2Config, model=Gemma2ForCausalLM,
-                to_lantern=gemma3.to_lantern, gguf=GGUF, calibration_forward=gemma3.calibration_forward)
+FAMILY = Family(
+    name="gemma2",
+    architectures=("Gemma2ForCausalLM",),
+    config=Gemma2Config,
+    model=Gemma2ForCausalLM,
+    to_lantern=gemma3.to_lantern,
+    gguf=GGUF,
+    calibration_forward=gemma3.calibration_forward,
+)

@@ -45,10 +45,13 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: Gemma3Config) -> Tensors:
         if name not in hf:
             raise LanternError(f"checkpoint is missing tensor '{name}'")
     # the Llama loader's pre-MLP norm is Gemma's pre_feedforward_layernorm
-    pre_mlp = {f"model.layers.{i}.post_attention_layernorm.weight": f"model.layers.{i}.pre_feedforward_layernorm.weight"
-               for i in range(cfg.num_hidden_layers)}
-    out = llama_to_lantern(hf.replaced({k: hf.loader(v) for k, v in pre_mlp.items()},
-                                       {k: hf.shape(v) for k, v in pre_mlp.items()}), cfg)
+    pre_mlp = {
+        f"model.layers.{i}.post_attention_layernorm.weight": f"model.layers.{i}.pre_feedforward_layernorm.weight"
+        for i in range(cfg.num_hidden_layers)
+    }
+    out = llama_to_lantern(
+        hf.replaced({k: hf.loader(v) for k, v in pre_mlp.items()}, {k: hf.shape(v) for k, v in pre_mlp.items()}), cfg
+    )
     out = out.replaced({k: hf.loader(k) for k in sandwich}, {k: hf.shape(k) for k in sandwich})
     return out.transformed([k for k in out if k.endswith("norm.weight")], lambda w: (1.0 + w).astype(np.float32))
 
@@ -56,11 +59,19 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: Gemma3Config) -> Tensors:
 # --------------------------------------------------------------------------- GGUF (llama.cpp's gemma3)
 
 _GGUF_LAYER = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 
 
@@ -76,8 +87,10 @@ def _gguf_score_scalar(arch: str, layers: int, hidden: int, heads: int, head_dim
 def gguf_unsupported(cfg: Gemma3Config, arch: str = "gemma3") -> str | None:
     scalar = _gguf_score_scalar(arch, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim)
     if cfg.query_pre_attn_scalar != scalar:
-        return (f"llama.cpp's {arch} scales scores by {scalar} ** -0.5 for this shape, the model by "
-                f"query_pre_attn_scalar {cfg.query_pre_attn_scalar:g} ** -0.5")
+        return (
+            f"llama.cpp's {arch} scales scores by {scalar} ** -0.5 for this shape, the model by "
+            f"query_pre_attn_scalar {cfg.query_pre_attn_scalar:g} ** -0.5"
+        )
     return None
 
 
@@ -89,9 +102,11 @@ def gguf_tensors(cfg: Gemma3Config) -> list[GGUFTensor]:
     out = [t for t in llama_gguf_tensors(cfg, rope_permuted=False) if not t.name.endswith(".ffn_norm.weight")]
     for n in range(cfg.num_hidden_layers):
         p, b = f"model.layers.{n}", f"blk.{n}"
-        out += [GGUFTensor(f"{b}.post_attention_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
-                GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.pre_feedforward_layernorm.weight", 0, h),
-                GGUFTensor(f"{b}.post_ffw_norm.weight", f"{p}.post_feedforward_layernorm.weight", 0, h)]
+        out += [
+            GGUFTensor(f"{b}.post_attention_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
+            GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.pre_feedforward_layernorm.weight", 0, h),
+            GGUFTensor(f"{b}.post_ffw_norm.weight", f"{p}.post_feedforward_layernorm.weight", 0, h),
+        ]
     return out
 
 
@@ -99,9 +114,12 @@ def gguf_metadata_of(cfg: Gemma3Config, arch: str = "gemma3") -> dict:
     """llama.cpp's gemma3 (or gemma2) keys: the Llama ones, the window, which layers use it and
     their RoPE base."""
     a = arch
-    meta = {**gguf_metadata(cfg, a), f"{a}.attention.sliding_window": cfg.sliding_window,
-            f"{a}.attention.sliding_window_pattern": list(cfg.sliding_layers),
-            f"{a}.rope.freq_base_swa": float(cfg.rope_local_theta)}
+    meta = {
+        **gguf_metadata(cfg, a),
+        f"{a}.attention.sliding_window": cfg.sliding_window,
+        f"{a}.attention.sliding_window_pattern": list(cfg.sliding_layers),
+        f"{a}.rope.freq_base_swa": float(cfg.rope_local_theta),
+    }
     if cfg.rope_scaling:  # linear, the only kind the config takes; global layers only
         meta.update({f"{a}.rope.scaling.type": "linear", f"{a}.rope.scaling.factor": float(cfg.rope_scaling["factor"])})
     return meta
@@ -113,15 +131,20 @@ def config_from_gguf(meta: dict, tensors, arch: str = "gemma3", pattern_every: i
     ``pattern_every``-th layer global, scores scaled by key_length ** -0.5 (hidden / heads for a 27B)."""
     a = arch
     cfg = hf_config_from_gguf(meta, tensors, a, "Gemma3ForCausalLM")
-    scalar = _gguf_score_scalar(a, cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
-                                cfg["head_dim"])
-    cfg.update(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=scalar,
-               rope_local_base_freq=float(meta.get(f"{a}.rope.freq_base_swa", 10000.0)))
+    scalar = _gguf_score_scalar(a, cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"])
+    cfg.update(
+        model_type="gemma3_text",
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=scalar,
+        rope_local_base_freq=float(meta.get(f"{a}.rope.freq_base_swa", 10000.0)),
+    )
     pattern = meta.get(f"{a}.attention.sliding_window_pattern", pattern_every)
     if isinstance(pattern, list):  # one flag per layer (what Lantern writes)
         if len(pattern) != cfg["num_hidden_layers"]:
-            raise LanternError(f"GGUF key '{a}.attention.sliding_window_pattern' has {len(pattern)} entries for "
-                               f"{cfg['num_hidden_layers']} layers")
+            raise LanternError(
+                f"GGUF key '{a}.attention.sliding_window_pattern' has {len(pattern)} entries for "
+                f"{cfg['num_hidden_layers']} layers"
+            )
         cfg["layer_types"] = ["sliding_attention" if local else "full_attention" for local in pattern]
     else:
         cfg["sliding_window_pattern"] = int(pattern)
@@ -139,8 +162,15 @@ def names_from_gguf(tensors: Tensors, cfg: dict, arch: str = "gemma3") -> Tensor
     return out.transformed([k for k in out if k.endswith("norm.weight")], lambda w: w - 1.0)
 
 
-GGUF = GGUFLayout(architecture="gemma3", tensors=gguf_tensors, metadata=gguf_metadata_of, unsupported=gguf_unsupported,
-                  config_from_metadata=config_from_gguf, names_from_gguf=names_from_gguf, windows=True)
+GGUF = GGUFLayout(
+    architecture="gemma3",
+    tensors=gguf_tensors,
+    metadata=gguf_metadata_of,
+    unsupported=gguf_unsupported,
+    config_from_metadata=config_from_gguf,
+    names_from_gguf=names_from_gguf,
+    windows=True,
+)
 
 
 # --------------------------------------------------------------------------- calibration (GPTQ)
@@ -156,21 +186,23 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: Gemma3
         q = _rms_norm(q, params[f"{p}.self_attn.q_norm.weight"], cfg.rms_norm_eps)
         k = _rms_norm(k, params[f"{p}.self_attn.k_norm.weight"], cfg.rms_norm_eps)
     q, k = _rope(q, theta, scale), _rope(k, theta, scale)
-    return grouped_attention(q, k, v.reshape(seq, kv, dim), cfg.query_pre_attn_scalar ** -0.5, cfg.layer_window(i),
-                             cfg.attention_softcap)
+    return grouped_attention(
+        q, k, v.reshape(seq, kv, dim), cfg.query_pre_attn_scalar**-0.5, cfg.layer_window(i), cfg.attention_softcap
+    )
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
-def calibration_forward(params: dict[str, np.ndarray], cfg: Gemma3Config, sequences: list[list[int]],
-                        observe: Observe) -> list[np.ndarray]:
+def calibration_forward(
+    params: dict[str, np.ndarray], cfg: Gemma3Config, sequences: list[list[int]], observe: Observe
+) -> list[np.ndarray]:
     """Gemma 3 (and Gemma 2: no q/k norm, soft-capped scores) in numpy over Lantern's parameters
     (norms already 1 + w); the contract of ``lantern.models.llama.calibration.calibration_forward``."""
     eps = cfg.rms_norm_eps
     embed = params["model.embed_tokens.weight"]  # read once: a large table is not kept between reads
-    xs = [embed[s].astype(np.float32) * np.float32(cfg.hidden_size ** 0.5) for s in sequences]
+    xs = [embed[s].astype(np.float32) * np.float32(cfg.hidden_size**0.5) for s in sequences]
     del embed
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -178,8 +210,10 @@ def calibration_forward(params: dict[str, np.ndarray], cfg: Gemma3Config, sequen
         observe(f"{p}.self_attn.qkv_proj.weight", hs)
         attn = [_attention(h, params, i, cfg) for h in hs]
         observe(f"{p}.self_attn.o_proj.weight", attn)
-        xs = [x + _rms_norm(a @ params[f"{p}.self_attn.o_proj.weight"].T, params[f"{p}.post_attention_layernorm.weight"],
-                            eps) for x, a in zip(xs, attn)]
+        xs = [
+            x + _rms_norm(a @ params[f"{p}.self_attn.o_proj.weight"].T, params[f"{p}.post_attention_layernorm.weight"], eps)
+            for x, a in zip(xs, attn)
+        ]
         hs = [_rms_norm(x, params[f"{p}.pre_feedforward_layernorm.weight"], eps) for x in xs]
         observe(f"{p}.mlp.gate_up_proj.weight", hs)
         acts = []
@@ -187,13 +221,21 @@ def calibration_forward(params: dict[str, np.ndarray], cfg: Gemma3Config, sequen
             gate, up = np.split(h @ params[f"{p}.mlp.gate_up_proj.weight"].T, 2, axis=1)
             acts.append(_gelu_tanh(gate) * up)
         observe(f"{p}.mlp.down_proj.weight", acts)
-        xs = [x + _rms_norm(a @ params[f"{p}.mlp.down_proj.weight"].T, params[f"{p}.post_feedforward_layernorm.weight"],
-                            eps) for x, a in zip(xs, acts)]
+        xs = [
+            x + _rms_norm(a @ params[f"{p}.mlp.down_proj.weight"].T, params[f"{p}.post_feedforward_layernorm.weight"], eps)
+            for x, a in zip(xs, acts)
+        ]
     hs = [_rms_norm(x, params["model.norm.weight"], eps) for x in xs]
     observe("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight", hs)
     return hs
 
 
-FAMILY = Family(name="gemma3", architectures=("Gemma3ForCausalLM",), config=Gemma3Config,
-                model=Gemma3ForCausalLM, to_lantern=to_lantern, gguf=GGUF,
-                calibration_forward=calibration_forward)
+FAMILY = Family(
+    name="gemma3",
+    architectures=("Gemma3ForCausalLM",),
+    config=Gemma3Config,
+    model=Gemma3ForCausalLM,
+    to_lantern=to_lantern,
+    gguf=GGUF,
+    calibration_forward=calibration_forward,
+)

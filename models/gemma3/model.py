@@ -52,25 +52,38 @@ class Gemma3Config(LlamaConfig):
         if "full_attention" in rope:  # transformers >= 5: one RoPE entry per layer type
             full, local = dict(rope["full_attention"]), dict(rope.get("sliding_attention") or {})
             if local.get("rope_type", "default") != "default":
-                raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
-                                   f"'{local['rope_type']}' on the sliding-window layers (supported: default)")
+                raise LanternError(
+                    f"config.json field 'rope_parameters': unsupported rope_type "
+                    f"'{local['rope_type']}' on the sliding-window layers (supported: default)"
+                )
             local_theta = local.get("rope_theta", 10000.0)
         else:  # older configs: rope_theta and rope_scaling for the global layers, rope_local_base_freq
             full = dict(rope or cfg.get("rope_scaling") or {})
             full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
             local_theta = cfg.get("rope_local_base_freq", 10000.0)
-        common = {k: v for k, v in cfg.items()
-                  if k not in ("rope_parameters", "rope_scaling", "rope_theta", "hidden_act", "hidden_activation")}
+        common = {
+            k: v
+            for k, v in cfg.items()
+            if k not in ("rope_parameters", "rope_scaling", "rope_theta", "hidden_act", "hidden_activation")
+        }
         fields = decoder_fields({"tie_word_embeddings": True, **common, "rope_parameters": full})
         if fields["rope_scaling"].get("rope_type") not in (None, "linear"):
-            raise LanternError(f"config.json field 'rope_parameters': unsupported rope_type "
-                               f"'{fields['rope_scaling']['rope_type']}' for Gemma 3 (supported: default, linear)")
+            raise LanternError(
+                f"config.json field 'rope_parameters': unsupported rope_type "
+                f"'{fields['rope_scaling']['rope_type']}' for Gemma 3 (supported: default, linear)"
+            )
         # the local/global pattern picks each layer's RoPE base, so it is read even without a window
         pattern = int(cfg.get("sliding_window_pattern", PATTERN))
-        fields["sliding_layers"] = sliding_layers({**cfg, "sliding_window": cfg.get("sliding_window") or 1}, [
-            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(cfg["num_hidden_layers"])])
-        return cls(**fields, qk_norm=True, query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
-                   rope_local_theta=float(local_theta))
+        fields["sliding_layers"] = sliding_layers(
+            {**cfg, "sliding_window": cfg.get("sliding_window") or 1},
+            ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(cfg["num_hidden_layers"])],
+        )
+        return cls(
+            **fields,
+            qk_norm=True,
+            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
+            rope_local_theta=float(local_theta),
+        )
 
     def layer_rope(self, layer: int) -> tuple[float, float]:
         """(theta, linear position scale) of one layer's RoPE: local layers are never scaled."""
@@ -82,8 +95,7 @@ class Gemma3Config(LlamaConfig):
 
 class Gemma3Attention(nn.Module):
     def __init__(self, cfg: Gemma3Config, spec: QuantSpec, layer: int):
-        self.num_q_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.num_q_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.qkv_proj = make_linear(cfg.hidden_size, (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim, spec)
         self.o_proj = make_linear(self.num_q_heads * self.head_dim, cfg.hidden_size, spec)
         self.qk_norm = cfg.qk_norm  # Gemma 3's; Gemma 2 (models/gemma2) has none
@@ -91,7 +103,7 @@ class Gemma3Attention(nn.Module):
             self.q_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
             self.k_norm = nn.RMSNorm(cfg.head_dim, -1, cfg.rms_norm_eps, bias=False, dtype=spec.model_dtype)
         self.rope_theta, self.rope_scale = cfg.layer_rope(layer)
-        self.sm_scale = cfg.sm_scale(layer, cfg.query_pre_attn_scalar ** -0.5)  # negative: a windowed layer
+        self.sm_scale = cfg.sm_scale(layer, cfg.query_pre_attn_scalar**-0.5)  # negative: a windowed layer
 
     def forward(self, x: nn.Tensor, kv_cache: PagedKVCache, layer_id: int, positions: nn.Tensor) -> nn.Tensor:
         b, s, _ = x.shape
@@ -101,8 +113,7 @@ class Gemma3Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = rope(q, positions, self.rope_theta, self.rope_scale)
         k = rope(k, positions, self.rope_theta, self.rope_scale)
-        out = kv_cache.attention_with_fused_qkv(layer_id, op.concat([q, k, v], dim=2), self.num_q_heads,
-                                                sm_scale=self.sm_scale)
+        out = kv_cache.attention_with_fused_qkv(layer_id, op.concat([q, k, v], dim=2), self.num_q_heads, sm_scale=self.sm_scale)
         return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))
 
 
@@ -153,4 +164,4 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     backbone = Gemma3Model
 
     def embed(self, input_ids: nn.Tensor) -> nn.Tensor:
-        return self.model.embed_tokens(input_ids) * (self.cfg.hidden_size ** 0.5)
+        return self.model.embed_tokens(input_ids) * (self.cfg.hidden_size**0.5)

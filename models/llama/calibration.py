@@ -26,8 +26,7 @@ def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def _rope(x: np.ndarray, theta: float, scale: float = 1.0, rope_scaling: dict | None = None,
-          context: int = 0) -> np.ndarray:
+def _rope(x: np.ndarray, theta: float, scale: float = 1.0, rope_scaling: dict | None = None, context: int = 0) -> np.ndarray:
     """x[seq, heads, head_dim] at positions 0..seq-1 (divided by a linear ``scale``), rotate-half convention.
     Phi-3.5's longrope and YaRN (``rope_scaling``) divide each frequency by its factor for a
     ``context``-token model (rope.model_rotation) and scale cos/sin."""
@@ -62,8 +61,9 @@ def _attention(h: np.ndarray, params: dict[str, np.ndarray], i: int, cfg: LlamaC
     return grouped_attention(q, k, v.reshape(seq, kv, dim), 1 / np.sqrt(dim), cfg.layer_window(i))
 
 
-def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0,
-                      softcap: float = 0.0) -> np.ndarray:
+def grouped_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, window: int = 0, softcap: float = 0.0
+) -> np.ndarray:
     """Causal softmax attention of q[seq, heads, dim] over k, v[seq, kv_heads, dim] (each kv head
     shared by heads / kv_heads query heads), scores times ``scale`` (then ``softcap * tanh(s /
     softcap)`` when it is set); a ``window`` > 0 lets each position see only the last ``window``
@@ -84,8 +84,9 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
     return out.reshape(heads, seq, dim).transpose(1, 0, 2).reshape(seq, heads * dim)
 
 
-def calibration_forward(params: dict[str, np.ndarray], cfg: LlamaConfig, sequences: list[list[int]],
-                        observe: Observe) -> list[np.ndarray]:
+def calibration_forward(
+    params: dict[str, np.ndarray], cfg: LlamaConfig, sequences: list[list[int]], observe: Observe
+) -> list[np.ndarray]:
     """Run every sequence through the float model; returns the final normed hidden states.
 
     ``observe(name, inputs)`` is called once for every matrix in

@@ -64,22 +64,34 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: LlamaConfig) -> Tensors:
 
 def finite(name: str, load: Loader) -> Loader:
     """``load`` that refuses an array holding NaN or infinite values, naming the tensor."""
+
     def checked() -> np.ndarray:
         w = load()
         if not np.isfinite(w).all():
             raise LanternError(f"tensor '{name}' holds NaN or infinite values")
         return w
+
     return checked
 
 
 def _check_shapes(hf: Tensors, cfg: LlamaConfig) -> None:
     """Every layer's matrices have the shapes the config implies (a GGUF's metadata or a config.json
     that contradicts its tensors fails here, naming the tensor)."""
-    q, kv, h, i = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, \
-        cfg.hidden_size, cfg.intermediate_size
-    shapes = {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
-              "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
-              "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
+    q, kv, h, i = (
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+        cfg.hidden_size,
+        cfg.intermediate_size,
+    )
+    shapes = {
+        "self_attn.q_proj.weight": (q, h),
+        "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h),
+        "self_attn.o_proj.weight": (h, q),
+        "mlp.gate_proj.weight": (i, h),
+        "mlp.up_proj.weight": (i, h),
+        "mlp.down_proj.weight": (h, i),
+    }
     checks = [("model.embed_tokens.weight", (cfg.vocab_size, h))]
     if not cfg.tie_word_embeddings:
         checks.append(("lm_head.weight", (cfg.vocab_size, h)))
@@ -87,15 +99,21 @@ def _check_shapes(hf: Tensors, cfg: LlamaConfig) -> None:
     for name, shape in checks:
         if tuple(hf.shape(name)) != shape:
             where = f" in {hf.origin(name)}" if hf.origin(name) else ""
-            raise LanternError(f"tensor '{name}'{where} has shape {list(hf.shape(name))}, but the config implies "
-                               f"{list(shape)}")
+            raise LanternError(f"tensor '{name}'{where} has shape {list(hf.shape(name))}, but the config implies {list(shape)}")
 
 
 _GGUF_LAYER = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
 
 
@@ -114,8 +132,10 @@ def permute_for_gguf(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def gguf_outer_tensors(cfg: LlamaConfig) -> list[GGUFTensor]:
     """The tensors outside the blocks, as every Llama-shaped llama.cpp architecture names them."""
-    out = [GGUFTensor("token_embd.weight", "model.embed_tokens.weight", 0, cfg.vocab_size),
-           GGUFTensor("output_norm.weight", "model.norm.weight", 0, cfg.hidden_size)]
+    out = [
+        GGUFTensor("token_embd.weight", "model.embed_tokens.weight", 0, cfg.vocab_size),
+        GGUFTensor("output_norm.weight", "model.norm.weight", 0, cfg.hidden_size),
+    ]
     if not cfg.tie_word_embeddings:
         out.append(GGUFTensor("output.weight", "lm_head.weight", 0, cfg.vocab_size))
     return out
@@ -134,19 +154,21 @@ def gguf_tensors(cfg: LlamaConfig, rope_permuted: bool = True) -> list[GGUFTenso
         p, b = f"model.layers.{n}", f"blk.{n}"
         qkv = [(f"{b}.attn_q", 0, q, q_heads), (f"{b}.attn_k", q, kv, kv_heads), (f"{b}.attn_v", q + kv, kv, None)]
         out += [GGUFTensor(f"{b}.attn_norm.weight", f"{p}.input_layernorm.weight", 0, h)]
-        out += [GGUFTensor(f"{t}.weight", f"{p}.self_attn.qkv_proj.weight", first, rows, heads)
-                for t, first, rows, heads in qkv]
+        out += [GGUFTensor(f"{t}.weight", f"{p}.self_attn.qkv_proj.weight", first, rows, heads) for t, first, rows, heads in qkv]
         if cfg.attention_bias:
-            out += [GGUFTensor(f"{t}.bias", f"{p}.self_attn.qkv_proj.bias", first, rows, heads)
-                    for t, first, rows, heads in qkv]
+            out += [GGUFTensor(f"{t}.bias", f"{p}.self_attn.qkv_proj.bias", first, rows, heads) for t, first, rows, heads in qkv]
         if cfg.qk_norm:
-            out += [GGUFTensor(f"{b}.attn_q_norm.weight", f"{p}.self_attn.q_norm.weight", 0, d),
-                    GGUFTensor(f"{b}.attn_k_norm.weight", f"{p}.self_attn.k_norm.weight", 0, d)]
-        out += [GGUFTensor(f"{b}.attn_output.weight", f"{p}.self_attn.o_proj.weight", 0, h),
-                GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
-                GGUFTensor(f"{b}.ffn_gate.weight", f"{p}.mlp.gate_up_proj.weight", 0, i),
-                GGUFTensor(f"{b}.ffn_up.weight", f"{p}.mlp.gate_up_proj.weight", i, i),
-                GGUFTensor(f"{b}.ffn_down.weight", f"{p}.mlp.down_proj.weight", 0, h)]
+            out += [
+                GGUFTensor(f"{b}.attn_q_norm.weight", f"{p}.self_attn.q_norm.weight", 0, d),
+                GGUFTensor(f"{b}.attn_k_norm.weight", f"{p}.self_attn.k_norm.weight", 0, d),
+            ]
+        out += [
+            GGUFTensor(f"{b}.attn_output.weight", f"{p}.self_attn.o_proj.weight", 0, h),
+            GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
+            GGUFTensor(f"{b}.ffn_gate.weight", f"{p}.mlp.gate_up_proj.weight", 0, i),
+            GGUFTensor(f"{b}.ffn_up.weight", f"{p}.mlp.gate_up_proj.weight", i, i),
+            GGUFTensor(f"{b}.ffn_down.weight", f"{p}.mlp.down_proj.weight", 0, h),
+        ]
     return out
 
 
@@ -168,21 +190,31 @@ def gguf_metadata(cfg: LlamaConfig, arch: str = GGUF_ARCHITECTURE) -> dict[str, 
     factors in the ``rope_freqs`` tensor (``gguf_constants``)."""
     a = arch
     meta: dict[str, int | float | str]  # rope.scaling.type is a string
-    meta = {f"{a}.context_length": cfg.context_window_size, f"{a}.embedding_length": cfg.hidden_size,
-            f"{a}.block_count": cfg.num_hidden_layers, f"{a}.feed_forward_length": cfg.intermediate_size,
-            f"{a}.attention.head_count": cfg.num_attention_heads,
-            f"{a}.attention.head_count_kv": cfg.num_key_value_heads,
-            f"{a}.attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
-            f"{a}.attention.key_length": cfg.head_dim, f"{a}.attention.value_length": cfg.head_dim,
-            f"{a}.rope.freq_base": float(cfg.rope_theta), f"{a}.rope.dimension_count": cfg.head_dim,
-            f"{a}.vocab_size": cfg.vocab_size}
+    meta = {
+        f"{a}.context_length": cfg.context_window_size,
+        f"{a}.embedding_length": cfg.hidden_size,
+        f"{a}.block_count": cfg.num_hidden_layers,
+        f"{a}.feed_forward_length": cfg.intermediate_size,
+        f"{a}.attention.head_count": cfg.num_attention_heads,
+        f"{a}.attention.head_count_kv": cfg.num_key_value_heads,
+        f"{a}.attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+        f"{a}.attention.key_length": cfg.head_dim,
+        f"{a}.attention.value_length": cfg.head_dim,
+        f"{a}.rope.freq_base": float(cfg.rope_theta),
+        f"{a}.rope.dimension_count": cfg.head_dim,
+        f"{a}.vocab_size": cfg.vocab_size,
+    }
     rope = cfg.rope_scaling
     if rope.get("rope_type") in ("linear", "yarn"):
         meta.update({f"{a}.rope.scaling.type": rope["rope_type"], f"{a}.rope.scaling.factor": float(rope["factor"])})
     if rope.get("rope_type") == "yarn":
-        meta.update({f"{a}.rope.scaling.original_context_length": rope["original_max_position_embeddings"],
-                     f"{a}.rope.scaling.yarn_beta_fast": rope["beta_fast"],
-                     f"{a}.rope.scaling.yarn_beta_slow": rope["beta_slow"]})
+        meta.update(
+            {
+                f"{a}.rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+                f"{a}.rope.scaling.yarn_beta_fast": rope["beta_fast"],
+                f"{a}.rope.scaling.yarn_beta_slow": rope["beta_slow"],
+            }
+        )
     return meta
 
 
@@ -215,8 +247,13 @@ def gguf_constants(cfg: LlamaConfig) -> dict[str, np.ndarray]:
     return {"rope_freqs.weight": np.array(llama3_rope_factors(cfg), dtype=np.float32)}
 
 
-def hf_names_from_gguf(tensors: Tensors, hf_config: dict, rope_permuted: bool = True,
-                       arch: str = GGUF_ARCHITECTURE, layer_names: dict[str, str] = _GGUF_LAYER) -> Tensors:
+def hf_names_from_gguf(
+    tensors: Tensors,
+    hf_config: dict,
+    rope_permuted: bool = True,
+    arch: str = GGUF_ARCHITECTURE,
+    layer_names: dict[str, str] = _GGUF_LAYER,
+) -> Tensors:
     """Rename llama.cpp tensors to Hugging Face names (and undo the q/k permutation where the
     architecture has one), each still made when asked for."""
     loaders, shapes = {}, {}
@@ -239,12 +276,16 @@ def hf_names_from_gguf(tensors: Tensors, hf_config: dict, rope_permuted: bool = 
     return Tensors(loaders, shapes)
 
 
-_GGUF_OUTER = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-               "output.weight": "lm_head.weight"}
+_GGUF_OUTER = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
-def hf_config_from_gguf(meta: dict, tensor_names, arch: str = GGUF_ARCHITECTURE,
-                        hf_architecture: str = "LlamaForCausalLM") -> dict:
+def hf_config_from_gguf(
+    meta: dict, tensor_names, arch: str = GGUF_ARCHITECTURE, hf_architecture: str = "LlamaForCausalLM"
+) -> dict:
     """Build a config.json-like dict from GGUF ``<arch>.*`` metadata (and which tensors exist:
     ``tensor_names`` is anything ``in`` asks, the tensors by name or a set of names)."""
     a = arch
@@ -274,24 +315,36 @@ def hf_config_from_gguf(meta: dict, tensor_names, arch: str = GGUF_ARCHITECTURE,
         cfg["rope_scaling"] = {"rope_type": kind, "factor": float(meta[f"{a}.rope.scaling.factor"])}
     if kind == "yarn":
         if float(meta.get(f"{a}.rope.scaling.attn_factor", 1.0)) != 1.0:
-            raise LanternError(f"GGUF key '{a}.rope.scaling.attn_factor' (a YaRN attention factor other than "
-                               "0.1 ln(factor) + 1) is not supported")
-        cfg["rope_scaling"].update(original_max_position_embeddings=int(meta[f"{a}.rope.scaling.original_context_length"]),
-                                   beta_fast=float(meta.get(f"{a}.rope.scaling.yarn_beta_fast", 32.0)),
-                                   beta_slow=float(meta.get(f"{a}.rope.scaling.yarn_beta_slow", 1.0)))
+            raise LanternError(
+                f"GGUF key '{a}.rope.scaling.attn_factor' (a YaRN attention factor other than "
+                "0.1 ln(factor) + 1) is not supported"
+            )
+        cfg["rope_scaling"].update(
+            original_max_position_embeddings=int(meta[f"{a}.rope.scaling.original_context_length"]),
+            beta_fast=float(meta.get(f"{a}.rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(meta.get(f"{a}.rope.scaling.yarn_beta_slow", 1.0)),
+        )
     elif kind not in ("none", "linear"):
         raise LanternError(f"GGUF key '{a}.rope.scaling.type': '{kind}' is not supported (none, linear, yarn)")
     if "rope_freqs.weight" in tensor_names:  # llama3's factors, as llama.cpp's converter writes them
         freqs = tensor_names["rope_freqs.weight"]
         if freqs.tensor_type.name != "F32" or list(freqs.shape) != [cfg["head_dim"] // 2]:
-            raise LanternError(f"GGUF tensor 'rope_freqs.weight' is {freqs.tensor_type.name} {list(freqs.shape)}; "
-                               f"llama3 RoPE needs F32 [{cfg['head_dim'] // 2}]")
+            raise LanternError(
+                f"GGUF tensor 'rope_freqs.weight' is {freqs.tensor_type.name} {list(freqs.shape)}; "
+                f"llama3 RoPE needs F32 [{cfg['head_dim'] // 2}]"
+            )
         cfg["rope_scaling"] = {"rope_type": "llama3", "factors": [float(f) for f in np.asarray(freqs.data, np.float32)]}
     return cfg
 
 
-def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool, tensors=None,
-                layer_names: dict[str, str] = _GGUF_LAYER, unsupported=None) -> GGUFLayout:
+def gguf_layout(
+    arch: str,
+    hf_architecture: str,
+    rope_permuted: bool,
+    tensors=None,
+    layer_names: dict[str, str] = _GGUF_LAYER,
+    unsupported=None,
+) -> GGUFLayout:
     """The GGUF side of a Llama-shaped family: llama.cpp's architecture name, whether it permutes
     q/k rows, and the HF architecture a GGUF of it reads back as. A family whose llama.cpp tensors
     are cut differently (Phi-3's fused ones) passes its own ``tensors`` and ``layer_names``, one that
@@ -306,4 +359,3 @@ def gguf_layout(arch: str, hf_architecture: str, rope_permuted: bool, tensors=No
         permute=permute_for_gguf,
         constants=gguf_constants,
     )
-

@@ -26,8 +26,10 @@ from .rope import model_rotation, resolve_longrope, resolve_yarn, rope
 # config.json fields that change the architecture in ways no family here implements: refused by name
 # rather than compiled into a silently different model.
 UNSUPPORTED_FIELDS = {
-    "num_local_experts": "mixture-of-experts layers", "num_experts": "mixture-of-experts layers",
-    "vision_config": "a vision tower", "audio_config": "an audio tower",
+    "num_local_experts": "mixture-of-experts layers",
+    "num_experts": "mixture-of-experts layers",
+    "vision_config": "a vision tower",
+    "audio_config": "an audio tower",
     "attn_logit_softcapping": "attention-logit soft-capping",
     "final_logit_softcapping": "final-logit soft-capping",
 }
@@ -56,8 +58,9 @@ def sliding_layers(cfg: dict[str, Any], default: list[str] | None = None) -> tup
         first = cfg.get("max_window_layers", 0) if cfg.get("use_sliding_window") else 0
         return tuple(i >= first for i in range(n))
     if len(kinds) != n or set(kinds) - {"full_attention", "sliding_attention"}:
-        raise LanternError(f"config.json field 'layer_types': expected {n} entries of "
-                           f"'full_attention'/'sliding_attention', got {kinds}")
+        raise LanternError(
+            f"config.json field 'layer_types': expected {n} entries of 'full_attention'/'sliding_attention', got {kinds}"
+        )
     return tuple(t == "sliding_attention" for t in kinds)
 
 
@@ -65,16 +68,19 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """The fields every Llama-shaped decoder reads from config.json (HF names and defaults)."""
     for key, what in UNSUPPORTED_FIELDS.items():
         if cfg.get(key):
-            raise LanternError(f"config.json field '{key}' asks for {what}, which the "
-                               f"{cfg.get('model_type', '?')} family here does not implement")
+            raise LanternError(
+                f"config.json field '{key}' asks for {what}, which the "
+                f"{cfg.get('model_type', '?')} family here does not implement"
+            )
     heads = cfg["num_attention_heads"]
     # transformers >= 5 writes `rope_parameters` (theta inside); older configs `rope_scaling`
     rope_scaling = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
     rope_theta = float(rope_scaling.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
     partial = float(rope_scaling.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 1.0)
     if partial != 1.0:
-        raise LanternError(f"config.json field 'partial_rotary_factor': RoPE on {partial:g} of each head is not "
-                           "supported (only on all of it)")
+        raise LanternError(
+            f"config.json field 'partial_rotary_factor': RoPE on {partial:g} of each head is not supported (only on all of it)"
+        )
     if "type" in rope_scaling and "rope_type" not in rope_scaling:
         rope_scaling["rope_type"] = rope_scaling.pop("type")
     if rope_scaling.get("rope_type") == "su":  # longrope's first name (Phi-3 128k configs)
@@ -83,8 +89,10 @@ def decoder_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         rope_scaling = {}
     if rope_scaling.get("rope_type") not in (None, "llama3", "yarn", "longrope", "linear"):
         key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
-        raise LanternError(f"config.json field '{key}': unsupported rope_type "
-                           f"'{rope_scaling.get('rope_type')}' (supported: default, linear, llama3, yarn, longrope)")
+        raise LanternError(
+            f"config.json field '{key}': unsupported rope_type "
+            f"'{rope_scaling.get('rope_type')}' (supported: default, linear, llama3, yarn, longrope)"
+        )
     if cfg.get("hidden_act", "silu") != "silu":
         raise LanternError(f"config.json field 'hidden_act': '{cfg['hidden_act']}' is not supported here (silu)")
     context = cfg.get("max_position_embeddings", 4096)
@@ -167,15 +175,18 @@ class LlamaConfig:
             names.add("lm_head.weight")
         for i in range(self.num_hidden_layers):
             p = f"model.layers.{i}"
-            names |= {f"{p}.self_attn.qkv_proj.weight", f"{p}.self_attn.o_proj.weight",
-                      f"{p}.mlp.gate_up_proj.weight", f"{p}.mlp.down_proj.weight"}
+            names |= {
+                f"{p}.self_attn.qkv_proj.weight",
+                f"{p}.self_attn.o_proj.weight",
+                f"{p}.mlp.gate_up_proj.weight",
+                f"{p}.mlp.down_proj.weight",
+            }
         return names
 
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig, spec: QuantSpec):
-        self.num_q_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.num_q_heads, self.num_kv_heads, self.head_dim = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         qkv_out = (self.num_q_heads + 2 * self.num_kv_heads) * self.head_dim
         self.qkv_proj = make_linear(cfg.hidden_size, qkv_out, spec, bias=cfg.attention_bias)
         self.o_proj = make_linear(self.num_q_heads * self.head_dim, cfg.hidden_size, spec)
@@ -202,8 +213,9 @@ class LlamaAttention(nn.Module):
                 q = rope(q, positions, self.rope_theta, factors=factors, magnitude=magnitude)
                 k = rope(k, positions, self.rope_theta, factors=factors, magnitude=magnitude)
             qkv = op.concat([q, k, v], dim=2)
-        out = kv_cache.attention_with_fused_qkv(layer_id, qkv, self.num_q_heads,
-                                                sm_scale=self.cfg.sm_scale(layer_id, self.head_dim**-0.5))
+        out = kv_cache.attention_with_fused_qkv(
+            layer_id, qkv, self.num_q_heads, sm_scale=self.cfg.sm_scale(layer_id, self.head_dim**-0.5)
+        )
         return self.o_proj(op.reshape(out, (b, s, self.num_q_heads * self.head_dim)))
 
 

@@ -14,8 +14,14 @@ from tvm.relax.frontend.nn import op
 from lantern.errors import LanternError
 
 
-def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
-         factors: Sequence[float] | None = None, magnitude: float = 1.0) -> nn.Tensor:
+def rope(
+    x: nn.Tensor,
+    positions: nn.Tensor,
+    theta: float,
+    scale: float = 1.0,
+    factors: Sequence[float] | None = None,
+    magnitude: float = 1.0,
+) -> nn.Tensor:
     """Rotate-half RoPE of ``x[b, s, heads, d]`` at ``positions[b * s]`` (the KV cache's query
     positions), in float32 as transformers computes it: angle = (pos / scale) * inv_freq[i] with
     inv_freq[i] = 1 / (factors[i] * theta^(2i/d)) (``factors``: longrope's, else 1), and cos/sin
@@ -27,6 +33,7 @@ def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
         # longrope's per-frequency divisors, unrolled into a select chain (``half`` constants)
         divisor: Callable[[Any], Any] | None = None
         if factors is not None:
+
             def divisor(j):
                 out = tirx.const(float(factors[half - 1]), "float32")
                 for i in range(half - 2, -1, -1):
@@ -39,8 +46,9 @@ def rope(x: nn.Tensor, positions: nn.Tensor, theta: float, scale: float = 1.0,
             inv_freq = tirx.const(1.0, "float32") / (base * divisor(j) if divisor else base)
             angle = tirx.Cast("float32", pos[b * s + t]) / tirx.const(scale, "float32") * inv_freq
             value = tirx.Cast("float32", xt[b, t, h, i])
-            partner = tirx.if_then_else(i < half, -tirx.Cast("float32", xt[b, t, h, i + half]),
-                                        tirx.Cast("float32", xt[b, t, h, i - half]))
+            partner = tirx.if_then_else(
+                i < half, -tirx.Cast("float32", xt[b, t, h, i + half]), tirx.Cast("float32", xt[b, t, h, i - half])
+            )
             m = tirx.const(magnitude, "float32")
             return tirx.Cast(xt.dtype, value * (tirx.cos(angle) * m) + partner * (tirx.sin(angle) * m))
 
@@ -59,17 +67,26 @@ def resolve_longrope(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, k
     for name in ("short_factor", "long_factor"):
         factors = rope.get(name)
         if not isinstance(factors, list) or len(factors) != head_dim // 2:
-            raise LanternError(f"config.json field '{key}.{name}': expected {head_dim // 2} factors (head_dim / 2), "
-                               f"got {len(factors) if isinstance(factors, list) else factors!r}")
+            raise LanternError(
+                f"config.json field '{key}.{name}': expected {head_dim // 2} factors (head_dim / 2), "
+                f"got {len(factors) if isinstance(factors, list) else factors!r}"
+            )
     scale = float(rope.get("factor") or cfg.get("max_position_embeddings", original) / original)
     default = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
     given = rope.get("attention_factor")
     if given is not None and not math.isclose(float(given), default, rel_tol=1e-6):
-        raise LanternError(f"config.json field '{key}.attention_factor': {given} differs from longrope's "
-                           f"{default:.6g} for this scale, which is the only one supported")
-    return {"rope_type": "longrope", "short_factor": [float(f) for f in rope["short_factor"]],
-            "long_factor": [float(f) for f in rope["long_factor"]], "original_max_position_embeddings": int(original),
-            "factor": scale, "attention_factor": default}
+        raise LanternError(
+            f"config.json field '{key}.attention_factor': {given} differs from longrope's "
+            f"{default:.6g} for this scale, which is the only one supported"
+        )
+    return {
+        "rope_type": "longrope",
+        "short_factor": [float(f) for f in rope["short_factor"]],
+        "long_factor": [float(f) for f in rope["long_factor"]],
+        "original_max_position_embeddings": int(original),
+        "factor": scale,
+        "attention_factor": default,
+    }
 
 
 def longrope_factors(rope_scaling: dict[str, Any], context: int) -> tuple[list[float], float]:
@@ -93,8 +110,7 @@ def resolve_yarn(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, theta
     original = rope.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
     factor = rope.get("factor") or (cfg.get("max_position_embeddings", 0) / original if original else None)
     if not original or not factor or factor < 1:
-        raise LanternError(f"config.json field '{key}': YaRN needs a factor of at least 1 and "
-                           "original_max_position_embeddings")
+        raise LanternError(f"config.json field '{key}': YaRN needs a factor of at least 1 and original_max_position_embeddings")
     factor = float(factor)
 
     def mscale(scale: float, m: float = 1.0) -> float:
@@ -120,9 +136,16 @@ def resolve_yarn(cfg: dict[str, Any], rope: dict[str, Any], head_dim: int, theta
     for i in range(head_dim // 2):
         extrapolate = 1.0 - min(max((i - low) / (high - low), 0.0), 1.0)  # 1: the frequency as trained
         factors.append(1.0 / ((1.0 - extrapolate) / factor + extrapolate))
-    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": int(original),
-            "beta_fast": beta_fast, "beta_slow": beta_slow, "truncate": truncate,
-            "attention_factor": float(attention), "factors": factors}
+    return {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": int(original),
+        "beta_fast": beta_fast,
+        "beta_slow": beta_slow,
+        "truncate": truncate,
+        "attention_factor": float(attention),
+        "factors": factors,
+    }
 
 
 def model_rotation(rope_scaling: dict[str, Any], context: int, head_dim: int) -> tuple[list[float], float] | None:

@@ -39,8 +39,9 @@ class Phi3Config(LlamaConfig):
         rope = fields["rope_scaling"]
         key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
         if rope and rope["rope_type"] != "longrope":
-            raise LanternError(f"config.json field '{key}': Phi-3's {rope['rope_type']} RoPE is not supported "
-                               "(supported: default, longrope)")
+            raise LanternError(
+                f"config.json field '{key}': Phi-3's {rope['rope_type']} RoPE is not supported (supported: default, longrope)"
+            )
         return cls(**fields)
 
 
@@ -53,9 +54,10 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: Phi3Config) -> Tensors:
     loaders, shapes, fused_names = {}, {}, []
     for n in range(cfg.num_hidden_layers):
         p = f"model.layers.{n}"
-        for fused, parts in ((f"{p}.self_attn.qkv_proj.weight", {"self_attn.q_proj": q, "self_attn.k_proj": kv,
-                                                                "self_attn.v_proj": kv}),
-                             (f"{p}.mlp.gate_up_proj.weight", {"mlp.gate_proj": i, "mlp.up_proj": i})):
+        for fused, parts in (
+            (f"{p}.self_attn.qkv_proj.weight", {"self_attn.q_proj": q, "self_attn.k_proj": kv, "self_attn.v_proj": kv}),
+            (f"{p}.mlp.gate_up_proj.weight", {"mlp.gate_proj": i, "mlp.up_proj": i}),
+        ):
             if fused not in hf:
                 raise LanternError(f"checkpoint is missing tensor '{fused}'")
             rows, *rest = hf.shape(fused)
@@ -76,22 +78,34 @@ def to_lantern(hf: Mapping[str, np.ndarray], cfg: Phi3Config) -> Tensors:
 
 def gguf_tensors(cfg: Phi3Config) -> list[GGUFTensor]:
     """llama.cpp's phi3 tensors: the model's fused matrices whole."""
-    q, kv, i, h = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim,
-                   cfg.intermediate_size, cfg.hidden_size)
+    q, kv, i, h = (
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+        cfg.intermediate_size,
+        cfg.hidden_size,
+    )
     out = gguf_outer_tensors(cfg)
     for n in range(cfg.num_hidden_layers):
         p, b = f"model.layers.{n}", f"blk.{n}"
-        out += [GGUFTensor(f"{b}.attn_norm.weight", f"{p}.input_layernorm.weight", 0, h),
-                GGUFTensor(f"{b}.attn_qkv.weight", f"{p}.self_attn.qkv_proj.weight", 0, q + 2 * kv),
-                GGUFTensor(f"{b}.attn_output.weight", f"{p}.self_attn.o_proj.weight", 0, h),
-                GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
-                GGUFTensor(f"{b}.ffn_up.weight", f"{p}.mlp.gate_up_proj.weight", 0, 2 * i),
-                GGUFTensor(f"{b}.ffn_down.weight", f"{p}.mlp.down_proj.weight", 0, h)]
+        out += [
+            GGUFTensor(f"{b}.attn_norm.weight", f"{p}.input_layernorm.weight", 0, h),
+            GGUFTensor(f"{b}.attn_qkv.weight", f"{p}.self_attn.qkv_proj.weight", 0, q + 2 * kv),
+            GGUFTensor(f"{b}.attn_output.weight", f"{p}.self_attn.o_proj.weight", 0, h),
+            GGUFTensor(f"{b}.ffn_norm.weight", f"{p}.post_attention_layernorm.weight", 0, h),
+            GGUFTensor(f"{b}.ffn_up.weight", f"{p}.mlp.gate_up_proj.weight", 0, 2 * i),
+            GGUFTensor(f"{b}.ffn_down.weight", f"{p}.mlp.down_proj.weight", 0, h),
+        ]
     return out
 
 
-_PHI3_LAYER = {"attn_norm": "input_layernorm", "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-               "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+_PHI3_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 _FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 
@@ -105,9 +119,13 @@ def gguf_metadata(cfg: Phi3Config) -> dict:
     rope = cfg.rope_scaling
     if rope:
         original = rope["original_max_position_embeddings"]
-        meta.update({"phi3.context_length": round(original * rope["factor"]),
-                     "phi3.rope.scaling.original_context_length": original,
-                     "phi3.rope.scaling.attn_factor": float(rope["attention_factor"])})
+        meta.update(
+            {
+                "phi3.context_length": round(original * rope["factor"]),
+                "phi3.rope.scaling.original_context_length": original,
+                "phi3.rope.scaling.attn_factor": float(rope["attention_factor"]),
+            }
+        )
     return meta
 
 
@@ -132,8 +150,9 @@ def gguf_load_overrides(cfg: Phi3Config) -> dict[str, int]:
     return {"phi3.rope.scaling.original_context_length": 1 if long else 2**31 - 1}
 
 
-_LAYOUT = gguf_layout("phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors, layer_names=_PHI3_LAYER,
-                      unsupported=lambda cfg: None)  # both of its RoPEs are written
+_LAYOUT = gguf_layout(
+    "phi3", "Phi3ForCausalLM", rope_permuted=False, tensors=gguf_tensors, layer_names=_PHI3_LAYER, unsupported=lambda cfg: None
+)  # both of its RoPEs are written
 
 
 def config_from_gguf(meta: dict, tensors: dict) -> dict:
@@ -150,21 +169,38 @@ def config_from_gguf(meta: dict, tensors: dict) -> dict:
             raise LanternError(f"GGUF tensor '{name}' is missing: longrope needs both factor tensors")
         t = tensors[name]
         if t.tensor_type.name != "F32" or len(t.shape) != 1 or t.shape[0] != cfg["head_dim"] // 2:
-            raise LanternError(f"GGUF tensor '{name}' is {t.tensor_type.name} {list(t.shape)}; longrope needs "
-                               f"F32 [{cfg['head_dim'] // 2}] (head_dim / 2)")
+            raise LanternError(
+                f"GGUF tensor '{name}' is {t.tensor_type.name} {list(t.shape)}; longrope needs "
+                f"F32 [{cfg['head_dim'] // 2}] (head_dim / 2)"
+            )
         factors.append([float(f) for f in np.asarray(t.data, dtype=np.float32)])
     original = int(meta.get("phi3.rope.scaling.original_context_length", cfg["max_position_embeddings"]))
-    cfg.update(original_max_position_embeddings=original,
-               rope_scaling={"rope_type": "longrope", "short_factor": factors[0], "long_factor": factors[1]})
+    cfg.update(
+        original_max_position_embeddings=original,
+        rope_scaling={"rope_type": "longrope", "short_factor": factors[0], "long_factor": factors[1]},
+    )
     attn = meta.get("phi3.rope.scaling.attn_factor")
     expected = resolve_longrope(cfg, cfg["rope_scaling"], cfg["head_dim"], "rope_scaling")["attention_factor"]
     if attn is not None and not np.isclose(attn, expected, rtol=1e-5):
-        raise LanternError(f"GGUF key 'phi3.rope.scaling.attn_factor' is {attn:g}, but longrope's for "
-                           f"{cfg['max_position_embeddings']} of {original} positions is {expected:.6g}")
+        raise LanternError(
+            f"GGUF key 'phi3.rope.scaling.attn_factor' is {attn:g}, but longrope's for "
+            f"{cfg['max_position_embeddings']} of {original} positions is {expected:.6g}"
+        )
     return cfg
 
 
-FAMILY = Family(name="phi3", architectures=("Phi3ForCausalLM",), config=Phi3Config, model=LlamaForCausalLM,
-                to_lantern=to_lantern, calibration_forward=calibration_forward,
-                gguf=dataclasses.replace(_LAYOUT, config_from_metadata=config_from_gguf, metadata=gguf_metadata,
-                                         constants=gguf_constants, load_overrides=gguf_load_overrides))
+FAMILY = Family(
+    name="phi3",
+    architectures=("Phi3ForCausalLM",),
+    config=Phi3Config,
+    model=LlamaForCausalLM,
+    to_lantern=to_lantern,
+    calibration_forward=calibration_forward,
+    gguf=dataclasses.replace(
+        _LAYOUT,
+        config_from_metadata=config_from_gguf,
+        metadata=gguf_metadata,
+        constants=gguf_constants,
+        load_overrides=gguf_load_overrides,
+    ),
+)
