@@ -102,10 +102,12 @@ def test_clients_that_leave_stop_their_generation_running_or_queued(smollm2, eng
         for t in threads:
             t.join()
         gone = 'lantern_cancelled_requests_total{reason="client_gone"}'
-        text = wait_for(base, lambda m: metric(m, gone) == 3, seconds=10)
+        closed = ("lantern_requests_total", '{path="/v1/chat/completions",status="499"}')
+        # the generation's stop and the response's status are counted apart: wait for both
+        text = wait_for(base, lambda m: metric(m, gone) == 3 and metric(m, *closed) == 3, seconds=10)
         assert metric(text, gone) == 3, text
         assert metric(text, "lantern_queue_depth", f'{{model="{smollm2.path.name}"}}') == 0, text
-        assert metric(text, "lantern_requests_total", '{path="/v1/chat/completions",status="499"}') == 3, text
+        assert metric(text, *closed) == 3, text
         made = metric(text, "lantern_completion_tokens_total")
         assert 0 < made < LONG / 4, text  # about 1.5 s of decoding, not 2000 tokens
         assert metric(text, "lantern_tokens_after_cancel_total") <= 3, text
