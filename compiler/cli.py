@@ -216,10 +216,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .server.app import Limits, ServerConfig, create_app
     from .server.background import serve_until_signal
 
-    if args.parallel < 1:
-        raise LanternError(f"--parallel must be at least 1 (got {args.parallel})")
-    if args.threads is not None and args.threads < 1:
-        raise LanternError(f"--threads must be at least 1 (got {args.threads})")
+    _at_least_one("--parallel", args.parallel)
+    _at_least_one("--threads", args.threads)
     for flag, value in (("--request-timeout", args.request_timeout), ("--shutdown-timeout", args.shutdown_timeout)):
         if not value >= 0 or value == float("inf"):
             raise LanternError(f"{flag} must be a number of seconds, 0 or more (got {value})")
@@ -291,13 +289,18 @@ def _browsers(arg: str) -> tuple[str, ...]:
     return names
 
 
+def _at_least_one(flag: str, value: int | None) -> None:
+    """A count option (None: not given) below 1: LanternError naming it."""
+    if value is not None and value < 1:
+        raise LanternError(f"{flag} must be at least 1 (got {value})")
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .validate import CannotRun, ValidateOptions, validate, write_junit
 
-    if args.threads is not None and args.threads < 1:
-        raise LanternError(f"--threads must be at least 1 (got {args.threads})")
+    _at_least_one("--threads", args.threads)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     opts = ValidateOptions(
         artifact=Path(args.artifact),

@@ -86,21 +86,22 @@ def dry_multiplier(req: SamplingFields) -> float:
     else 0. The twin of dryMultiplier in webruntime/src/sampler.ts."""
     if req.dry_multiplier is not None:
         return req.dry_multiplier
-    if (
-        isinstance(req, ChatCompletionRequest)
-        and req.response_format is not None
-        and req.response_format.type in ("json_schema", "json_object")
-    ):  # response_format: a chat request's field
+    if isinstance(req, ChatCompletionRequest) and _answers_json(req):
         return req.schema_defaults.dryMultiplier
     return 0.0
+
+
+def _answers_json(req: SamplingFields) -> bool:
+    """Whether the request asks for JSON through response_format (a chat request's field)."""
+    fmt = req.response_format if isinstance(req, ChatCompletionRequest) else None
+    return fmt is not None and fmt.type in ("json_schema", "json_object")
 
 
 def closes_cut_answers(req: SamplingFields, hold_from: str | None, params: SamplingParams) -> bool:
     """Whether an answer that max_tokens cuts is closed to stay valid (closing.py): a response_format
     JSON answer without logprobs (a closing token has none). The twin of closesCutAnswers in
     webruntime/src/closing.ts."""
-    fmt = req.response_format if isinstance(req, ChatCompletionRequest) else None  # a chat request's field
-    return hold_from is None and params.top_logprobs < 0 and fmt is not None and fmt.type in ("json_schema", "json_object")
+    return hold_from is None and params.top_logprobs < 0 and _answers_json(req)
 
 
 ENGINES = ("auto", "llamacpp", "tvm")

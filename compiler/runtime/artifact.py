@@ -20,11 +20,9 @@ class PromptTokens:
     the tokenizer config asks for it (``add_bos_token``)."""
 
     def __init__(self, tokenizer, config: dict):
-        def text(token) -> str:  # a config's special token: a string or {"content": ...}
-            return token.get("content", "") if isinstance(token, dict) else (token or "")
-
         self.tokenizer = tokenizer
-        self.bos, self.eos = text(config.get("bos_token")), text(config.get("eos_token"))
+        # the artifact's tokenizer_config.json holds them as plain strings (pipeline.py writes it)
+        self.bos, self.eos = config.get("bos_token") or "", config.get("eos_token") or ""
         plain, full = (tokenizer.encode("a", add_special_tokens=special).ids for special in (False, True))
         start = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
         bos_id = tokenizer.token_to_id(self.bos) if self.bos else None
