@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes server/unicode_categories.json: the Unicode general category of every code point of the Basic
 Multilingual Plane on which Python's unicodedata and Node's RegExp (`\\p{gc=..}` with the u flag, as
-ajv reads a pattern) agree. Both runtimes' pattern parsers read it (server/string_grammar.py and
-webruntime/src/strings.ts) for `\\p{..}` and `\\P{..}`; a code point the two engines disagree on, or
+ajv reads a pattern) agree. The pattern parser (webruntime/src/strings.ts, which both runtimes run) reads it
+for `\\p{..}` and `\\P{..}`; a code point the two engines disagree on, or
 that is unassigned in either, is in no category there, and the parsers treat it as "maybe" in every
 one (a newer Unicode may assign it). tests/test_structured_exact.py checks the file against the
 Python and Node it runs with.

@@ -327,3 +327,15 @@ def closed_json(text: str) -> bool:
     except json.JSONDecodeError:
         return False
     return True
+
+
+def streamed_weather_call(messages: list[dict]) -> dict:
+    """A streamed request that must call get_weather (greedy, 48 tokens): the call comes whole in the last chunk."""
+    return {
+        "messages": messages,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 48,
+        "stream": True,
+    }

@@ -51,7 +51,7 @@ SCHEMA_BAD = [
     '{"name": "x\x01", "age": 1}',
 ]
 
-# Number ranges: Lantern's own rules (lantern.server.number_grammar) swapped into xgrammar's grammar
+# Number ranges: Lantern's own rules (webruntime/src/numbers.ts) swapped into xgrammar's grammar
 BOUNDED = {
     "type": "object",
     "properties": {
@@ -107,7 +107,7 @@ REGEX_OK = ["Abc.", "Q-]z.xx", "Zzzzz."]
 REGEX_BAD = ["abc.", "Ab.", "Abcdef.", "Abc"]
 
 EBNF = 'root ::= "say " word ("," word)*\nword ::= [^\\x00-\\x20,\\\\"]+ | "\\"" [a-c]? "\\""'
-# Patterns with lengths, uniqueItems and multipleOf: lantern.server.string_grammar, unique_grammar, number_grammar
+# Patterns with lengths, uniqueItems and multipleOf: webruntime/src/strings.ts, unique.ts, numbers.ts
 EXACT = {
     "type": "object",
     "properties": {

@@ -1,10 +1,10 @@
-"""Real-world schemas (server/schema_normalize.py and its browser twin webruntime/src/normalize.ts), no
+"""Real-world schemas (webruntime/src/normalize.ts, which `lantern serve` runs in V8 and the browser bundles), no
 model, seconds: each keyword group the rewrite reads (drafts, annotations and unknown keywords, allOf,
 not, conditionals, $ref siblings, formats as bounds) lets through only JSON that jsonschema (Draft
 2020-12, formats checked) and ajv both find valid, on random instances, and accepts its listed valid
-examples; what was ignored is reported; bad schemas are refused by name; the browser decides and
-writes alike, on these cases and on every JSONSchemaBench schema of ../shared/jsonschemabench when
-that folder is there (LANTERN_JSONSCHEMABENCH names another)."""
+examples; what was ignored is reported; bad schemas are refused by name; the browser's xgrammar build
+writes the grammars the server's does, on these cases and on every JSONSchemaBench schema of
+../shared/jsonschemabench when that folder is there (LANTERN_JSONSCHEMABENCH names another)."""
 
 from __future__ import annotations
 
@@ -569,8 +569,9 @@ def _bench_schemas() -> list[dict]:
 
 
 def test_browser_and_server_decide_and_write_alike():
-    """The same checked schema text, warnings, size (so the same accept or refuse) and error for each case
-    above and each JSONSchemaBench schema; the EBNF text alike where both xgrammar builds print alike (they
+    """The browser's bundle under Node and the server's V8 give the same checked schema text, warnings, size (so
+    the same accept or refuse) and error for each case above and each JSONSchemaBench schema (one source, two
+    bundles and two JSON bridges); the EBNF text of the two xgrammar builds alike where both xgrammar builds print alike (they
     print a bounded repeat, {n,m}, differently), and where they do not, the two grammars accept the same
     of the benchmark's test instances."""
     bench = _bench_schemas()

@@ -1,8 +1,9 @@
 """Structured output and tool calls on the Python side (lantern serve), and its parity with the browser's.
 
-The schema checks and request-to-grammar rules exist once per language (server/structured.py,
-webruntime/src/structured.ts); the parity test runs the TypeScript under Node on the same requests
-and compares every grammar spec, every error and xgrammar's own EBNF for each schema.
+The schema checks and request-to-grammar rules exist once, in TypeScript (webruntime/src/structured.ts), which
+the server runs in V8; the parity test runs the browser's bundle under Node on the same requests and compares
+every grammar spec and error (the two bridges), xgrammar's own EBNF for each schema (the two xgrammar builds),
+and the tool-call text format (still one copy per language: it runs on every streamed delta).
 """
 
 from __future__ import annotations
@@ -587,3 +588,16 @@ def test_openai_client_gets_400_for_bad_structured_requests(client, bad, word):
     kwargs = dict(bad)
     with pytest.raises(openai.BadRequestError, match=word):
         chat(client, "Hi", **kwargs)
+
+
+def test_the_server_runs_the_one_compiler_and_says_when_it_is_not_built(tmp_path):
+    """lantern serve's schema rules are the TypeScript's, run in V8: a refusal comes back with its message and class;
+    a checkout without the bundle (webruntime not built) is told how to build it, not a crash."""
+    from lantern.errors import LanternError
+    from lantern.server.schema_host import HOST, HostRefusal, SchemaHost
+
+    with pytest.raises(HostRefusal, match="'multipleOf'") as err:
+        HOST.call("checkSchema", {"type": "number", "multipleOf": 0.01}, "#", {})
+    assert err.value.kind == "InvalidRequestError"
+    with pytest.raises(LanternError, match=r"schema-host\.js\) is missing: run `npm ci && npm run build`"):
+        SchemaHost(tmp_path / "schema-host.js").call("grammarSize", {})

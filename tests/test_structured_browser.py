@@ -18,21 +18,7 @@ import xgrammar
 from xgrammar.testing import _get_matcher_from_grammar
 
 from browser import launch, lantern_server
-from structured_cases import (
-    ADD,
-    ANNOTATED,
-    ANNOTATED_WARNINGS,
-    BAD_REQUESTS,
-    MESSAGES,
-    SCHEMAS,
-    SEEDS,
-    TOOLS,
-    WEATHER,
-    closed_json,
-    cpu_runs,
-    random_strict_schema,
-    request,
-)
+import structured_cases as cases
 
 from lantern.server.protocol import ChatCompletion, ChatCompletionChunk
 
@@ -71,13 +57,13 @@ def chat(page, *requests: dict) -> list[dict]:
 def test_every_schema_validates_in_the_browser_and_answers_as_the_cpu(page, smollm2_q4, report):
     """Every schema with the first seed (test_structured.py runs both seeds on the CPU), and the first
     schema again with the second seed: a repeated schema is not compiled again."""
-    cpu = cpu_runs(smollm2_q4.path, "tvm")  # the same key as test_structured.py: computed once
-    first = next(iter(SCHEMAS))
-    runs = {name: [SEEDS[0]] for name in SCHEMAS} | {first: list(SEEDS)}
+    cpu = cases.cpu_runs(smollm2_q4.path, "tvm")  # the same key as test_structured.py: computed once
+    first = next(iter(cases.SCHEMAS))
+    runs = {name: [cases.SEEDS[0]] for name in cases.SCHEMAS} | {first: list(cases.SEEDS)}
     same, total, tokens, tok_s = 0, 0, 0, []
     for name, seeds in runs.items():
-        schema = SCHEMAS[name]
-        replies = chat(page, *[request(name, seed) for seed in seeds])
+        schema = cases.SCHEMAS[name]
+        replies = chat(page, *[cases.request(name, seed) for seed in seeds])
         for seed, reply in zip(seeds, replies):
             ChatCompletion.model_validate(reply)
             text = reply["choices"][0]["message"]["content"]
@@ -90,13 +76,13 @@ def test_every_schema_validates_in_the_browser_and_answers_as_the_cpu(page, smol
     # Same seed, same sampler, logits within ~1e-4 of the CPU's: the answers agree but for rare near-ties.
     assert same >= 0.8 * total, f"{same}/{total} answers equal the CPU engine's"
     report(
-        f"structured (browser): {total} generations over {len(SCHEMAS)} schemas, 100% valid (ajv); "
+        f"structured (browser): {total} generations over {len(cases.SCHEMAS)} schemas, 100% valid (ajv); "
         f"{same}/{total} identical to the CPU engine's for the same seed; {tokens / total:.1f} tokens per answer, "
         f"decode {sorted(tok_s)[len(tok_s) // 2]:.2f} tok/s (median)"
     )
     stats = page.evaluate("engine.stats()")
-    assert stats["grammarCache"]["entries"] == len(SCHEMAS)
-    assert stats["grammarCache"]["hits"] >= len(SEEDS) - 1  # the repeated schema was not compiled again
+    assert stats["grammarCache"]["entries"] == len(cases.SCHEMAS)
+    assert stats["grammarCache"]["hits"] >= len(cases.SEEDS) - 1  # the repeated schema was not compiled again
 
 
 def valid_call(page, call: dict, tool: dict) -> bool:
@@ -110,7 +96,7 @@ def valid_call(page, call: dict, tool: dict) -> bool:
 
 def test_tool_calls_required_named_and_round_trip(page):
     ask = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 plus 3?"}]
-    base = {"messages": ask, "tools": TOOLS, "max_tokens": 48}
+    base = {"messages": ask, "tools": cases.TOOLS, "max_tokens": 48}
     required, named = chat(
         page,
         {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
@@ -120,38 +106,36 @@ def test_tool_calls_required_named_and_round_trip(page):
         ChatCompletion.model_validate(reply)
         assert reply["choices"][0]["finish_reason"] == "tool_calls"
     [call] = required["choices"][0]["message"]["tool_calls"]
-    assert valid_call(page, call, {t["function"]["name"]: t for t in TOOLS}[call["function"]["name"]])
+    assert valid_call(page, call, {t["function"]["name"]: t for t in cases.TOOLS}[call["function"]["name"]])
     [call] = named["choices"][0]["message"]["tool_calls"]
-    assert valid_call(page, call, ADD)
+    assert valid_call(page, call, cases.ADD)
 
     # the result goes back as a `tool` message; the model then answers in text
     turn = [*ask, named["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"sum": 5})}]
-    [final] = chat(page, {"messages": turn, "tools": TOOLS, "tool_choice": "none", "max_tokens": 16, "temperature": 0})
+    [final] = chat(page, {"messages": turn, "tools": cases.TOOLS, "tool_choice": "none", "max_tokens": 16, "temperature": 0})
     assert final["choices"][0]["message"]["content"] and not final["choices"][0]["message"].get("tool_calls")
 
     # streamed: no tag text in the content deltas, the call whole in the last chunk
-    [streamed] = chat(
-        page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0, "max_tokens": 48, "stream": True}
-    )
+    [streamed] = chat(page, cases.streamed_weather_call(ask))
     for c in streamed["chunks"]:
         ChatCompletionChunk.model_validate(c)
     assert "<tool_call>" not in streamed["text"] and streamed["finish"] == "tool_calls"
     [delta_call] = streamed["chunks"][-1]["choices"][0]["delta"]["tool_calls"]
-    assert valid_call(page, delta_call, WEATHER)
+    assert valid_call(page, delta_call, cases.WEATHER)
 
 
 def test_bad_structured_requests_are_rejected_up_front(page):
-    for bad, word in BAD_REQUESTS:
+    for bad, word in cases.BAD_REQUESTS:
         err = page.evaluate(
-            "(req) => errorOf(() => engine.chat.completions.create(req))", {"messages": MESSAGES, "max_tokens": 4, **bad}
+            "(req) => errorOf(() => engine.chat.completions.create(req))", {"messages": cases.MESSAGES, "max_tokens": 4, **bad}
         )
         assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
     stats = page.evaluate("engine.stats()")
     assert stats["queued"] == 0 and stats["kvSequences"] <= 1
     # what a real-world schema's rewrite ignored: said on the answer, as the server says it
-    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": ANNOTATED}}
-    [reply] = chat(page, {"messages": MESSAGES, "max_tokens": 4, "response_format": fmt})
-    assert reply["lantern_warnings"] == ANNOTATED_WARNINGS
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": cases.ANNOTATED}}
+    [reply] = chat(page, {"messages": cases.MESSAGES, "max_tokens": 4, "response_format": fmt})
+    assert reply["lantern_warnings"] == cases.ANNOTATED_WARNINGS
 
 
 def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, report):
@@ -166,9 +150,9 @@ def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, 
     rng = random.Random(18)
     finished = closed = cut = 0
     for k in range(16):
-        schema = random_strict_schema(rng)
+        schema = cases.random_strict_schema(rng)
         req = {
-            "messages": MESSAGES,
+            "messages": cases.MESSAGES,
             "seed": k,
             "temperature": 1.0,
             "max_tokens": 256,
@@ -177,7 +161,7 @@ def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, 
         [reply] = chat(tiny_page, req)
         ChatCompletion.model_validate(reply)
         text, finish = reply["choices"][0]["message"]["content"], reply["choices"][0]["finish_reason"]
-        if finish == "length" and not closed_json(text):  # cut where it could not be closed
+        if finish == "length" and not cases.closed_json(text):  # cut where it could not be closed
             parsed = ChatCompletionRequest(**req)
             spec = request_spec(
                 parsed.response_format.model_dump(exclude_none=True), [], None, True, parsed.schema_defaults.model_dump()

@@ -1,10 +1,10 @@
 """Exact structured output, grammars only (no model, seconds): number ranges and multiples
-(server/number_grammar.py and its browser twin webruntime/src/numbers.ts) accept exactly the numbers
-a standard validator finds within the bounds (IEEE-754 doubles); patterns and lengths
-(string_grammar.py, strings.ts) let through only strings both validators accept, and every ASCII
-string both match in full; uniqueItems arrays (unique_grammar.py, unique.ts) exactly the valid ones;
-both languages write the same rules; string formats let through only strings jsonschema's
-FormatChecker and ajv-formats both find valid."""
+(webruntime/src/numbers.ts) accept exactly the numbers a standard validator finds within the bounds
+(IEEE-754 doubles); patterns and lengths (strings.ts) let through only strings both validators accept,
+and every ASCII string both match in full; uniqueItems arrays (unique.ts) exactly the valid ones; string
+formats let through only strings jsonschema's FormatChecker and ajv-formats both find valid. The rules
+are the ones `lantern serve` writes: the TypeScript run in V8 (lantern.server.schema_host), the one copy
+the browser bundles too."""
 
 from __future__ import annotations
 
@@ -17,11 +17,25 @@ import pytest
 import xgrammar
 from xgrammar.testing import _get_matcher_from_grammar
 
+from browser import repo_root
 from test_structured import run_typescript
 
-from lantern.server import string_grammar, unique_grammar
-from lantern.server.number_grammar import MAX_DIGITS, NumberRangeError, number_rules, placeholder
+from lantern.server.schema_host import HOST, HostRefusal
 from lantern.server.structured import SUPPORT, StructuredOutputError, check_schema, schema_ebnf
+
+MAX_DIGITS = HOST.call("constants")["maxDigits"]
+# server/unicode_categories.json's categories: {category: [(first, last) code point]}
+CATEGORIES = {
+    cat: [(int(a, 16), int(b or a, 16)) for a, _, b in (r.partition("-") for r in text.split())]
+    for cat, text in json.loads((repo_root() / "server" / "unicode_categories.json").read_text())["categories"].items()
+}
+
+
+def exact_rules(kind: str, *args) -> list[str]:
+    """The rules one grammar writer makes (kind: number or integer with a schema; string with a pattern, minLength
+    and maxLength; unique with items, minItems and maxItems), or HostRefusal with the writer's error."""
+    return HOST.call("exactRules", kind, *args)["rules"]
+
 
 BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # The texts the grammar writes: no exponent, no "-0", at most MAX_DIGITS digits (a leading "0." not counted).
@@ -30,7 +44,7 @@ WRITTEN = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
 
 def grammar(kind: str, schema: dict):
     """accepts(text) -> bool: xgrammar's own matcher on the rules for ``schema``, one matcher reused."""
-    return accepts_of(number_rules(placeholder(kind, schema), "n"), "n")
+    return accepts_of(exact_rules(kind, schema), "n")
 
 
 def accepts_of(rules: list[str], name: str):
@@ -139,7 +153,8 @@ def test_random_bounds_accept_exactly_what_jsonschema_validates(report):
         want = {t for t in texts if writable(t, kind) and valid({"type": kind, **schema}, t)}
         try:
             g = grammar(kind, schema)
-        except NumberRangeError:
+        except HostRefusal as err:
+            assert err.kind == "NumberRangeError", err
             assert not want, (kind, schema, sorted(want)[:5])
             empty += 1
             continue
@@ -163,7 +178,7 @@ def test_random_bounds_accept_exactly_what_jsonschema_validates(report):
     ],
 )
 def test_multiple_of_is_exact(schema, inside, outside):
-    g = accepts_of(number_rules(placeholder(schema["type"], schema), "n"), "n")
+    g = accepts_of(exact_rules(schema["type"], schema), "n")
     for text in inside:
         assert g(text) and valid(schema, text), (schema, text)
     for text in outside:
@@ -233,18 +248,21 @@ def random_pattern(rng: random.Random, depth: int = 0) -> str:
     return ("^" if rng.random() < 0.5 else "") + "".join(parts) + ("$" if rng.random() < 0.5 else "")
 
 
-def sample(node, rng: random.Random) -> str:
-    """A random string the parsed pattern describes (anchors match empty)."""
-    kind = node[0]
+def sample(node: dict, rng: random.Random) -> str:
+    """A random string a pattern describes, from its parse (strings.ts's Node, as schema_host returns it:
+    {t: set, chars: [[lo, hi]...]}, {t: cat, items}, {t: alt, branches}, {t: rep, node, lo, hi}; anchors
+    match empty)."""
+    kind = node["t"]
     if kind == "set":
-        lo, hi = rng.choice(node[1])
+        lo, hi = rng.choice(node["chars"])
         return chr(rng.randint(lo, min(hi, lo + 40)))
     if kind == "cat":
-        return "".join(sample(n, rng) for n in node[1])
+        return "".join(sample(n, rng) for n in node["items"])
     if kind == "alt":
-        return sample(rng.choice(node[1]), rng)
+        return sample(rng.choice(node["branches"]), rng)
     if kind == "rep":
-        return "".join(sample(node[1], rng) for _ in range(rng.randint(node[2], node[3] if node[3] is not None else node[2] + 3)))
+        hi = node["hi"] if node["hi"] is not None else node["lo"] + 3
+        return "".join(sample(node["node"], rng) for _ in range(rng.randint(node["lo"], hi)))
     return ""
 
 
@@ -267,11 +285,12 @@ def test_patterns_and_lengths_let_through_only_valid_strings(report):
         hi = rng.choice([None, None, lo + rng.randint(0, 4)])
         schema = {"type": "string", "pattern": pattern, "minLength": lo, **({"maxLength": hi} if hi is not None else {})}
         try:
-            rules = string_grammar.string_rules(string_grammar.placeholder(pattern, lo, hi), "s")
-        except string_grammar.PatternError:
+            rules = exact_rules("string", pattern, lo, hi)
+        except HostRefusal as err:
+            assert err.kind == "PatternError", err
             refused += 1
             continue
-        node = string_grammar.parse_pattern(pattern)
+        node = HOST.call("parsePattern", pattern)
         texts = {sample(node, rng) for _ in range(12)}
         texts |= {
             t[:k] + rng.choice(ALPHABET) + t[k + 1 :] for t in sorted(texts) for k in range(len(t) + 1) if rng.random() < 0.3
@@ -362,15 +381,12 @@ def test_unicode_property_classes_let_through_only_what_both_engines_count(repor
         | {"".join(rng.choice(spread) for _ in range(rng.randint(2, 4))) for _ in range(400)}
         | {"Émile", "Ab", "12", "a b", "\u0295", "x\u0300"}
     )
-    cases = [
-        (pattern, accepts_of(string_grammar.string_rules(string_grammar.placeholder(pattern, 0, None), "s"), "s"))
-        for pattern in UNICODE_PATTERNS
-    ]
+    cases = [(pattern, accepts_of(exact_rules("string", pattern, 0, None), "s")) for pattern in UNICODE_PATTERNS]
     by_ajv = run_typescript(
         "ajv_check.ts",
         {"cases": [{"schema": {"type": "string", "pattern": p}, "texts": [json.dumps(t) for t in texts]} for p, _ in cases]},
     )["out"]
-    known = {chr(c) for lo, hi in string_grammar.ASSIGNED for c in range(lo, hi + 1)}
+    known = {chr(c) for ranges in CATEGORIES.values() for lo, hi in ranges for c in range(lo, hi + 1)}
     accepted = exact = 0
     for (pattern, g), ajv_ok in zip(cases, by_ajv):
         for text, ok in zip(texts, ajv_ok):
@@ -394,7 +410,7 @@ def test_the_unicode_table_agrees_with_python_and_javascript():
     import unicodedata
 
     cases = []
-    for cat, ranges in string_grammar.CATEGORIES.items():
+    for cat, ranges in CATEGORIES.items():
         codes = [c for lo, hi in ranges for c in range(lo, hi + 1)]
         assert all(unicodedata.category(chr(c)) == cat for c in codes), cat
         cases.append(
@@ -407,7 +423,7 @@ def test_the_unicode_table_agrees_with_python_and_javascript():
 
 def test_long_strings_beyond_the_merged_size_stay_exact():
     """A 700-character bound makes an automaton past MAX_MERGED states, left unmerged: still exact."""
-    g = accepts_of(string_grammar.string_rules(string_grammar.placeholder("[a-c]*x", 3, 700), "s"), "s")
+    g = accepts_of(exact_rules("string", "[a-c]*x", 3, 700), "s")
     assert g(json.dumps("ab" * 349 + "x")) and not g(json.dumps("ab" * 350 + "x")) and not g(json.dumps("ax"))
     assert not g(json.dumps("ab" * 10 + "y"))
 
@@ -421,10 +437,7 @@ def test_xgrammar_alone_lets_invalid_strings_through():
     assert raw_accepts(raw({"type": "string", "pattern": "^a$", "maxLength": 0}), '"a"')  # lengths dropped
     assert raw_accepts(raw({"type": "string", "maxLength": 3}), '"\t"')  # a raw tab: not JSON
     ours = lambda schema: accepts_of(  # noqa: E731
-        string_grammar.string_rules(
-            string_grammar.placeholder(schema.get("pattern"), schema.get("minLength", 0), schema.get("maxLength")), "s"
-        ),
-        "s",
+        exact_rules("string", schema.get("pattern"), schema.get("minLength", 0), schema.get("maxLength")), "s"
     )
     assert not ours({"pattern": "^[^a]+$"})('"""') and ours({"pattern": "^[^a]+$"})('"\\""')
     assert not ours({"maxLength": 3, "minLength": 1})('"\t"') and ours({"maxLength": 3, "minLength": 1})('"\\t"')
@@ -452,18 +465,19 @@ def test_unique_items_accept_exactly_the_valid_arrays(report):
             **({"maxItems": hi} if hi is not None else {}),
         }
         try:
-            key = unique_grammar.placeholder(unique_grammar.item_values(items), lo, hi)
-            g = accepts_of(unique_grammar.unique_rules(key, "u"), "u")
-        except unique_grammar.UniqueItemsError:
+            g = accepts_of(exact_rules("unique", items, lo, hi), "u")
+        except HostRefusal as err:
+            assert err.kind == "UniqueItemsError", err
             assert not any(
                 jsonschema.Draft202012Validator(schema).is_valid(list(c))
                 for c in [rng.sample(values + [True, False], k) for k in range(lo, lo + 1) if k <= len(values) + 2]
             )
             continue
         choices = values + [True, False] + ["other"]
+        texts = dict(zip(map(json.dumps, choices), HOST.call("valueTexts", choices)))  # each value's one JSON text
         for _ in range(20):
             arr = [rng.choice(choices) for _ in range(rng.randint(0, 5))]
-            text = "[" + ", ".join(unique_grammar.value_text(v) for v in arr) + "]"
+            text = "[" + ", ".join(texts[json.dumps(v)] for v in arr) + "]"
             want = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
             assert g(text) == want, (schema, text)
             checked += 1
@@ -472,70 +486,6 @@ def test_unique_items_accept_exactly_the_valid_arrays(report):
         f"uniqueItems: 60 random arrays of enums, consts and booleans, {checked} arrays: the grammar accepts the "
         f"{accepted} jsonschema validates and no other"
     )
-
-
-def python_rules(case: dict) -> dict:
-    """What the Python twins make of one case of tests/node/exact_rules.ts."""
-    key = None
-    try:
-        if case["kind"] == "string":
-            key = string_grammar.placeholder(case["pattern"], case["min"], case["max"])
-            return {"placeholder": key, "rules": string_grammar.string_rules(key, "s")}
-        if case["kind"] == "classes":
-            return {"text": string_grammar.with_classes(case["pattern"])}
-        if case["kind"] == "unique":
-            key = unique_grammar.placeholder(unique_grammar.item_values(case["items"]), case["min"], case["max"])
-            return {"placeholder": key, "rules": unique_grammar.unique_rules(key, "u")}
-        key = placeholder(case["kind"], case["schema"])
-        return {"placeholder": key, "rules": number_rules(key, "n")}
-    except (NumberRangeError, string_grammar.PatternError, unique_grammar.UniqueItemsError) as err:
-        return {**({} if key is None else {"placeholder": key}), "error": f"{type(err).__name__}: {err}"}
-
-
-def test_typescript_writes_the_same_rules():
-    rng = random.Random(17)
-    cases = [{"kind": kind, "schema": schema} for kind, schema in random_schemas(rng, 300)]
-    cases += [
-        {"kind": "number", "schema": {"minimum": 1e21, "maximum": 1e22}},
-        {"kind": "number", "schema": {"exclusiveMinimum": 1e-20, "exclusiveMaximum": 2e-20}},
-        {"kind": "number", "schema": {"multipleOf": 0.01}},
-        {"kind": "integer", "schema": {"multipleOf": 251}},
-    ]
-    for _ in range(150):
-        lo = rng.choice([0, 1, 3])
-        cases.append(
-            {
-                "kind": "string",
-                "pattern": rng.choice([random_pattern(rng), None]),
-                "min": lo,
-                "max": rng.choice([None, lo + rng.randint(0, 5)]),
-            }
-        )
-    cases += [{"kind": "string", "pattern": p, "min": 0, "max": None} for p in ["a^b", "(?=a)", "\\", "😀", "\ud800", "[z-a]"]]
-    cases += [{"kind": "string", "pattern": p, "min": 0, "max": 8} for p in UNICODE_PATTERNS + ["\\p{sc=Han}", "\\p{Lx}"]]
-    cases += [{"kind": "classes", "pattern": p} for p in UNICODE_PATTERNS + ["[\\]\\p{Zs}]\\P{N}", "\\\\p{L}", "\\p{sc=Han}"]]
-    cases += [{"kind": "string", "pattern": p, "min": 0, "max": 300} for p in SUPPORT["format_patterns"].values()]
-    # automata past string_grammar.MAX_MERGED states are not merged: the same unmerged rules on both sides
-    cases += [
-        {"kind": "string", "pattern": None, "min": 0, "max": 1200},
-        {"kind": "string", "pattern": "[a-c]*x", "min": 3, "max": 700},
-    ]
-    for _ in range(40):
-        values = rng.sample(["x", "é", 'q"', 1, 2.5, 1.0, True, None, 1e21], rng.randint(1, 4))
-        cases.append(
-            {
-                "kind": "unique",
-                "items": rng.choice(
-                    [{"enum": values}, {"type": "boolean"}, {"type": "string"}, {"enum": values, "type": "string"}]
-                ),
-                "min": rng.randint(0, 3),
-                "max": rng.choice([None, 2]),
-            }
-        )
-    out = run_typescript("exact_rules.ts", {"cases": cases})["out"]
-    for case, ts in zip(cases, out):
-        assert ts == python_rules(case), case
-    assert sum("error" in ts for ts in out) >= 8
 
 
 # ---- string formats ------------------------------------------------------------------------------
@@ -640,7 +590,8 @@ def test_every_format_pattern_admits_only_strings_both_validators_accept(report)
     rng = random.Random(33)
     cases = []
     for fmt, pattern in SUPPORT["format_patterns"].items():
-        texts = sorted({sample(string_grammar.parse_pattern(pattern), rng) for _ in range(300)})
+        node = HOST.call("parsePattern", pattern)
+        texts = sorted({sample(node, rng) for _ in range(300)})
         invalid = [t for t in texts if not checker.conforms(t, fmt)]
         assert not invalid, (fmt, invalid[:5])
         cases.append({"schema": {"type": "string", "format": fmt}, "texts": [json.dumps(t) for t in texts]})

@@ -14,19 +14,7 @@ import shutil
 import pytest
 
 from browser import launch, lantern_server, manifest_alias, wait_until_ready
-from structured_cases import (
-    ADD,
-    ANNOTATED,
-    ANNOTATED_WARNINGS,
-    BAD_REQUESTS,
-    MESSAGES,
-    SCHEMAS,
-    SEEDS,
-    TOOLS,
-    WEATHER,
-    closed_json,
-    request,
-)
+import structured_cases as cases
 from test_gbnf import LONG_STRING, OPTIONAL
 from test_runtime import cpu_greedy, open_page
 from test_smollm2 import PROMPTS
@@ -158,21 +146,21 @@ def valid(page, schema, text: str) -> bool:
 def test_structured_output_and_tools(session, report):
     page = session["page"]
     finished = closed = cut = 0
-    seeds = SEEDS[:1]  # validity holds whatever the seed: one per schema keeps the test short
-    for name, schema in SCHEMAS.items():
-        for seed, reply in zip(seeds, chat(page, *[request(name, seed) for seed in seeds])):
+    seeds = cases.SEEDS[:1]  # validity holds whatever the seed: one per schema keeps the test short
+    for name, schema in cases.SCHEMAS.items():
+        for seed, reply in zip(seeds, chat(page, *[cases.request(name, seed) for seed in seeds])):
             text = reply["choices"][0]["message"]["content"]
-            if reply["choices"][0]["finish_reason"] == "length" and not closed_json(text):
+            if reply["choices"][0]["finish_reason"] == "length" and not cases.closed_json(text):
                 cut += 1
                 continue
             assert valid(page, schema, text), (name, seed, text)
             finished += reply["choices"][0]["finish_reason"] == "stop"
             closed += reply["choices"][0]["finish_reason"] == "length"
     report(
-        f"structured (wasm): {finished} finished answers over {len(SCHEMAS)} schemas, {closed} closed at "
+        f"structured (wasm): {finished} finished answers over {len(cases.SCHEMAS)} schemas, {closed} closed at "
         f"max_tokens, 100% valid (ajv); {cut} cut by max_tokens"
     )
-    assert cut <= len(SCHEMAS) // 5
+    assert cut <= len(cases.SCHEMAS) // 5
 
     # an answer that max_tokens cuts is closed within it (closing.ts), streamed or not, the same text
     names = {
@@ -194,7 +182,7 @@ def test_structured_output_and_tools(session, report):
     assert streamed["text"] == text and streamed["finish"] == "length"
 
     ask = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 2 plus 3?"}]
-    base = {"messages": ask, "tools": TOOLS, "max_tokens": 48}
+    base = {"messages": ask, "tools": cases.TOOLS, "max_tokens": 48}
     required, named, auto = chat(
         page,
         {**base, "tool_choice": "required", "seed": 1, "parallel_tool_calls": False},
@@ -203,28 +191,26 @@ def test_structured_output_and_tools(session, report):
     )
     for reply in (required, named):
         assert reply["choices"][0]["finish_reason"] == "tool_calls", reply
-    by_name = {t["function"]["name"]: t for t in TOOLS}
+    by_name = {t["function"]["name"]: t for t in cases.TOOLS}
     for reply in (required, named, auto):
         for call in reply["choices"][0]["message"].get("tool_calls") or []:
             tool = by_name[call["function"]["name"]]
             assert valid(page, tool["function"]["parameters"], call["function"]["arguments"]), call
     [call] = named["choices"][0]["message"]["tool_calls"]
-    assert call["function"]["name"] == ADD["function"]["name"]
-    [streamed] = chat(
-        page, {"messages": ask, "tools": [WEATHER], "tool_choice": "required", "temperature": 0, "max_tokens": 48, "stream": True}
-    )
+    assert call["function"]["name"] == cases.ADD["function"]["name"]
+    [streamed] = chat(page, cases.streamed_weather_call(ask))
     assert "<tool_call>" not in streamed["text"] and streamed["finish"] == "tool_calls"
 
     # the same up-front errors as the webgpu device (one table, one grammar engine)
-    for bad, word in BAD_REQUESTS:
+    for bad, word in cases.BAD_REQUESTS:
         err = page.evaluate(
-            "(req) => errorOf(() => engine.chat.completions.create(req))", {"messages": MESSAGES, "max_tokens": 4, **bad}
+            "(req) => errorOf(() => engine.chat.completions.create(req))", {"messages": cases.MESSAGES, "max_tokens": 4, **bad}
         )
         assert err and err["name"] == "InvalidRequestError" and word in err["message"], (bad, err)
     # the same warnings for what a real-world schema's rewrite ignored
-    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": ANNOTATED}}
-    [reply] = chat(page, {"messages": MESSAGES, "max_tokens": 4, "response_format": fmt})
-    assert reply["lantern_warnings"] == ANNOTATED_WARNINGS
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": cases.ANNOTATED}}
+    [reply] = chat(page, {"messages": cases.MESSAGES, "max_tokens": 4, "response_format": fmt})
+    assert reply["lantern_warnings"] == cases.ANNOTATED_WARNINGS
 
 
 def test_grammars_at_llama_cpp_parser_limits_are_enforced(session):
@@ -234,7 +220,7 @@ def test_grammars_at_llama_cpp_parser_limits_are_enforced(session):
     page = session["page"]
     for schema, first in ((OPTIONAL, "{"), (LONG_STRING, '"')):
         fmt = {"type": "json_schema", "json_schema": {"name": "limits", "schema": schema}}
-        [reply] = chat(page, {"messages": MESSAGES, "max_tokens": 4, "temperature": 0, "response_format": fmt})
+        [reply] = chat(page, {"messages": cases.MESSAGES, "max_tokens": 4, "temperature": 0, "response_format": fmt})
         assert reply["choices"][0]["message"]["content"].startswith(first), reply
 
 

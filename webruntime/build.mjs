@@ -28,6 +28,10 @@ const runtimeBeside = {
   },
 };
 await esbuild.build({ ...common, entryPoints: ["src/ai-sdk.ts"], outfile: "dist/ai-sdk.js", plugins: [runtimeBeside] });
+// Not part of the npm package: the structured-output compiler (structured.ts and what it imports) as one plain
+// script for `lantern serve`, which runs it in V8 (lantern/server/schema_host.py).
+const host = { format: "iife", platform: "neutral", entryPoints: ["src/schema-host.ts"], outfile: "dist/schema-host.js" };
+await esbuild.build({ ...common, ...host });
 // Not part of the npm package: ajv for the site's JSON mode and the tests (/runtime/schema-check.js).
 await esbuild.build({ ...common, entryPoints: ["src/schema-check.mjs"], outfile: "dist/schema-check.js" });
 // Not part of the npm package: the `ai` package itself, for the site's embed page (/runtime/ai.js).

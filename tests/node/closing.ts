@@ -4,7 +4,7 @@
 // Output (stdout): {orders: [outside, inside], closed: ({kept, path} | null)[]}.
 import { readFileSync } from "node:fs";
 import { Closer } from "../../webruntime/src/closing";
-import { GrammarCompiler, type TokenizerJson } from "../../webruntime/src/structured";
+import { GrammarCompiler, type TokenizerJson } from "../../webruntime/src/grammars";
 import { TextCodec } from "../../webruntime/src/text";
 
 const input = JSON.parse(readFileSync(0, "utf8")) as {

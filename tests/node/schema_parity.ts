@@ -3,7 +3,8 @@
 // the spec's JSON (responseFormatSpec, as a json_schema response_format), what it ignored, the size the compile
 // limit reads, and the grammar text (schemaEbnf), or the error that refused it.
 import { readFileSync } from "node:fs";
-import { grammarSize, responseFormatSpec, schemaEbnf, type SchemaDefaults } from "../../webruntime/src/structured";
+import { schemaEbnf } from "../../webruntime/src/grammars";
+import { grammarSize, responseFormatSpec, type SchemaDefaults } from "../../webruntime/src/structured";
 
 console.log = (...args: unknown[]) => process.stderr.write(`${args.join(" ")}\n`);  // xgrammar's warnings: not on stdout
 const input = JSON.parse(readFileSync(0, "utf8")) as { schemas: unknown[]; defaults: SchemaDefaults };

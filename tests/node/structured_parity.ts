@@ -6,7 +6,8 @@
 import { readFileSync } from "node:fs";
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
-import { checkSchema, GrammarCompiler, parseToolCalls, requestSpec, schemaEbnf, tightStructuralTag } from "../../webruntime/src/structured";
+import { GrammarCompiler, schemaEbnf, tightStructuralTag } from "../../webruntime/src/grammars";
+import { checkSchema, parseToolCalls, requestSpec } from "../../webruntime/src/structured";
 import type { ChatCompletionRequest } from "../../webruntime/src/protocol";
 
 const xgr = (globalThis as unknown as { xgrammar: typeof XGrammar }).xgrammar;

@@ -4,7 +4,7 @@
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
 import { LanternError } from "./errors";
 import type { ChatCompletionRequest } from "./protocol";
-import type { TokenizerJson } from "./structured";
+import type { TokenizerJson } from "./grammars";
 import type { TextCodec } from "./text";
 
 /** Tokens at the end of a closable answer that may be rewound, and so are not streamed early. */

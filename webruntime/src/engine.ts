@@ -34,7 +34,8 @@ import { checkRequest, message, stopList, stopTokenIds, templateMessages, tokenL
 import { PushStream } from "./stream";
 import { heldBack, opensInPrompt, ReasoningSplitter, templateKwargs } from "./reasoning";
 import { Closer, closesCutAnswers, HOLD } from "./closing";
-import { callsTools, LazyGrammars, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
+import { LazyGrammars } from "./grammars";
+import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
 import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
 import { WasmDevice } from "./wasm";
 import { WebGpuDevice } from "./webgpu";

@@ -1,7 +1,43 @@
-// Real-world JSON Schemas rewritten into the one dialect Lantern's grammar checks read: the twin of
-// lantern/server/schema_normalize.py (its module doc says what each step does, and why). Both read
-// server/schema_support.json; tests/test_schema_normalize.py holds the two equal, schema for schema and error
-// for error, on every JSONSchemaBench schema it has and on its own cases.
+// Real-world JSON Schemas, rewritten into the one dialect Lantern's grammar checks read.
+//
+// Schemas arrive in every draft (04 to 2020-12), with vendor keywords and annotations, and with
+// `allOf`, `not` and conditionals that xgrammar does not enforce. normalize returns a schema of the
+// same meaning in Draft 2020-12 with only the keywords schema_support.json lists, plus the warnings a
+// user should see (what was ignored); or InvalidRequestError naming what it cannot rewrite exactly.
+// structured.ts's checkSchema then checks and lowers the result as before.
+//
+// What it does, node by node (bottom-up):
+// - drafts: `dependencies` becomes dependentRequired / dependentSchemas, array-form `items` with
+//   `additionalItems` becomes prefixItems / items, boolean exclusiveMinimum / exclusiveMaximum become
+//   numbers; `$ref` siblings apply (draft-04/06/07 say to ignore them, jsonschema does, ajv does not:
+//   applied, the answer is valid for both, and a warning says so);
+// - annotations (schema_support.json's `annotations`) are dropped; keywords in `refused` are refused by
+//   name; any other keyword is unknown, so an annotation as JSON Schema says: dropped, with a warning;
+// - `allOf` (and a `$ref` with siblings) is merged into one schema: properties and required unioned,
+//   bounds and lengths tightened, types and enums intersected, subschemas merged recursively, `$ref`s
+//   resolved first; a subschema no value satisfies becomes `false` where it stands (a contradiction),
+//   and only a schema false as a whole is refused, naming its first contradiction;
+// - `not` of a type, of one required name, or of listed values (an enum, booleans, null);
+//   dependentRequired and dependentSchemas and if/then/else (only with a one-name `required`
+//   condition) become a choice of branches;
+// - ajv-formats' number formats (int32, int64, float, double) become the bounds they check, and
+//   patternProperties every name matches (".*") apply to listed and unlisted properties;
+// - a node's own keywords beside anyOf / oneOf are merged into each branch (xgrammar reads either the
+//   branches or the node, not both); a branch that contradicts them is dropped;
+// - once all is merged (close): a required property that `properties` does not list is listed, with the
+//   value additionalProperties or a matching patternProperties allows (xgrammar allows no unlisted
+//   property); listed properties with additionalProperties true or a schema: unlisted properties are not
+//   generated (xgrammar would let a listed name through again with any value), with a warning;
+//   uniqueItems over items the grammar cannot list: at most one item, with a warning; propertyNames
+//   beside properties, additionalProperties or patternProperties (xgrammar then enforces the names and
+//   no value) checked on the listed names and dropped where only listed names are generated, listed
+//   out where it allows a list of names, turned into patternProperties where it is one pattern, else
+//   refused;
+// - false subschemas are removed where xgrammar refuses them (prune), and $refs into dropped keywords
+//   are pointed at copies in $defs (relocate).
+//
+// The only copy, for both runtimes (structured.ts's header). It reads server/schema_support.json;
+// tests/test_schema_normalize.py checks it on every JSONSchemaBench schema and on its own cases.
 import { InvalidRequestError } from "./errors";
 import * as strings from "./strings";
 import * as unique from "./unique";
@@ -32,7 +68,7 @@ const ANY_NAME = ["", ".*", "^.*", "^"]; // patterns every property name matches
 type Obj = Record<string, unknown>;
 type Schema = boolean | Obj;
 
-/** A schema Lantern cannot rewrite exactly: an InvalidRequestError to the page, as structured.py's StructuredOutputError. */
+/** A schema Lantern cannot rewrite exactly: an InvalidRequestError to the page, and a 400 from the server. */
 export class SchemaError extends InvalidRequestError {
   constructor(message: string) {
     super(message);
@@ -108,8 +144,11 @@ function canon(v: unknown): string {
 }
 const same = (a: unknown, b: unknown): boolean => canon(a) === canon(b);
 
-/** JSON as Python's json.dumps writes it (the twin's messages quote values so). */
-function pyJson(v: unknown): string {
+/**
+ * JSON as Python's json.dumps writes it by default (", " and ": ", keys in order): the layout of the messages that
+ * quote values and of a spec's schema text (structured.ts), as the server wrote them when it had its own compiler.
+ */
+export function pyJson(v: unknown): string {
   if (Array.isArray(v)) return `[${v.map(pyJson).join(", ")}]`;
   if (isObject(v))
     return `{${Object.keys(v)
@@ -244,7 +283,7 @@ class Normalizer {
     return s;
   }
 
-  /** The restrictions a grammar needs, once everything is merged (structured.py's close). */
+  /** The restrictions a grammar needs, once everything is merged (close). */
   close(schema: Schema, where: string): Schema {
     if (!isObject(schema)) return schema;
     let out: Obj = {};
@@ -1102,7 +1141,7 @@ function withRefs(node: unknown, moved: Map<string, string>): unknown {
   );
 }
 
-/** `schema` in Lantern's dialect (see schema_normalize.py) and the warnings for what it ignored. */
+/** `schema` in Lantern's dialect (the header says what each step does) and the warnings for what it ignored. */
 export function normalize(schema: unknown, where = "#"): [Schema, string[]] {
   const n = new Normalizer(schema, where);
   const out = n.pruneAll(n.close(n.relocate(n.node(schema, where)), where));

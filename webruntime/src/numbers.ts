@@ -1,7 +1,26 @@
 // Exact grammars for JSON numbers between bounds, which xgrammar 0.1.27 does not enforce exactly.
-// The twin of the server's lantern/server/number_grammar.py, which explains the method (why at most
-// 15 digits keeps IEEE-754 comparisons exact, the automaton, the merging of states). Both print the
-// same placeholders and the same rules, character for character (tests/test_structured_exact.py).
+//
+// A schema's `number` or `integer` with bounds (minimum, maximum, exclusiveMinimum, exclusiveMaximum)
+// or a multipleOf is written in the grammar as a placeholder string, `lantern:number:ge=-1.5:lt=100:mul=0.5`
+// (structured.ts's checkSchema does that). After xgrammar turns the schema into EBNF,
+// structured.ts's withExactRules swaps each placeholder for rules that admit exactly the JSON numbers
+// within the bounds (and multiples, see multipleOf), written with no exponent and at most MAX_DIGITS digits.
+//
+// Why 15 digits: validators (jsonschema, ajv) read a number and its bounds as IEEE-754 doubles. Two
+// different decimals of at most 15 significant digits are never the same double (15 is DBL_DIG: such
+// a decimal survives a round trip through a double), and rounding to the nearest double keeps order.
+// So for a bound whose shortest decimal form has at most 15 digits, comparing the decimal texts gives
+// the validator's answer, exclusive bounds included. A bound with 16 or 17 digits (0.1 + 0.2, say)
+// is first rounded inwards to 15 digits, which can only leave out values, never let one in.
+//
+// The rules come from a small deterministic automaton over the characters `-`, `.`, `0-9`: the
+// integer part is compared with each bound's digit by digit (a longer integer part is larger), then
+// the fraction; for a multipleOf it also keeps the remainder of the digits read so far. States that
+// cannot reach an end within the bounds are dropped, so the model can never
+// write itself into a dead end, and equivalent states are merged (Moore's partition refinement).
+//
+// The only copy: the browser bundles it and `lantern serve` runs it in V8 (structured.ts's header);
+// tests/test_structured_exact.py checks what its rules accept against jsonschema and ajv.
 
 export const MAX_DIGITS = 15;
 const MAX_MULTIPLE = 250; // multipleOf as an integer of its digits (0.25 -> 25): the automaton keeps a remainder
@@ -70,21 +89,24 @@ export function placeholder(kind: string, schema: Record<string, unknown>): stri
   return parts.join(":");
 }
 
-/** A placeholder carrying `payload` (JSON) hex-encoded (see number_grammar.payload_placeholder). */
+/**
+ * A placeholder carrying `payload` as the hex of its JSON's UTF-8 bytes (letters and digits only, so xgrammar
+ * keeps it as it is). Written with encodeURIComponent, not TextEncoder, which the server's V8 lacks; JSON.stringify
+ * escapes lone surrogates, so the text always encodes.
+ */
 export function payloadPlaceholder(kind: string, payload: unknown): string {
-  const bytes = new TextEncoder().encode(JSON.stringify(payload));
-  return `${PREFIX}${kind}:${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+  const hex = encodeURIComponent(JSON.stringify(payload)).replace(/%([0-9A-F]{2})|[^%]/g, (c: string, byte?: string) =>
+    (byte ?? c.charCodeAt(0).toString(16).padStart(2, "0")).toLowerCase(),
+  );
+  return `${PREFIX}${kind}:${hex}`;
 }
 
 /** The payload of a payloadPlaceholder. */
 export function placeholderPayload(key: string): unknown {
-  const hex = key.split(":")[2];
-  return JSON.parse(
-    new TextDecoder().decode(new Uint8Array(hex.length / 2).map((_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16))),
-  );
+  return JSON.parse(decodeURIComponent(key.split(":")[2].replace(/../g, "%$&")));
 }
 
-/** The shortest decimal text of a number, with no exponent (number_grammar.decimal_of(v).text()). */
+/** The shortest decimal text of a number, with no exponent (decimalOf(v) as text). */
 export const decimalText = (value: number): string => text(decimalOf(value));
 
 /** [m, e] for a multipleOf written `s`: x is a multiple when x * 10**e is an integer m divides (see the twin). */
@@ -278,7 +300,7 @@ function numberAutomaton(kind: string, lower: DecimalBound, upper: DecimalBound,
 
 /**
  * The minimal DFA (states numbered breadth-first from 0 = start, symbols in `symbols` order), or null if
- * it accepts nothing; past `mergeLimit` live states only trimmed. The twin of number_grammar.minimal_dfa.
+ * it accepts nothing; past `mergeLimit` live states only trimmed. Moore's partition refinement.
  */
 export function minimalDfa<T, S>(
   a: Automaton<T, S>,

@@ -1,8 +1,36 @@
 // Exact grammars for JSON strings with a `pattern` or length bounds, which xgrammar 0.1.27 gets wrong.
-// The twin of the server's lantern/server/string_grammar.py, which explains the method (what xgrammar
-// does wrong, the part of ECMA-262 read alike by Python, the automaton, how characters are written).
-// Both print the same placeholders, errors and rules, character for character
-// (tests/test_structured_exact.py).
+//
+// What xgrammar does with them (measured on 0.1.27): a pattern is matched against the JSON *text* of
+// the string, not its value, so `[^a]+` lets a raw `"` through (invalid JSON) and counts `\u0041` as
+// six characters; a pattern with an anchor inside (`a^b`) silently becomes any string; a pattern
+// together with minLength/maxLength drops the lengths; a length-bounded string lets raw control
+// characters through (a raw tab: invalid JSON).
+//
+// So a string subschema with any of these is written in the grammar as a placeholder,
+// `lantern:string:<hex of [pattern, minLength, maxLength]>`, and stringRules writes its rules:
+//
+// 1. The pattern is parsed as the part of ECMA-262 (ajv's dialect) that Python's `re` reads alike
+//    (jsonschema's): literals, escapes, classes, groups, alternation, greedy or lazy quantifiers, and
+//    `^`/`$`. Lookaround, backreferences, word boundaries and named groups are refused by name.
+//    Where the two differ, only what both accept is allowed: `\d`, `\w`, `\s` mean their ASCII
+//    sets (Python's also match other Unicode digits, letters and spaces), and a negated class or
+//    shorthand leaves out every character either engine might count in it. `\p{..}` and `\P{..}` (which
+//    Python's re lacks) are read as ajv reads them, with the u flag: a general category by any of
+//    ECMA-262's names, or Any, ASCII, Assigned; a category holds the code points that Python's
+//    unicodedata and JavaScript both give it (unicode_categories.json, written by ci/unicode_table.py),
+//    and a code point they disagree on or that is unassigned counts as "maybe" in every category.
+// 2. The whole value must match (xgrammar's reading too): `abc` means `^abc$`, which is stricter than
+//    JSON Schema's search and so never lets an invalid value through.
+// 3. Thompson's construction gives an automaton over code points (the Basic Multilingual Plane, no
+//    surrogates); the subset construction, run together with a counter of characters written, gives a
+//    DFA whose accepting states match and have a length within the bounds; dead states are dropped and
+//    equal ones merged (numbers.ts's minimalDfa).
+// 4. Each DFA edge is a set of characters, written as JSON writes them: printable ASCII raw, `"` and
+//    `\` and the control characters escaped, everything else as a `\uXXXX` escape (xgrammar 0.1.27
+//    does not match non-ASCII characters in grammar classes, so a model writes them escaped).
+//
+// The only copy: the browser bundles it and `lantern serve` runs it in V8 (structured.ts's header);
+// tests/test_structured_exact.py checks what its rules accept against jsonschema and ajv.
 import { type Automaton, minimalDfa, payloadPlaceholder, placeholderPayload } from "./numbers";
 
 const MAX_NFA_STATES = 4000;
@@ -99,7 +127,7 @@ const BINARY_PROPERTIES: Record<string, [Chars, Chars]> = { Any: [ALL, ALL], ASC
 
 // ---- the pattern --------------------------------------------------------------------------------
 
-type Node =
+export type Node =
   | { t: "set"; chars: Chars }
   | { t: "cat"; items: Node[] }
   | { t: "alt"; branches: Node[] }
@@ -330,7 +358,7 @@ class Parser {
   }
 }
 
-const parsePattern = (pattern: string): Node => new Parser(pattern).parse();
+export const parsePattern = (pattern: string): Node => new Parser(pattern).parse();
 
 /** `pattern` with each `\p{..}` and `\P{..}` written out as a class (see the twin's with_classes). */
 export function withClasses(pattern: string): string {
@@ -647,8 +675,10 @@ export function placeholder(pattern: string | null, minLength: number, maxLength
 /**
  * [characters, least, most] when the strings are a run of one class within lengths, written as xgrammar's
  * repetition of one character class: a string with only a maxLength (characters: null, any character JSON
- * holds raw), or a pattern like `^[a-z0-9]{2,40}$` over printable ASCII; else null (the automaton). See
- * string_grammar.one_class.
+ * holds raw, escapes left out), or a pattern like `^[a-z0-9]{2,40}$` over printable ASCII; else null: the
+ * automaton, which counts escapes and non-ASCII characters exactly. (xgrammar masks a repeated single class in
+ * ~1 ms a token against a 49k vocabulary; a repeated alternation, or the automaton's chain, takes 20-120 ms.)
+ * PatternError when no length is left.
  */
 export function oneClass(
   pattern: string | null,

@@ -1,15 +1,16 @@
-// Structured output and tool calls in the browser, with xgrammar (web-xgrammar, in wasm).
-// The twin of the server's lantern/server/structured.py: the same grammar specs, the same schema
-// checks (both read server/schema_support.json; esbuild inlines it as __SCHEMA_SUPPORT__), the
-// same tool-call format, and xgrammar 0.1.27 on both sides, so one request is constrained alike.
+// Structured output and tool calls: a request's response_format or tools become one grammar spec for
+// xgrammar. The only copy, for both runtimes: the browser bundles it, and `lantern serve` runs it in V8
+// (schema-host.ts, bundled as dist/schema-host.js; lantern/server/schema_host.py). The schema checks read
+// server/schema_support.json (esbuild inlines it as __SCHEMA_SUPPORT__); normalize.ts rewrites a schema
+// into Lantern's dialect first, and numbers.ts, strings.ts and unique.ts write the exact rules that
+// xgrammar's own leave loose. Compiling a spec against a vocabulary is grammars.ts's (the server's:
+// structured.py's), as each runtime has its own xgrammar build.
 //
 // Tool calls, for a model whose chat template does not know tools, are written as
 //   <tool_call>{"name": "<function>", "arguments": {...}}</tool_call>
 // after the tools are listed in the system message (see toolSystemPrompt).
-import "@mlc-ai/web-xgrammar";
-import type * as XGrammar from "@mlc-ai/web-xgrammar";
-import { InvalidRequestError, LanternError } from "./errors";
-import { normalize } from "./normalize";
+import { InvalidRequestError } from "./errors";
+import { normalize, pyJson } from "./normalize";
 import * as numbers from "./numbers";
 import * as strings from "./strings";
 import * as unique from "./unique";
@@ -23,12 +24,11 @@ declare const __SCHEMA_SUPPORT__: {
   compile_limits: { size: number; seconds: number; cache_megabytes: number };
 };
 const SUPPORT = __SCHEMA_SUPPORT__;
+/** What a grammar may cost: its size (checked with the spec), compile seconds, cache megabytes. */
+export const COMPILE_LIMITS = SUPPORT.compile_limits;
 const KEYWORDS = new Set(SUPPORT.keywords);
 const FORMATS = new Set(SUPPORT.formats);
 const FORMAT_PATTERNS = SUPPORT.format_patterns;
-
-// Like web-tokenizers, the package is a UMD script marked as an ES module: it installs globalThis.xgrammar.
-const xgr = (): typeof XGrammar => (globalThis as unknown as { xgrammar: typeof XGrammar }).xgrammar;
 
 export const TOOL_OPEN = "<tool_call>";
 export const TOOL_CLOSE = "</tool_call>";
@@ -54,7 +54,7 @@ export interface SchemaDefaults {
 
 /**
  * A copy of `schema` that xgrammar enforces exactly, or InvalidRequestError naming the keyword; `defaults`
- * bound the strings and arrays it leaves unbounded (see structured.py's check_schema). The schema is first
+ * bound the strings and arrays it leaves unbounded (withDefaultBounds). The schema is first
  * rewritten into Lantern's dialect (normalize.ts); what that ignored is appended to `warnings`.
  */
 export function checkSchema(schema: unknown, where = "#", defaults: SchemaDefaults = {}, warnings?: string[]): Schema {
@@ -63,6 +63,13 @@ export function checkSchema(schema: unknown, where = "#", defaults: SchemaDefaul
   return checkNormalized(normalized, where, defaults);
 }
 
+/**
+ * checkSchema on a normalized schema. xgrammar ignores keywords it does not know, and its numeric ranges and some
+ * formats are inexact, so: keywords and formats outside schema_support.json are refused; formats in
+ * `format_patterns` become exact patterns; a number or integer with bounds or multipleOf, a string with a pattern
+ * or lengths, and an array with uniqueItems become placeholders that numbers.ts, strings.ts and unique.ts swap
+ * for exact rules once xgrammar has written the rest of the grammar (withExactRules).
+ */
 function checkNormalized(schema: unknown, where: string, defaults: SchemaDefaults): Schema {
   if (typeof schema === "boolean") return schema;
   if (!isObject(schema)) throw new InvalidRequestError(`schema at ${where} must be an object or a boolean`);
@@ -133,7 +140,8 @@ function checkWholeNumbers(schema: Record<string, unknown>, keys: string[], wher
 }
 const quoted = (keys: string[]): string => keys.map((k) => `'${k}'`).join(", ");
 
-/** Refuse, by keyword, a schema no value satisfies (see structured.py's _check_contradictions). */
+/** Refuse, by keyword, a schema no value satisfies: an empty enum, a minimum count above its maximum, or a
+ * required property that additionalProperties: false forbids. */
 function checkContradictions(schema: Record<string, unknown>, where: string): void {
   if ("enum" in schema && !(Array.isArray(schema.enum) && schema.enum.length)) {
     throw new InvalidRequestError(`schema keyword 'enum' at ${where} must list at least one value`);
@@ -161,7 +169,11 @@ function checkContradictions(schema: Record<string, unknown>, where: string): vo
   }
 }
 
-/** `schema` with a request's schema_defaults filled in (see structured.py's with_default_bounds). */
+/**
+ * `schema` with a request's schema_defaults filled in: maxLength on a string with no maxLength, pattern, format
+ * or listed values; maxItems on an array with no maxItems or prefixItems. Counted above the schema's own minimum
+ * (a minimum of the wrong type is refused later by name).
+ */
 export function withDefaultBounds(schema: Record<string, unknown>, defaults: SchemaDefaults): Record<string, unknown> {
   const types = typesOf(schema);
   const aboveMinimum = (key: string, bound: number): number => {
@@ -184,7 +196,8 @@ export function withDefaultBounds(schema: Record<string, unknown>, defaults: Sch
 const typesOf = (schema: Record<string, unknown>): unknown[] =>
   typeof schema.type === "string" ? [schema.type] : Array.isArray(schema.type) ? (schema.type as unknown[]) : [];
 
-/** `schema` with its `own` keywords replaced by the placeholder `key` (see structured.py's _as_placeholder). */
+/** `schema` with its `own` keywords replaced by the placeholder `key` (a const), as anyOf the placeholder and its
+ * other types when it has types not in `kinds`. */
 function asPlaceholder(schema: Record<string, unknown>, key: string, own: string[], kinds: string[]): Record<string, unknown> {
   const rest = Object.fromEntries(Object.entries(schema).filter(([k]) => !own.includes(k) && k !== "type"));
   const others = typesOf(schema).filter((t) => !kinds.includes(t as string));
@@ -211,7 +224,8 @@ function asRequestError(err: unknown, kind: new (...a: never[]) => Error, keys: 
   throw new InvalidRequestError(`schema keyword${keys.length > 1 ? "s" : ""} ${quoted(keys)} at ${where}: ${err.message}`);
 }
 
-/** A number or integer with bounds or multipleOf as a placeholder for numbers.ts (see structured.py's _exact_number). */
+/** A number or integer with bounds or multipleOf as a placeholder for numbers.ts (a nullable one, or one of
+ * several types, as anyOf the placeholder and the other types). */
 function exactNumber(schema: Record<string, unknown>, where: string): Record<string, unknown> {
   const present = NUMERIC.filter((k) => k in schema);
   for (const key of present) {
@@ -306,20 +320,7 @@ export interface GrammarSpec {
 }
 
 /**
- * JSON as Python's json.dumps writes it by default (", " and ": ", keys in order), so a spec is the
- * server's. Key order is kept: xgrammar writes properties in the schema's order, as OpenAI does.
- */
-function pyJson(v: unknown): string {
-  if (Array.isArray(v)) return `[${v.map(pyJson).join(", ")}]`;
-  if (isObject(v))
-    return `{${Object.keys(v)
-      .map((k) => `${JSON.stringify(k)}: ${pyJson(v[k])}`)
-      .join(", ")}}`;
-  return JSON.stringify(v);
-}
-
-/**
- * The size compile_limits bounds, read from a checked schema: the twin of structured.py's grammar_size (one per
+ * The size compile_limits bounds, read from a checked schema, the same in both runtimes (one per
  * JSON object in it, and n(n+1)/2 more for an object of n properties with minProperties or maxProperties).
  */
 export function grammarSize(schema: unknown): number {
@@ -351,7 +352,7 @@ function schemaSpec(schema: unknown, where: string, defaults: SchemaDefaults): G
   const warnings: string[] = [];
   const checked = checkSchema(schema, "#", defaults, warnings);
   checkSize(grammarSize(checked));
-  const source = pyJson(checked);
+  const source = pyJson(checked); // keys in the schema's order: xgrammar writes properties so, as OpenAI does
   return warnings.length ? { kind: "json_schema", source, warnings } : { kind: "json_schema", source };
 }
 
@@ -544,48 +545,7 @@ export function cutOpenCall(text: string): string {
   return text;
 }
 
-// ---- xgrammar -----------------------------------------------------------------------------------
-
-/** xgrammar's error without its C++ source location. */
-function engineMessage(err: unknown): string {
-  return String(err instanceof Error ? err.message : err)
-    .trim()
-    .replace(/^\[[^\]]*\]\s*\S+:\d+:\s*/, "")
-    .split("\n")[0];
-}
-
-// On a bad schema or grammar, web-xgrammar aborts the wasm call ("RuntimeError: Aborted()") and
-// prints the reason with console.error, bound when its module starts. Listening from before that
-// start keeps the reason, so the error can name it. (The module keeps working after an abort.)
-let engineLine = "";
-let listening = false;
-function listenToEngine(): void {
-  if (listening) return;
-  listening = true;
-  const forward = console.error;
-  console.error = (...args: unknown[]) => {
-    const line = args.map(String).join(" ");
-    if (line.includes("[FATAL]")) engineLine = line.slice(line.indexOf("[FATAL]"));
-    forward.apply(console, args);
-  };
-}
-
-// JSON on one line (no free whitespace, indent -1) with OpenAI's separators, in strict mode: the
-// same layout as the server's JSON_LAYOUT.
-const SEPARATORS: [string, string] = [", ", ": "];
-
-/**
- * The EBNF grammar of a checked schema (JSON text) in the layout above, number placeholders swapped
- * for their exact rules. The twin of structured.py's schema_ebnf.
- */
-export async function schemaEbnf(source: string): Promise<string> {
-  const grammar = await xgr().Grammar.fromJSONSchema(source, false, -1, SEPARATORS, true);
-  try {
-    return withExactRules(grammar.toString());
-  } finally {
-    grammar.dispose();
-  }
-}
+// ---- exact rules ----------------------------------------------------------------------------------
 
 const RULES: Record<string, (key: string, name: string) => string[]> = {
   number: numbers.numberRules,
@@ -594,7 +554,7 @@ const RULES: Record<string, (key: string, name: string) => string[]> = {
   unique: unique.uniqueRules,
 };
 
-/** xgrammar's printed grammar with every placeholder replaced by its exact rules (structured.py's with_exact_rules). */
+/** xgrammar's printed grammar with every placeholder replaced by its exact rules. */
 export function withExactRules(ebnf: string): string {
   const names = new Map<string, [string, string]>();
   const swapped = ebnf.replace(PLACEHOLDER_IN_EBNF, (_, key: string, kind: string) => {
@@ -608,179 +568,4 @@ export function withExactRules(ebnf: string): string {
   if (!names.size) return ebnf;
   const rules = [...names].flatMap(([key, [kind, name]]) => RULES[kind](key, name));
   return `${swapped.replace(/\n+$/, "")}\n${rules.join("\n")}\n`;
-}
-
-/**
- * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
- * above. xgrammar's structural tags put free whitespace inside JSON, where a small model can loop
- * until max_tokens; response_format's JSON has none. The twin of structured.py's tight_structural_tag.
- */
-export async function tightStructuralTag(source: string): Promise<string> {
-  const visit = async (node: unknown): Promise<unknown> => {
-    if (Array.isArray(node)) return Promise.all(node.map(visit));
-    if (!isObject(node)) return node;
-    if (node.type === "json_schema" && "json_schema" in node) {
-      return { type: "grammar", grammar: await schemaEbnf(JSON.stringify(node.json_schema)) };
-    }
-    const out: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(node)) out[k] = await visit(v);
-    return out;
-  };
-  return JSON.stringify(await visit(JSON.parse(source)));
-}
-
-/** Run an xgrammar call on ``spec``; its failure is an InvalidRequestError with xgrammar's reason. */
-async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise<T> {
-  listenToEngine();
-  engineLine = "";
-  try {
-    return await call();
-  } catch (err) {
-    const what = spec.kind === "json_schema" ? "JSON schema" : spec.kind === "ebnf" ? "EBNF grammar" : "grammar";
-    throw new InvalidRequestError(`invalid ${what}: ${engineMessage(engineLine || err)}`);
-  }
-}
-
-/**
- * What xgrammar compiles for `spec`: a json_schema's EBNF (placeholders swapped), an ebnf spec's own text, a
- * structural tag's tight form (the twin of structured.py's compiled_text).
- */
-export async function compiledText(spec: GrammarSpec): Promise<string> {
-  return engineCall(spec, () =>
-    spec.kind === "json_schema"
-      ? schemaEbnf(spec.source)
-      : spec.kind === "ebnf"
-        ? Promise.resolve(spec.source)
-        : tightStructuralTag(spec.source),
-  );
-}
-
-/**
- * xgrammar's grammar for ``spec``, printed, and the name of its root rule: what the `wasm` device
- * translates for llama.cpp (gbnf.ts). The same text and errors as GrammarCompiler.compile.
- */
-export async function printGrammar(spec: GrammarSpec): Promise<{ text: string; root: string }> {
-  const G = xgr().Grammar;
-  const source = await compiledText(spec);
-  const grammar = await engineCall(spec, () =>
-    spec.kind === "structural_tag" ? G.fromStructuralTag(source) : G.fromEBNF(source),
-  );
-  try {
-    const text = grammar.toString();
-    // a structural tag's grammar prints its own root rule last
-    const names = [...text.matchAll(/^([A-Za-z_][\w.-]*) ::=/gm)].map((m) => m[1]);
-    return { text, root: spec.kind === "structural_tag" ? names[names.length - 1] : "root" };
-  } finally {
-    grammar.dispose();
-  }
-}
-
-export interface TokenizerJson {
-  model: { vocab: Record<string, number> };
-  added_tokens?: { id: number; content: string }[];
-}
-
-/** The engine's grammar compiler, made on first use (a structured request, or a cut answer to close)
- * and shared with the webgpu device; and the tokenizer.json it reads, parsed once. */
-export class LazyGrammars {
-  private made: Promise<GrammarCompiler> | null = null;
-  private parsed: TokenizerJson | null = null;
-  /** The compiler once made (for stats). */
-  ready: GrammarCompiler | null = null;
-
-  constructor(
-    private readonly tokenizerJson: ArrayBuffer,
-    private readonly tokenPostproc: string,
-    readonly vocabSize: number,
-    readonly stopIds: number[],
-  ) {}
-
-  get tokenizer(): TokenizerJson {
-    return (this.parsed ??= JSON.parse(new TextDecoder().decode(this.tokenizerJson)) as TokenizerJson);
-  }
-
-  compiler(): Promise<GrammarCompiler> {
-    return (this.made ??= GrammarCompiler.create(this.tokenizer, this.tokenPostproc, this.vocabSize, this.stopIds).then(
-      (g) => (this.ready = g),
-    ));
-  }
-}
-
-/** One per engine: the vocabulary for xgrammar and a cache of compiled grammars (and of refusals) by spec. */
-export class GrammarCompiler {
-  private readonly cache = new Map<string, XGrammar.CompiledGrammar>();
-  /** schema_support.json's compile_limits. What may be compiled was decided with the spec (grammarSize); the
-   * server's time limit is a safety net for its load, so here a slow compile is only logged. */
-  limits = SUPPORT.compile_limits;
-  hits = 0;
-
-  private constructor(
-    private readonly compiler: XGrammar.GrammarCompiler,
-    readonly vocabSize: number,
-  ) {}
-
-  static async create(
-    tokenizer: TokenizerJson,
-    tokenPostproc: string,
-    vocabSize: number,
-    stopIds: number[],
-  ): Promise<GrammarCompiler> {
-    listenToEngine();
-    const vocab: string[] = new Array(vocabSize).fill("");
-    for (const [token, id] of Object.entries(tokenizer.model.vocab)) vocab[id] = token;
-    for (const t of tokenizer.added_tokens ?? []) vocab[t.id] = t.content;
-    const type = tokenPostproc === "byte_level" ? "byte_level" : tokenPostproc === "byte_fallback" ? "byte_fallback" : "raw";
-    const info = await xgr().TokenizerInfo.createTokenizerInfo(
-      vocab,
-      type,
-      false,
-      vocabSize,
-      [...stopIds].sort((a, b) => a - b),
-    );
-    return new GrammarCompiler(await xgr().GrammarCompiler.createGrammarCompiler(info, false), vocabSize);
-  }
-
-  get entries(): number {
-    return this.cache.size;
-  }
-
-  async compile(spec: GrammarSpec): Promise<XGrammar.CompiledGrammar> {
-    const key = `${spec.kind}\u0000${spec.source}`;
-    const hit = this.cache.get(key);
-    if (hit) {
-      this.hits++;
-      return hit;
-    }
-    const text = await compiledText(spec);
-    const start = performance.now();
-    const compiled = await engineCall(spec, () =>
-      spec.kind === "structural_tag" ? this.compiler.compileStructuralTag(text) : this.compiler.compileGrammar(text),
-    );
-    const seconds = (performance.now() - start) / 1000;
-    if (seconds > this.limits.seconds) console.warn(`lantern: compiling a grammar took ${seconds.toFixed(1)} s`);
-    this.cache.set(key, compiled); // a page's few grammars: kept (a matcher may still hold an old one)
-    return compiled;
-  }
-
-  async matcher(compiled: XGrammar.CompiledGrammar): Promise<TokenMask> {
-    return new TokenMask(await xgr().GrammarMatcher.createGrammarMatcher(compiled));
-  }
-}
-
-/** The grammar state of one generation: which tokens may come next. */
-export class TokenMask {
-  constructor(readonly matcher: XGrammar.GrammarMatcher) {}
-
-  /** A bitmask over the vocabulary (bit i of word i>>5 set: token i allowed). */
-  allowed(): Promise<Int32Array> {
-    return this.matcher.getNextTokenBitmask();
-  }
-
-  accept(token: number): void {
-    if (!this.matcher.acceptToken(token)) throw new LanternError(`internal: the grammar rejected token ${token} it allowed`);
-  }
-
-  dispose(): void {
-    this.matcher.dispose();
-  }
 }

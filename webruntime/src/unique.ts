@@ -1,6 +1,12 @@
 // Exact grammars for `uniqueItems` arrays of listed values, which xgrammar 0.1.27 ignores.
-// The twin of the server's lantern/server/unique_grammar.py (the method is explained there): the
-// same placeholders, errors and rules (tests/test_structured_exact.py).
+//
+// An array whose items are an `enum`, a `const` or booleans, with `uniqueItems: true`, is written in
+// the grammar as a placeholder, `lantern:unique:<hex of [[value texts], minItems, maxItems]>`, and
+// uniqueRules writes one rule per set of values already used: each next value is one not used
+// yet, and the array may close once it holds minItems. The values are written as JSON in ASCII
+// (strings with \uXXXX escapes, numbers with no exponent), so equal values have one text.
+//
+// The only copy, for both runtimes (structured.ts's header); tests/test_structured_exact.py checks it.
 import { decimalText, payloadPlaceholder, placeholderPayload } from "./numbers";
 
 const MAX_RULES = 2000;
@@ -12,7 +18,7 @@ export class UniqueItemsError extends Error {
 }
 
 /** The one JSON text a listed value is written as (ASCII, as Python's json.dumps writes it). */
-function valueText(value: unknown): string {
+export function valueText(value: unknown): string {
   if (typeof value === "boolean" || value === null) return JSON.stringify(value);
   if (typeof value === "number") return decimalText(value);
   if (typeof value === "string") {

@@ -23,7 +23,8 @@ import { chooseThreads } from "./threads";
 import { fetchBlobs, type Manifest } from "./loader";
 import type { DebugOp, DebugResult, EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
 import type { FileStore } from "./storage";
-import { printGrammar, type GrammarSpec } from "./structured";
+import { printGrammar } from "./grammars";
+import type { GrammarSpec } from "./structured";
 
 /** The wasm device's default context window (EngineOptions.contextWindow changes it). */
 export const WASM_CONTEXT = 4096;

@@ -10,7 +10,8 @@ import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
 import type { DebugOp, DebugResult, EngineOptions, EngineStats, LoadProgress, TokenLogprob } from "./protocol";
 import { Sampler, type Sampled } from "./sampler";
 import type { FileStore } from "./storage";
-import type { GrammarCompiler, GrammarSpec, LazyGrammars, TokenMask } from "./structured";
+import type { GrammarCompiler, LazyGrammars, TokenMask } from "./grammars";
+import type { GrammarSpec } from "./structured";
 import { StreamingDetokenizer, type TextCodec } from "./text";
 
 // The one sequence the device keeps: the last finished conversation, for reuse by the next turn.
