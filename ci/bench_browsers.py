@@ -17,7 +17,6 @@ default build, WebKit at least 0.5x on the compat build.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "ci"))
 
 from bench_cpu import variants  # noqa: E402
-from bench_webgpu import prompt_messages  # noqa: E402
+from bench_webgpu import add_prompt_options, bench_parser, prompt_messages  # noqa: E402
 from browser import lantern_server  # noqa: E402
 
 from lantern.browsers import missing, open_browser  # noqa: E402
@@ -73,11 +72,9 @@ def run(engine: str, base: str, model: str, prompts: list[list[dict]], max_token
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact", help="artifact folder built by `lantern build` (with the gguf target)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads in every engine (default 2)")
-    parser.add_argument("--prompt-words", type=int, default=100, help="length of the prompt in words")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+    add_prompt_options(parser)
     parser.add_argument("--repeat", type=int, default=3, help="prompts per engine (medians are printed)")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()

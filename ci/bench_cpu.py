@@ -23,7 +23,6 @@ loopback server in a warm page beforehand). It prints Lantern's ratios to wllama
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "ci"))
 
-from bench_webgpu import prompt_messages  # noqa: E402
+from bench_webgpu import add_prompt_options, bench_parser, prompt_messages  # noqa: E402
 from browser import WLLAMA, chromium, lantern_server, serve  # noqa: E402
 
 from lantern.runtime.artifact import Artifact  # noqa: E402
@@ -117,10 +116,8 @@ def wllama_run(art: Artifact, prompts: list[str], max_tokens: int, threads: int)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact", help="artifact folder built by `lantern build` (with the gguf target)")
-    parser.add_argument("--prompt-words", type=int, default=100, help="length of the prompt in words")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+    parser = bench_parser(__doc__)
+    add_prompt_options(parser)
     parser.add_argument("--repeat", type=int, default=3, help="runs per engine (medians are printed)")
     parser.add_argument("--no-webgpu", action="store_true", help="skip the webgpu device (slow on SwiftShader)")
     parser.add_argument("--json", help="write every figure to this file")

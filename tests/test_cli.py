@@ -22,6 +22,11 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
+def cpu_build(source, out, cache_dir, *flags: str) -> list[str]:
+    """The arguments of `lantern build` from ``source`` to ``out`` (cpu target, cache in ``cache_dir``), plus ``flags``."""
+    return ["build", str(source), "--out", str(out), "--targets", "cpu", *flags, "--cache-dir", str(cache_dir)]
+
+
 def assert_refused(args, capsys, tmp_path, message: str) -> None:
     out = tmp_path / "out"
     code, _, err = run_cli(["build", *args, "--out", str(out), "--targets", "cpu", "--no-cache"], capsys)
@@ -52,19 +57,7 @@ def test_help_explains_every_option():
 
 
 def test_json_build_then_cache_hit(tiny_hf, tmp_path, capsys, cache_dir):
-    args = [
-        "build",
-        str(tiny_hf[0]),
-        "--out",
-        str(tmp_path / "a"),
-        "--targets",
-        "cpu",
-        "--quant",
-        "q4f32_1",
-        "--cache-dir",
-        str(cache_dir),
-        "--json",
-    ]
+    args = cpu_build(tiny_hf[0], tmp_path / "a", cache_dir, "--quant", "q4f32_1", "--json")
     code, out, _ = run_cli(args, capsys)
     assert code == 0
     first = json.loads(out)
@@ -218,18 +211,7 @@ def test_no_calibration_rounds_to_nearest_and_reuses_the_library(tiny_hf, build_
     """Other weights on the same architecture (here round-to-nearest instead of GPTQ): the compiled
     library is the cached one, the weights are not."""
     gptq = Artifact.open(build_artifact(tiny_hf[0], "q4f32_1"))
-    args = [
-        "build",
-        str(tiny_hf[0]),
-        "--out",
-        str(tmp_path / "r"),
-        "--targets",
-        "cpu",
-        "--no-calibration",
-        "--cache-dir",
-        str(cache_dir),
-        "--json",
-    ]
+    args = cpu_build(tiny_hf[0], tmp_path / "r", cache_dir, "--no-calibration", "--json")
     code, out, _ = run_cli(args, capsys)
     result = json.loads(out)
     assert code == 0 and result["manifest"]["calibration"] is None

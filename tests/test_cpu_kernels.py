@@ -15,51 +15,36 @@ Q4 = get_quantization("q4f32_1")
 
 
 @pytest.mark.parametrize(
-    "kind,k,n,tokens,residual",
+    "weights,kind,k,n,tokens,residual",
     [
-        ("gemv", 32, 5, 1, False),
-        ("gemv", 96, 37, 1, True),
-        ("gemv", 576, 300, 1, False),
-        ("matmul", 32, 3, 1, False),
-        ("matmul", 64, 7, 5, True),
-        ("matmul", 96, 33, 13, False),
-        ("matmul", 160, 9, 2, True),
+        ("q4", "gemv", 32, 5, 1, False),
+        ("q4", "gemv", 96, 37, 1, True),
+        ("q4", "gemv", 576, 300, 1, False),
+        ("q4", "matmul", 32, 3, 1, False),
+        ("q4", "matmul", 64, 7, 5, True),
+        ("q4", "matmul", 96, 33, 13, False),
+        ("q4", "matmul", 160, 9, 2, True),
+        ("f32", "gemv", 16, 3, 1, False),
+        ("f32", "gemv", 48, 37, 1, True),
+        ("f32", "matmul", 4, 5, 1, False),
+        ("f32", "matmul", 36, 7, 9, True),
     ],
 )
-def test_q4_kernel_matches_numpy(kind, k, n, tokens, residual):
-    rng = np.random.default_rng(k * n + tokens)
-    qw, qs = quantize_weight(rng.normal(size=(n, k)).astype(np.float32), Q4)
-    x = rng.normal(size=(1, tokens, k)).astype(np.float32)
-    res = rng.normal(size=(1, tokens, n)).astype(np.float32)
-    want = x @ dequantize_weight(qw, qs, Q4).T + (res if residual else 0)
-    build = cpu_schedule.q4_gemv if kind == "gemv" else cpu_schedule.q4_matmul
-    lib = tvm.compile(build(k, residual), target="llvm")
-    dev = tvm.cpu()
-    args = [x, qw, qs.astype(np.float32), *([res] if residual else []), np.zeros((1, tokens, n), np.float32)]
-    tensors = [tvm.runtime.tensor(a, dev) for a in args]
-    lib(*tensors)
-    got = tensors[-1].numpy()
-    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
-
-
-@pytest.mark.parametrize(
-    "kind,k,n,tokens,residual",
-    [
-        ("gemv", 16, 3, 1, False),
-        ("gemv", 48, 37, 1, True),
-        ("matmul", 4, 5, 1, False),
-        ("matmul", 36, 7, 9, True),
-    ],
-)
-def test_f32_kernel_matches_numpy(kind, k, n, tokens, residual):
+def test_linear_kernel_matches_numpy(weights, kind, k, n, tokens, residual):
     rng = np.random.default_rng(k * n + tokens)
     w = rng.normal(size=(n, k)).astype(np.float32)
     x = rng.normal(size=(1, tokens, k)).astype(np.float32)
     res = rng.normal(size=(1, tokens, n)).astype(np.float32)
+    if weights == "q4":  # the kernel reads the codes and scales; numpy, what they decode to
+        qw, qs = quantize_weight(w, Q4)
+        w, weight_args = dequantize_weight(qw, qs, Q4), [qw, qs.astype(np.float32)]
+    else:
+        weight_args = [w]
     want = x @ w.T + (res if residual else 0)
-    build = cpu_schedule.f32_gemv if kind == "gemv" else cpu_schedule.f32_matmul
+    build = getattr(cpu_schedule, f"{weights}_{kind}")  # e.g. cpu_schedule.q4_gemv
     lib = tvm.compile(build(k, residual), target="llvm")
     dev = tvm.cpu()
-    tensors = [tvm.runtime.tensor(a, dev) for a in [x, w, *([res] if residual else []), np.zeros((1, tokens, n), np.float32)]]
+    args = [x, *weight_args, *([res] if residual else []), np.zeros((1, tokens, n), np.float32)]
+    tensors = [tvm.runtime.tensor(a, dev) for a in args]
     lib(*tensors)
     assert np.abs(tensors[-1].numpy() - want).max() <= 1e-5 * np.abs(want).max()

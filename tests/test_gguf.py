@@ -133,43 +133,15 @@ def test_a_model_llama_cpp_cannot_run_skips_the_target_with_a_warning(tiny_hf, t
     cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "truncate": False}
     (folder / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "art"
-    assert (
-        main(
-            [
-                "build",
-                str(folder),
-                "--out",
-                str(out),
-                "--targets",
-                "cpu,gguf",
-                "--no-calibration",
-                "--cache-dir",
-                str(tmp_path / "cache"),
-            ]
-        )
-        == 0
-    )
+    build = ["build", str(folder), "--out", str(out), "--targets", "cpu,gguf", "--no-calibration"]
+    build += ["--cache-dir", str(tmp_path / "cache")]
+    assert main(build) == 0
     err = capsys.readouterr().err
     assert "warning: skipping the gguf target: its YaRN ramp is not truncated (truncate: false)" in err
     manifest = Artifact.open(out).manifest
     assert manifest["gguf"] is None and manifest["targets"] == ["cpu"]
     # a rebuild from the cache says it again
-    assert (
-        main(
-            [
-                "build",
-                str(folder),
-                "--out",
-                str(out),
-                "--targets",
-                "cpu,gguf",
-                "--no-calibration",
-                "--cache-dir",
-                str(tmp_path / "cache"),
-            ]
-        )
-        == 0
-    )
+    assert main(build) == 0
     err = capsys.readouterr().err
     assert "unchanged since the cached build" in err and "warning: skipping the gguf target: its YaRN" in err
 

@@ -68,8 +68,7 @@ PARIS_SEEDS = range(1, 6)
 
 def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    browser = launch(playwright)
-    try:
+    with launch(playwright) as browser:
         page = browser.new_page(viewport={"width": 390, "height": 844})  # a phone-sized screen
         problems = watch(page)
         load_chat(page, site)
@@ -126,13 +125,10 @@ def test_chat_page_loads_streams_stops_and_answers(site, playwright, report):
         assert set(data) == set(schema["required"])
         assert 0 <= data["population_millions"] <= 40
         assert problems == []
-    finally:
-        browser.close()
 
 
 def test_the_chat_page_opens_and_answers_with_no_network_after_one_visit(smollm2, playwright):
-    browser = launch(playwright)
-    try:
+    with launch(playwright) as browser:
         context = browser.new_context()
         page = context.new_page()
         with lantern_server([smollm2], site=repo_root() / "site") as (base, _):
@@ -149,14 +145,11 @@ def test_the_chat_page_opens_and_answers_with_no_network_after_one_visit(smollm2
         page.wait_for_function("document.getElementById('send').disabled === false", timeout=120_000)
         answer = page.locator(".msg-assistant").inner_text()
         assert answer.strip() and "[error" not in answer
-    finally:
-        browser.close()
 
 
 def test_capability_page_reports_the_adapter_and_the_route(site, playwright):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    browser = launch(playwright)
-    try:
+    with launch(playwright) as browser:
         page = browser.new_page()
         problems = watch(page)
         page.goto(site + "/capability.html")
@@ -169,13 +162,10 @@ def test_capability_page_reports_the_adapter_and_the_route(site, playwright):
         assert "smollm2 would run locally on CPU (wasm" in page.locator("#verdict").inner_text()
         assert problems == []
         page.screenshot(path=str(SHOTS / "capability.png"), full_page=True)
-    finally:
-        browser.close()
 
 
 def test_without_webgpu_the_chat_page_answers_on_the_cpu(site, playwright):
-    browser = launch(playwright, webgpu=False)
-    try:
+    with launch(playwright, webgpu=False) as browser:
         page = browser.new_page()
         load_chat(page, site)
         assert page.locator("#route").get_attribute("data-route") == "local"
@@ -189,13 +179,10 @@ def test_without_webgpu_the_chat_page_answers_on_the_cpu(site, playwright):
         page.goto(site + "/capability.html")
         page.wait_for_selector("body[data-ready]")
         assert "route for smollm2\tlocal: CPU (wasm" in page.inner_text("main")
-    finally:
-        browser.close()
 
 
 def test_the_embedding_example_runs_as_shown(site, playwright):
-    browser = launch(playwright)
-    try:
+    with launch(playwright) as browser:
         page = browser.new_page()
         problems = watch(page)
         page.goto(site + "/embed.html")
@@ -209,8 +196,6 @@ def test_the_embedding_example_runs_as_shown(site, playwright):
         assert page.locator("#sdk-output").inner_text().strip()
         assert page.locator("#sdk-output").get_attribute("data-route") == "local"
         assert problems == []
-    finally:
-        browser.close()
 
 
 def npm_pack(folder: Path, report) -> list[str]:

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from lantern.models.llama.loader import layer_shapes
+
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -33,17 +35,8 @@ def random_llama_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
         w["lm_head.weight"] = rng.normal(0, 0.2, (v, h))
     for layer in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{layer}."
-        shapes = {
-            "self_attn.q_proj": (h, h),
-            "self_attn.k_proj": (kv, h),
-            "self_attn.v_proj": (kv, h),
-            "self_attn.o_proj": (h, h),
-            "mlp.gate_proj": (i, h),
-            "mlp.up_proj": (i, h),
-            "mlp.down_proj": (h, i),
-        }
-        for name, shape in shapes.items():
-            w[f"{p}{name}.weight"] = rng.normal(0, 0.6 / np.sqrt(shape[1]), shape)
+        for name, shape in layer_shapes(h, kv, h, i).items():  # queries as wide as the hidden size
+            w[p + name] = rng.normal(0, 0.6 / np.sqrt(shape[1]), shape)
         w[p + "input_layernorm.weight"] = 1 + 0.1 * rng.normal(size=h)
         w[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.normal(size=h)
     return {k: v.astype(np.float32) for k, v in w.items()}

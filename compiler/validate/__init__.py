@@ -164,31 +164,12 @@ def evaluate(metrics: dict, budget: dict[str, float], baseline: dict | None) -> 
                 checks.append(Check(key, metric, value, limit, "not-checked", "no baseline value"))
                 continue
             if kind == "drop":  # percent below the baseline
-                change = (base - value) / base * 100 if base else 0.0
-                ok = change <= limit
-                checks.append(
-                    Check(
-                        key,
-                        metric,
-                        value,
-                        limit,
-                        "pass" if ok else "fail",
-                        f"{change:+.1f}% below baseline {base:.4g} (limit {limit}%)",
-                    )
-                )
+                gap, where = base - value, f"below baseline {base:.4g} (limit {limit}%)"
             else:  # percent above the baseline
-                change = (value - base) / base * 100 if base else 0.0
-                ok = change <= limit
-                checks.append(
-                    Check(
-                        key,
-                        metric,
-                        value,
-                        limit,
-                        "pass" if ok else "fail",
-                        f"{change:+.1f}% vs baseline {base:.4g} (limit +{limit}%)",
-                    )
-                )
+                gap, where = value - base, f"vs baseline {base:.4g} (limit +{limit}%)"
+            change = gap / base * 100 if base else 0.0
+            status = "pass" if change <= limit else "fail"
+            checks.append(Check(key, metric, value, limit, status, f"{change:+.1f}% {where}"))
             continue
         if value is None:
             checks.append(Check(key, metric, None, limit, "not-checked", "not measured in this run"))

@@ -24,7 +24,15 @@ import numpy as np
 from lantern.errors import LanternError
 from lantern.models.family import Family, GGUFLayout, GGUFTensor, Observe
 from lantern.models.llama import to_lantern as llama_to_lantern
-from lantern.models.llama.calibration import _rms_norm, _rope, grouped_attention
+from lantern.models.llama.calibration import (
+    _rms_norm,
+    _rope,
+    embedded,
+    grouped_attention,
+    observed_attention,
+    observed_head,
+    observed_mlp,
+)
 from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_names_from_gguf
 from lantern.models.llama.loader import gguf_tensors as llama_gguf_tensors
 from lantern.tensors import Tensors
@@ -201,33 +209,20 @@ def calibration_forward(
     """Gemma 3 (and Gemma 2: no q/k norm, soft-capped scores) in numpy over Lantern's parameters
     (norms already 1 + w); the contract of ``lantern.models.llama.calibration.calibration_forward``."""
     eps = cfg.rms_norm_eps
-    embed = params["model.embed_tokens.weight"]  # read once: a large table is not kept between reads
-    xs = [embed[s].astype(np.float32) * np.float32(cfg.hidden_size**0.5) for s in sequences]
-    del embed
+    xs = embedded(params, sequences, cfg.hidden_size**0.5)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]
-        observe(f"{p}.self_attn.qkv_proj.weight", hs)
-        attn = [_attention(h, params, i, cfg) for h in hs]
-        observe(f"{p}.self_attn.o_proj.weight", attn)
+        attn = observed_attention(params, xs, i, cfg, _attention, observe)
         xs = [
             x + _rms_norm(a @ params[f"{p}.self_attn.o_proj.weight"].T, params[f"{p}.post_attention_layernorm.weight"], eps)
             for x, a in zip(xs, attn)
         ]
-        hs = [_rms_norm(x, params[f"{p}.pre_feedforward_layernorm.weight"], eps) for x in xs]
-        observe(f"{p}.mlp.gate_up_proj.weight", hs)
-        acts = []
-        for h in hs:
-            gate, up = np.split(h @ params[f"{p}.mlp.gate_up_proj.weight"].T, 2, axis=1)
-            acts.append(_gelu_tanh(gate) * up)
-        observe(f"{p}.mlp.down_proj.weight", acts)
+        acts = observed_mlp(params, xs, i, "pre_feedforward_layernorm", eps, _gelu_tanh, observe)
         xs = [
             x + _rms_norm(a @ params[f"{p}.mlp.down_proj.weight"].T, params[f"{p}.post_feedforward_layernorm.weight"], eps)
             for x, a in zip(xs, acts)
         ]
-    hs = [_rms_norm(x, params["model.norm.weight"], eps) for x in xs]
-    observe("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight", hs)
-    return hs
+    return observed_head(params, xs, cfg, observe)
 
 
 FAMILY = Family(

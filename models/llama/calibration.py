@@ -84,6 +84,55 @@ def grouped_attention(
     return out.reshape(heads, seq, dim).transpose(1, 0, 2).reshape(seq, heads * dim)
 
 
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1 + np.exp(-x))
+
+
+def embedded(params: dict[str, np.ndarray], sequences: list[list[int]], scale: float | None = None) -> list[np.ndarray]:
+    """Each sequence's rows of the embedding table as float32 (times ``scale`` in models that scale them)."""
+    embed = params["model.embed_tokens.weight"]  # read once: a large table is not kept between reads
+    if scale is None:
+        return [embed[s].astype(np.float32) for s in sequences]
+    return [embed[s].astype(np.float32) * np.float32(scale) for s in sequences]
+
+
+def observed_attention(
+    params: dict[str, np.ndarray], xs: list[np.ndarray], i: int, cfg: LlamaConfig, attention: Callable, observe: Observe
+) -> list[np.ndarray]:
+    """Layer ``i``'s self-attention of each hidden state in ``xs``: the input norm, then ``attention(h,
+    params, i, cfg)``; returns the o_proj inputs. Observes the qkv and o_proj inputs on the way."""
+    p = f"model.layers.{i}"
+    hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], cfg.rms_norm_eps) for x in xs]
+    observe(f"{p}.self_attn.qkv_proj.weight", hs)
+    attn = [attention(h, params, i, cfg) for h in hs]
+    observe(f"{p}.self_attn.o_proj.weight", attn)
+    return attn
+
+
+def observed_mlp(
+    params: dict[str, np.ndarray], xs: list[np.ndarray], i: int, norm: str, eps: float, activation: Callable, observe: Observe
+) -> list[np.ndarray]:
+    """Layer ``i``'s gated MLP of each hidden state in ``xs`` after the norm ``norm``: ``activation(gate)
+    * up``, the down_proj inputs. Observes the gate_up and down_proj inputs on the way."""
+    p = f"model.layers.{i}"
+    hs = [_rms_norm(x, params[f"{p}.{norm}.weight"], eps) for x in xs]
+    observe(f"{p}.mlp.gate_up_proj.weight", hs)
+    acts = []
+    for h in hs:
+        gate, up = np.split(h @ params[f"{p}.mlp.gate_up_proj.weight"].T, 2, axis=1)
+        acts.append(activation(gate) * up)
+    observe(f"{p}.mlp.down_proj.weight", acts)
+    return acts
+
+
+def observed_head(params: dict[str, np.ndarray], xs: list[np.ndarray], cfg: LlamaConfig, observe: Observe) -> list[np.ndarray]:
+    """The final norm of each hidden state in ``xs``, observed as the output head's input (a tied
+    embedding table being the head); returns them."""
+    hs = [_rms_norm(x, params["model.norm.weight"], cfg.rms_norm_eps) for x in xs]
+    observe("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight", hs)
+    return hs
+
+
 def calibration_forward(
     params: dict[str, np.ndarray], cfg: LlamaConfig, sequences: list[list[int]], observe: Observe
 ) -> list[np.ndarray]:
@@ -95,24 +144,11 @@ def calibration_forward(
     (a tied embedding table is observed as the head).
     """
     eps = cfg.rms_norm_eps
-    embed = params["model.embed_tokens.weight"]  # read once: a large table is not kept between reads
-    xs = [embed[s].astype(np.float32) for s in sequences]
-    del embed
+    xs = embedded(params, sequences)
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        hs = [_rms_norm(x, params[f"{p}.input_layernorm.weight"], eps) for x in xs]
-        observe(f"{p}.self_attn.qkv_proj.weight", hs)
-        attn = [_attention(h, params, i, cfg) for h in hs]
-        observe(f"{p}.self_attn.o_proj.weight", attn)
+        attn = observed_attention(params, xs, i, cfg, _attention, observe)
         xs = [x + a @ params[f"{p}.self_attn.o_proj.weight"].T for x, a in zip(xs, attn)]
-        hs = [_rms_norm(x, params[f"{p}.post_attention_layernorm.weight"], eps) for x in xs]
-        observe(f"{p}.mlp.gate_up_proj.weight", hs)
-        acts = []
-        for h in hs:
-            gate, up = np.split(h @ params[f"{p}.mlp.gate_up_proj.weight"].T, 2, axis=1)
-            acts.append(gate / (1 + np.exp(-gate)) * up)
-        observe(f"{p}.mlp.down_proj.weight", acts)
+        acts = observed_mlp(params, xs, i, "post_attention_layernorm", eps, _silu, observe)
         xs = [x + a @ params[f"{p}.mlp.down_proj.weight"].T for x, a in zip(xs, acts)]
-    hs = [_rms_norm(x, params["model.norm.weight"], eps) for x in xs]
-    observe("model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight", hs)
-    return hs
+    return observed_head(params, xs, cfg, observe)

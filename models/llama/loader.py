@@ -74,6 +74,20 @@ def finite(name: str, load: Loader) -> Loader:
     return checked
 
 
+def layer_shapes(q: int, kv: int, h: int, i: int) -> dict[str, tuple[int, int]]:
+    """A layer's matrices in a Llama checkpoint (names within the layer) and their shapes: ``q`` and
+    ``kv`` the widths of the query and of each of key and value, ``h`` the hidden size, ``i`` the MLP's."""
+    return {
+        "self_attn.q_proj.weight": (q, h),
+        "self_attn.k_proj.weight": (kv, h),
+        "self_attn.v_proj.weight": (kv, h),
+        "self_attn.o_proj.weight": (h, q),
+        "mlp.gate_proj.weight": (i, h),
+        "mlp.up_proj.weight": (i, h),
+        "mlp.down_proj.weight": (h, i),
+    }
+
+
 def _check_shapes(hf: Tensors, cfg: LlamaConfig) -> None:
     """Every layer's matrices have the shapes the config implies (a GGUF's metadata or a config.json
     that contradicts its tensors fails here, naming the tensor)."""
@@ -83,15 +97,7 @@ def _check_shapes(hf: Tensors, cfg: LlamaConfig) -> None:
         cfg.hidden_size,
         cfg.intermediate_size,
     )
-    shapes = {
-        "self_attn.q_proj.weight": (q, h),
-        "self_attn.k_proj.weight": (kv, h),
-        "self_attn.v_proj.weight": (kv, h),
-        "self_attn.o_proj.weight": (h, q),
-        "mlp.gate_proj.weight": (i, h),
-        "mlp.up_proj.weight": (i, h),
-        "mlp.down_proj.weight": (h, i),
-    }
+    shapes = layer_shapes(q, kv, h, i)
     checks = [("model.embed_tokens.weight", (cfg.vocab_size, h))]
     if not cfg.tie_word_embeddings:
         checks.append(("lm_head.weight", (cfg.vocab_size, h)))

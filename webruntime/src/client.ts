@@ -4,11 +4,11 @@ import type { CreateOptions, PromptPlan } from "./engine";
 import { deserializeError, WorkerCrashedError } from "./errors";
 import { holdCache } from "./storage";
 import { PushStream } from "./stream";
+import { chatNamespace } from "./protocol";
 import type {
   ChatCompletion,
   ChatCompletionChunk,
   ChatCompletionRequest,
-  CreateChatCompletion,
   DebugOp,
   DebugResult,
   EngineOptions,
@@ -39,12 +39,7 @@ declare const __LANTERN_VERSION__: string;
 export const SHARED_NAME = `lantern-engine-${__LANTERN_VERSION__}`;
 
 export class WorkerEngine {
-  readonly chat = {
-    completions: {
-      create: ((req: ChatCompletionRequest, opts?: CreateOptions) =>
-        this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
-    },
-  };
+  readonly chat = chatNamespace<CreateOptions>((req, opts) => this.create(req, opts));
 
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();

@@ -13,11 +13,11 @@ import {
 } from "./errors";
 import { autoDevice } from "./library";
 import { fetchFiles, fetchManifest, type Manifest } from "./loader";
+import { chatNamespace } from "./protocol";
 import type {
   ChatCompletion,
   ChatCompletionChunk,
   ChatCompletionRequest,
-  CreateChatCompletion,
   DebugOp,
   DebugResult,
   DeviceName,
@@ -136,12 +136,7 @@ async function openDevice(
 }
 
 export class Engine {
-  readonly chat = {
-    completions: {
-      create: ((req: ChatCompletionRequest, opts?: CreateOptions) =>
-        this.create(req, opts)) as CreateChatCompletion<CreateOptions>,
-    },
-  };
+  readonly chat = chatNamespace<CreateOptions>((req, opts) => this.create(req, opts));
 
   private device: Device | null;
   private tail: Promise<void> = Promise.resolve();

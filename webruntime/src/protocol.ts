@@ -78,6 +78,14 @@ export interface CreateChatCompletion<Options> {
   (req: ChatCompletionRequest, opts?: Options): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
 }
 
+/** The `chat` namespace that the engine, the worker client and the router expose, as OpenAI's client does:
+ * `chat.completions.create` calls the class's own `create`, typed to answer a stream for `stream: true`. */
+export function chatNamespace<Options>(
+  create: (req: ChatCompletionRequest, opts?: Options) => Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>,
+): { completions: { create: CreateChatCompletion<Options> } } {
+  return { completions: { create: create as CreateChatCompletion<Options> } };
+}
+
 /** "timeout": from `lantern serve` only (through the router), a request past its `timeout` field. */
 export type FinishReason = "stop" | "length" | "abort" | "tool_calls" | "timeout";
 

@@ -7,15 +7,8 @@ import { createEngine, type LanternEngine } from "./create";
 import { ReasoningSplitter } from "./reasoning";
 import { tokenLimit } from "./rules";
 import { callsTools } from "./structured";
-import type {
-  ChatCompletion,
-  ChatCompletionChunk,
-  ChatCompletionRequest,
-  CreateChatCompletion,
-  EngineOptions,
-  FinishReason,
-  Route,
-} from "./protocol";
+import { chatNamespace } from "./protocol";
+import type { ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, FinishReason, Route } from "./protocol";
 
 export type Policy = "auto" | "local" | "cloud";
 
@@ -164,12 +157,7 @@ class Cloud {
 }
 
 export class Router {
-  readonly chat = {
-    completions: {
-      create: ((req: ChatCompletionRequest, opts?: RouterCreateOptions) =>
-        this.create(req, opts)) as CreateChatCompletion<RouterCreateOptions>,
-    },
-  };
+  readonly chat = chatNamespace<RouterCreateOptions>((req, opts) => this.create(req, opts));
 
   private readonly cloud: Cloud;
   /** Why the local engine is not used, or null when it is loaded. */
