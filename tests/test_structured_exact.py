@@ -675,5 +675,5 @@ def test_the_docs_list_every_keyword_from_the_shared_table():
         assert keyword not in SUPPORT["keywords"]
         with pytest.raises(StructuredOutputError, match=re.escape(f"'{keyword}'")):
             check_schema({"type": "object", keyword: {}})
-    check = subprocess.run([sys.executable, "ci/schema_table.py", "--check"], cwd=repo_root(), capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "ci/gen/schema_table.py", "--check"], cwd=repo_root(), capture_output=True, text=True)
     assert check.returncode == 0, check.stdout
