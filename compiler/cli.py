@@ -213,7 +213,8 @@ def cmd_build(args) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
-    from .server.app import Limits, ServerConfig, create_app
+    from .server.app import create_app
+    from .server.config import Limits, ServerConfig
     from .server.background import serve_until_signal
 
     _at_least_one("--parallel", args.parallel)

@@ -22,7 +22,7 @@ from xgrammar.testing import _is_grammar_accept_string
 from browser import repo_root
 from test_structured import run_typescript
 
-sys.path.insert(0, str(repo_root() / "ci"))
+sys.path.insert(0, str(repo_root() / "ci" / "bench"))
 from jsonschemabench import in_schema_order, load  # noqa: E402
 
 from lantern.server.structured import StructuredOutputError, grammar_size, response_format_spec, schema_ebnf

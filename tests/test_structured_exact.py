@@ -404,7 +404,7 @@ def test_unicode_property_classes_let_through_only_what_both_engines_count(repor
 
 
 def test_the_unicode_table_agrees_with_python_and_javascript():
-    """server/unicode_categories.json (ci/unicode_table.py rewrites it) against the Python and Node this
+    """server/unicode_categories.json (ci/gen/unicode_table.py rewrites it) against the Python and Node this
     runs with: each code point it lists under a category has that category in unicodedata and in
     JavaScript's RegExp (through ajv's pattern)."""
     import unicodedata
@@ -614,7 +614,7 @@ def test_every_format_pattern_admits_only_strings_both_validators_accept(report)
 
 def test_the_docs_list_every_keyword_from_the_shared_table():
     """schema_support.json's keyword table puts each accepted keyword in one row and names the refused
-    ones (each refused by name); docs/structured-output.md's table is written from it (ci/schema_table.py --check)."""
+    ones (each refused by name); docs/structured-output.md's table is written from it (ci/gen/schema_table.py --check)."""
     import subprocess
     import sys
 
@@ -626,5 +626,5 @@ def test_the_docs_list_every_keyword_from_the_shared_table():
         assert keyword not in SUPPORT["keywords"]
         with pytest.raises(StructuredOutputError, match=re.escape(f"'{keyword}'")):
             check_schema({"type": "object", keyword: {}})
-    check = subprocess.run([sys.executable, "ci/schema_table.py", "--check"], cwd=repo_root(), capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "ci/gen/schema_table.py", "--check"], cwd=repo_root(), capture_output=True, text=True)
     assert check.returncode == 0, check.stdout

@@ -180,7 +180,7 @@ def test_firefox_and_webkit_validate_the_gguf_and_a_corrupt_part_cannot_run(smol
     # ci/budget.toml without its speed floors: beside the suite's other browsers on 2 cores, WebKit once
     # decoded 0.13 tok/s (under the 0.3 floor) on the 4 threads an earlier thread probe chose, and any
     # llama.cpp thread count stalls when the cores are busy; speed is the benchmarks' to judge
-    # (ci/bench_browsers.py), and test_an_impossible_speed_floor covers the check
+    # (ci/bench/bench_browsers.py), and test_an_impossible_speed_floor covers the check
     budget = tmp_path / "budget.toml"
     budget.write_text(re.sub(r"\n\[speed\].*?(?=\n\[)", "\n", (root / "ci" / "budget.toml").read_text(), flags=re.S))
     # one llama.cpp thread each: the suite runs a test file per core (see test_wasm_device.py's session)

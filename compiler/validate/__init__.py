@@ -340,7 +340,8 @@ def _run_browser(
     """The browser-side measurements in ``name``: Chromium on the webgpu device; an engine without
     WebGPU here (Firefox, WebKitGTK) on the wasm device, which measures no logits, perplexity or pipelines."""
     from ..browsers import BrowserError, open_browser
-    from ..server.app import ServerConfig, create_app
+    from ..server.app import create_app
+    from ..server.config import ServerConfig
     from ..server.background import serve_in_thread
 
     device = "webgpu" if name == "chromium" else "wasm"

@@ -1,4 +1,4 @@
-// Per-kernel GPU time on any WebGPU page (ci/bench_webgpu.py --profile injects it before the page's
+// Per-kernel GPU time on any WebGPU page (ci/bench/bench_webgpu.py --profile injects it before the page's
 // own scripts): every compute pass gets timestamp writes, named by its pipeline's entry point.
 // window.__lanternProfile.take() waits for the pending readbacks and returns {name: {ms, count}}.
 // Chromium quantizes timestamps unless started with --disable-dawn-features=timestamp_quantization.

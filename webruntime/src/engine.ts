@@ -541,7 +541,7 @@ export class Engine {
 
   /**
    * The prompt text (tools go through the chat template when it knows them, else Lantern's format)
-   * and the reasoning split. The twin of chat_completions in lantern.server.app.
+   * and the reasoning split. The twin of chat_completions in lantern.server.routes.
    */
   private plan(req: ChatCompletionRequest, spec: GrammarSpec | null): PromptPlan {
     const tools = callsTools(req) ? req.tools! : null;

@@ -17,7 +17,7 @@
 //    shorthand leaves out every character either engine might count in it. `\p{..}` and `\P{..}` (which
 //    Python's re lacks) are read as ajv reads them, with the u flag: a general category by any of
 //    ECMA-262's names, or Any, ASCII, Assigned; a category holds the code points that Python's
-//    unicodedata and JavaScript both give it (unicode_categories.json, written by ci/unicode_table.py),
+//    unicodedata and JavaScript both give it (unicode_categories.json, written by ci/gen/unicode_table.py),
 //    and a code point they disagree on or that is unassigned counts as "maybe" in every category.
 // 2. The whole value must match (xgrammar's reading too): `abc` means `^abc$`, which is stricter than
 //    JSON Schema's search and so never lets an invalid value through.
@@ -73,7 +73,7 @@ const RAW: Chars = [
   [0x23, 0x5b],
   [0x5d, 0x7e],
 ]; // printable ASCII a JSON string holds unescaped
-// \p{..}: the general categories both engines agree on, written by ci/unicode_table.py (esbuild inlines
+// \p{..}: the general categories both engines agree on, written by ci/gen/unicode_table.py (esbuild inlines
 // server/unicode_categories.json, which the Python twin reads)
 declare const __UNICODE_CATEGORIES__: { categories: Record<string, string>; names: Record<string, string[]> };
 const UNICODE = __UNICODE_CATEGORIES__;

@@ -114,7 +114,7 @@ const NO_CACHE: StorageBackend = {
 // moments, takes milliseconds: a start that stays there START_STALL_S[i] seconds is ended and begun
 // again in a fresh worker, at most once per entry, each wait longer; measured: 4 such stalls in 159
 // loads, all restarted); and, 3 times, in `new Worker` as this worker created wllama's, which blocks
-// this worker, its timers too, so only the page can end it (docs/runtime.md, "Browsers"; ci/bench_firefox_starts.py).
+// this worker, its timers too, so only the page can end it (docs/runtime.md, "Browsers"; ci/bench/bench_firefox_starts.py).
 const START_STALL_S = [10, 20, 40];
 const POOL_STARTING = /^Multithread enabled/;
 

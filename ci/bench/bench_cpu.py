@@ -18,7 +18,7 @@ reading the parts back from wllama's own cache, a revisit) and from memory (Blob
 loopback server in a warm page beforehand). It prints Lantern's ratios to wllama at each thread count
 (the issue's bar: decode and prefill at least 0.9x, cached load at most 1.2x) and wasm against webgpu.
 
-    .venv/bin/python ci/bench_cpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64] [--repeat 3] [--no-webgpu]
+    .venv/bin/python ci/bench/bench_cpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64] [--repeat 3] [--no-webgpu]
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "ci"))
+sys.path.insert(0, str(ROOT / "ci" / "bench"))
 
 from bench_webgpu import add_prompt_options, bench_parser, prompt_messages  # noqa: E402
 from browser import WLLAMA, chromium, lantern_server, serve  # noqa: E402

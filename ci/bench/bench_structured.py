@@ -7,14 +7,14 @@ greedily, in the server's CPU engine and (with --browser) in the browser engine 
 per engine: decode tokens/s in each case, the ratios to free text, and each grammar's first-use
 compile time.
 
-    .venv/bin/python ci/bench_structured.py dist/smollm2 [--max-tokens 48] [--reps 3] [--browser]
+    .venv/bin/python ci/bench/bench_structured.py dist/smollm2 [--max-tokens 48] [--reps 3] [--browser]
 
-With --jsonschemabench DIR it runs real-world schemas instead (ci/jsonschemabench.py): Lantern's and
+With --jsonschemabench DIR it runs real-world schemas instead (ci/bench/jsonschemabench.py): Lantern's and
 llguidance's declared coverage per split, the benchmark's test instances through each accepted grammar,
 and with --answers N, N answers a split from the model, validated (with --browser, also from the
 browser engine's wasm device):
 
-    .venv/bin/python ci/bench_structured.py dist/smollm2 --jsonschemabench ../shared/jsonschemabench --answers 5 [--browser]
+    .venv/bin/python ci/bench/bench_structured.py dist/smollm2 --jsonschemabench ../shared/jsonschemabench --answers 5 [--browser]
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "ci"))
+sys.path.insert(0, str(ROOT / "ci" / "bench"))
 
 from browser import chromium, lantern_server  # noqa: E402
 

@@ -8,12 +8,12 @@ build's --json), the whole process's peak RSS (wait4), the peak against the budg
 parameter plus 3 GB, and the artifact's and its GGUF's bytes.
 
 --runtimes then runs the artifact where users run it, one greedy answer each (--prompt-words,
---max-tokens): `wasm` and `webgpu` are the browser's devices in headless Chromium (ci/bench_cpu.py's
+--max-tokens): `wasm` and `webgpu` are the browser's devices in headless Chromium (ci/bench/bench_cpu.py's
 run: cold load, cached load, TTFT, decode; webgpu is SwiftShader's cpu-emulated library and needs the
 webgpu target), `serve` is `lantern serve` (its default engine on the artifact: TTFT and decode of one
 request over HTTP, from the response's usage).
 
-    .venv/bin/python ci/bench_scale.py [--models qwen2.5-1.5b,llama-3.2-1b] [--no-calibration]
+    .venv/bin/python ci/bench/bench_scale.py [--models qwen2.5-1.5b,llama-3.2-1b] [--no-calibration]
         [--targets cpu,gguf] [--work .lantern-cache/bench-scale] [--cli "python other_lantern.py"]
         [--runtimes wasm,serve[,webgpu]]
 
@@ -33,7 +33,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUNTIMES = ("wasm", "webgpu", "serve")
 GB = 1e9
 BUDGET_BASE, BUDGET_PER_PARAM = 3 * GB, 1.0  # the memory goal: 1 byte a parameter plus 3 GB
@@ -181,7 +181,7 @@ def run_build(cli: list[str], folder: Path, out: Path, cache: Path, extra: list[
 
 def run_runtimes(out: Path, runtimes: list[str], words: int, max_tokens: int) -> dict:
     """Each runtime's load and speed on the built artifact (one greedy answer each)."""
-    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "ci")]
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "ci" / "bench")]
     from bench_cpu import lantern_run
     from bench_webgpu import prompt_messages
     from browser import serve_process

@@ -12,7 +12,7 @@ reference. Printed per server, greedy streamed chat requests:
   already sent, with a different question, over the TTFT of that earlier request.
 
     pip install 'lantern-llm[llamacpp]' pydantic-settings sse-starlette starlette-context
-    .venv/bin/python ci/bench_server.py dist/smollm2 [--max-tokens 64] [--reps 3] [--threads 2]
+    .venv/bin/python ci/bench/bench_server.py dist/smollm2 [--max-tokens 64] [--reps 3] [--threads 2]
 """
 
 from __future__ import annotations

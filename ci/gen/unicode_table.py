@@ -7,7 +7,7 @@ that is unassigned in either, is in no category there, and the parsers treat it 
 one (a newer Unicode may assign it). tests/test_structured_exact.py checks the file against the
 Python and Node it runs with.
 
-    .venv/bin/python ci/unicode_table.py    # rewrites server/unicode_categories.json
+    .venv/bin/python ci/gen/unicode_table.py    # rewrites server/unicode_categories.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "server" / "unicode_categories.json"
+OUT = Path(__file__).resolve().parents[2] / "server" / "unicode_categories.json"
 
 # The two-letter categories an assigned code point of the BMP can have (Cs, the surrogates, is no
 # character of a string; Cn is "unassigned").
@@ -133,7 +133,7 @@ def main() -> int:
         elif py != js:
             differ += 1
     table = {
-        "about": "Written by ci/unicode_table.py: each general category's code points of the BMP, in hex ranges, "
+        "about": "Written by ci/gen/unicode_table.py: each general category's code points of the BMP, in hex ranges, "
         "where Python's unicodedata and Node's RegExp agree; any other code point is unknown (unassigned or "
         "read differently). `names` maps every name ECMA-262 accepts to the categories it covers.",
         "unicode": {"python": unicodedata.unidata_version, "node": node["unicode"]},

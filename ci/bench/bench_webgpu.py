@@ -14,7 +14,7 @@ It prints decode as a share of the ideal decode rate, prefill GFLOP/s (2 x non-e
 prompt token, plus the head once) as a share of the matmul's, and both as ratios to wllama.
 ``--profile`` adds where the GPU time goes per kernel (timestamp queries), for prefill and decode.
 
-    .venv/bin/python ci/bench_webgpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64]
+    .venv/bin/python ci/bench/bench_webgpu.py dist/smollm2 [--prompt-words 100] [--max-tokens 64]
         [--engines lantern,webllm,wllama] [--profile] [--json out.json]
 """
 
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from browser import (  # noqa: E402

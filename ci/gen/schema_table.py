@@ -1,7 +1,7 @@
 """Write the table of JSON-schema keywords in docs/structured-output.md from server/schema_support.json.
 
-    .venv/bin/python ci/schema_table.py          # rewrite the table in docs/structured-output.md
-    .venv/bin/python ci/schema_table.py --check  # exit 1 if the docs' table is out of date
+    .venv/bin/python ci/gen/schema_table.py          # rewrite the table in docs/structured-output.md
+    .venv/bin/python ci/gen/schema_table.py --check  # exit 1 if the docs' table is out of date
 
 The table sits between the two marker comments in docs/structured-output.md; tests/test_structured_exact.py runs the check.
 """
@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-START, END = "<!-- schema-keywords: written by ci/schema_table.py -->", "<!-- /schema-keywords -->"
+ROOT = Path(__file__).resolve().parents[2]
+START, END = "<!-- schema-keywords: written by ci/gen/schema_table.py -->", "<!-- /schema-keywords -->"
 
 
 def table(support: dict) -> str:
@@ -44,7 +44,7 @@ def main() -> int:
     new = doc_with_table(doc, support)
     if "--check" in sys.argv[1:]:
         if new != doc:
-            print("docs/structured-output.md's schema keyword table is out of date: run .venv/bin/python ci/schema_table.py")
+            print("docs/structured-output.md's schema keyword table is out of date: run .venv/bin/python ci/gen/schema_table.py")
             return 1
         return 0
     path.write_text(new)

@@ -20,7 +20,7 @@ what the clients were given; per abandoned request), how long the server took to
 clients stopped, and the server's RSS (start, peak, end). --baseline first runs the same load with
 no faults, for the goal "p99 TTFT of the served requests within 2x of the same load without faults".
 
-    .venv/bin/python ci/bench_load.py ARTIFACT [--engines llamacpp,tvm] [--clients 8,32,64]
+    .venv/bin/python ci/bench/bench_load.py ARTIFACT [--engines llamacpp,tvm] [--clients 8,32,64]
         [--duration 60] [--baseline] [--serve "python -m lantern.cli serve"] [--json out.json]
 
 --serve runs another `lantern serve` (e.g. an older checkout's, through PYTHONPATH) for a before/after.
@@ -45,7 +45,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from browser import serve_process  # noqa: E402

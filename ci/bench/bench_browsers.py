@@ -12,7 +12,7 @@ API), TTFT, prefill and decode tokens/s (medians of --repeat prompts that differ
 and decode as a ratio of Chromium's default build. The bar (issue 47): Firefox at least 0.8x on the
 default build, WebKit at least 0.5x on the compat build.
 
-    .venv/bin/python ci/bench_browsers.py dist/smollm2 [--threads 2] [--prompt-words 100] [--max-tokens 64] [--repeat 3]
+    .venv/bin/python ci/bench/bench_browsers.py dist/smollm2 [--threads 2] [--prompt-words 100] [--max-tokens 64] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "ci"))
+sys.path.insert(0, str(ROOT / "ci" / "bench"))
 
 from bench_cpu import variants  # noqa: E402
 from bench_webgpu import add_prompt_options, bench_parser, prompt_messages  # noqa: E402

@@ -1,5 +1,5 @@
 """JSONSchemaBench through Lantern's structured output (the `--jsonschemabench DIR` mode of
-ci/bench_structured.py; a benchmark, not a test).
+ci/bench/bench_structured.py; a benchmark, not a test).
 
 For every schema of DIR (`<split>.jsonl` and `<split>.tests.jsonl`, as in ../shared/jsonschemabench):
 - declared: whether Lantern accepts it (the server's checks and xgrammar's compile against the model's
@@ -327,7 +327,7 @@ def browser_answers(
     """The same schemas answered by the browser engine (`wasm` device, 2 threads, headless Chromium), one
     at a time: row["browser_answer"] is valid, invalid, cut or refused (the browser refused a schema
     the server accepted), with row["browser_text"] and row["browser_s"]."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from browser import chromium, lantern_server
 
     picked = picked_for_answers(rows, per_split)

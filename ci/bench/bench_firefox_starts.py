@@ -9,7 +9,7 @@ the first), with a deadline: a load past it is a hang, and the run stops there (
 Prints the loads, the starts the watchdog ended and began again (stats().wasm.restarts), the hangs
 against their budget (0), and the load times. Exit status 1 on a hang.
 
-    .venv/bin/python ci/bench_firefox_starts.py dist/smollm2 [--loads 100] [--busy 2] [--deadline 120]
+    .venv/bin/python ci/bench/bench_firefox_starts.py dist/smollm2 [--loads 100] [--busy 2] [--deadline 120]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_webgpu import bench_parser  # noqa: E402
