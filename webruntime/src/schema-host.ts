@@ -9,7 +9,15 @@
 import { InvalidRequestError } from "./errors";
 import * as numbers from "./numbers";
 import * as strings from "./strings";
-import { checkSchema, grammarSize, responseFormatSpec, type SchemaDefaults, toolSpec, withExactRules } from "./structured";
+import {
+  checkSchema,
+  exactRuleSet,
+  grammarSize,
+  placeholderPattern,
+  responseFormatSpec,
+  type SchemaDefaults,
+  toolSpec,
+} from "./structured";
 import type { ChatCompletionRequest, Tool, ToolChoice } from "./protocol";
 import * as unique from "./unique";
 
@@ -40,13 +48,13 @@ const CALLS: Record<string, (...args: never[]) => unknown> = {
   toolSpec: (tools: Tool[], choice: ToolChoice | undefined, parallel: boolean, defaults: SchemaDefaults) =>
     toolSpec(tools, choice ?? undefined, parallel, defaults),
   grammarSize: (schema: unknown) => grammarSize(schema),
-  withExactRules: (ebnf: string) => withExactRules(ebnf),
+  exactRuleSet: (keys: string[]) => exactRuleSet(keys),
   // what the tests read of the grammar writers
   exactRules,
   withClasses: (pattern: string) => strings.withClasses(pattern),
   parsePattern: (pattern: string) => strings.parsePattern(pattern),
   valueTexts: (values: unknown[]) => values.map(unique.valueText),
-  constants: () => ({ maxDigits: numbers.MAX_DIGITS }),
+  constants: () => ({ maxDigits: numbers.MAX_DIGITS, placeholderPattern }),
 };
 
 const ERRORS = [InvalidRequestError, strings.PatternError, numbers.NumberRangeError, unique.UniqueItemsError];

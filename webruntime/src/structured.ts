@@ -554,18 +554,34 @@ const RULES: Record<string, (key: string, name: string) => string[]> = {
   unique: unique.uniqueRules,
 };
 
+/**
+ * The exact rules for the placeholders `keys` (as a grammar holds them, in order; repeats allowed): the rule that
+ * replaces each placeholder, by key, and every rule to append. The server sends only the keys, not its grammar
+ * (a large schema's grammar is megabytes), and swaps them itself with `placeholderPattern`.
+ */
+export function exactRuleSet(keys: string[]): { names: Record<string, string>; rules: string[] } {
+  const names = new Map<string, [string, string]>();
+  for (const key of keys) {
+    if (names.has(key)) continue;
+    const kind = key.split(":")[1];
+    const family = kind === "integer" ? "number" : kind;
+    const n = [...names.values()].filter(([, name]) => name.startsWith(`lantern_${family}_`)).length;
+    names.set(key, [kind, `lantern_${family}_${n}`]);
+  }
+  return {
+    names: Object.fromEntries([...names].map(([key, [, name]]) => [key, `${name}_0`])),
+    rules: [...names].flatMap(([key, [kind, name]]) => RULES[kind](key, name)),
+  };
+}
+
+/** The pattern of a placeholder in xgrammar's printed grammar (group 1: its key), for the server's swap. */
+export const placeholderPattern = PLACEHOLDER_IN_EBNF.source;
+
 /** xgrammar's printed grammar with every placeholder replaced by its exact rules. */
 export function withExactRules(ebnf: string): string {
-  const names = new Map<string, [string, string]>();
-  const swapped = ebnf.replace(PLACEHOLDER_IN_EBNF, (_, key: string, kind: string) => {
-    const family = kind === "integer" ? "number" : kind;
-    if (!names.has(key)) {
-      const n = [...names.values()].filter(([, name]) => name.startsWith(`lantern_${family}_`)).length;
-      names.set(key, [kind, `lantern_${family}_${n}`]);
-    }
-    return `${names.get(key)![1]}_0`;
-  });
-  if (!names.size) return ebnf;
-  const rules = [...names].flatMap(([key, [kind, name]]) => RULES[kind](key, name));
+  const keys = Array.from(ebnf.matchAll(PLACEHOLDER_IN_EBNF), (m) => m[1]);
+  if (!keys.length) return ebnf;
+  const { names, rules } = exactRuleSet(keys);
+  const swapped = ebnf.replace(PLACEHOLDER_IN_EBNF, (_, key: string) => names[key]);
   return `${swapped.replace(/\n+$/, "")}\n${rules.join("\n")}\n`;
 }
