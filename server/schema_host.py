@@ -4,7 +4,7 @@ The schema rules and the grammar writers (the normalizer, the checks, numbers, s
 unique items, the request-to-spec step) are written once, in TypeScript (webruntime/src/structured.ts and
 the files it imports), and the browser bundles them. `npm run build` also bundles them as one plain
 script, webruntime/dist/schema-host.js (a wheel carries it in lantern/webruntime/), which this module
-evaluates in an embedded V8 (mini-racer) on first use: about 0.15 s, once per process.
+evaluates in an embedded V8 (mini-racer) on first use: 0.07 s on an idle machine (0.14 s on a busy one), once per process.
 
 Each call sends JSON in and gets JSON back (webruntime/src/schema-host.ts says the protocol), a few
 hundred microseconds beside the milliseconds a schema takes. A refusal comes back as
