@@ -125,25 +125,23 @@ def calls_tools(tools: list[dict], choice) -> bool:
     return bool(tools) and choice != "none"
 
 
-def tool_spec(tools: list[dict], choice, parallel: bool, defaults: dict | None = None) -> GrammarSpec | None:
-    """The grammar for tool calls: free text with calls (auto), calls only (required), or one function."""
-    return _spec(_host("toolSpec", tools, choice, parallel, defaults or {}))
-
-
 def request_spec(
     response_format: dict | None, tools: list[dict], tool_choice, parallel: bool, defaults: dict | None = None
 ) -> GrammarSpec | None:
-    """The one grammar a chat request asks for: from its tools, or from its response_format. ``defaults``:
-    the request's schema_defaults (bounds for unbounded strings and arrays); None: no bounds."""
-    if tool_choice not in (None, "none", "auto") and not tools:
-        raise StructuredOutputError("tool_choice needs tools")
-    calls = tool_spec(tools, tool_choice, parallel, defaults)
-    fmt = response_format_spec(response_format, defaults)
-    if calls and fmt:
-        raise StructuredOutputError(
-            'response_format cannot be combined with tools in one request; use tool_choice: "none" or drop response_format'
-        )
-    return calls or fmt
+    """The one grammar a chat request asks for (structured.ts's requestSpec): from its tools, or from its
+    response_format. ``defaults``: the request's schema_defaults (bounds for unbounded strings and arrays);
+    None: no bounds. A request that asks for neither is answered here, without a call into V8: every plain
+    chat request comes this way, on the event loop."""
+    if not response_format and not tools and tool_choice in (None, "none", "auto"):
+        return None
+    request = {
+        "response_format": response_format,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": parallel,
+        "schema_defaults": defaults or {},
+    }
+    return _spec(_host("requestSpec", request))
 
 
 def tight_structural_tag(source: str) -> str:

@@ -14,11 +14,11 @@ import {
   exactRuleSet,
   grammarSize,
   placeholderPattern,
+  requestSpec,
   responseFormatSpec,
   type SchemaDefaults,
-  toolSpec,
 } from "./structured";
-import type { ChatCompletionRequest, Tool, ToolChoice } from "./protocol";
+import type { ChatCompletionRequest } from "./protocol";
 import * as unique from "./unique";
 
 /** One grammar writer's rules for a case, as tests/test_structured_exact.py reads them. */
@@ -45,8 +45,7 @@ const CALLS: Record<string, (...args: never[]) => unknown> = {
   },
   responseFormatSpec: (fmt: ChatCompletionRequest["response_format"], defaults: SchemaDefaults) =>
     responseFormatSpec(fmt, defaults),
-  toolSpec: (tools: Tool[], choice: ToolChoice | undefined, parallel: boolean, defaults: SchemaDefaults) =>
-    toolSpec(tools, choice ?? undefined, parallel, defaults),
+  requestSpec: (req: ChatCompletionRequest) => requestSpec(req),
   grammarSize: (schema: unknown) => grammarSize(schema),
   exactRuleSet: (keys: string[]) => exactRuleSet(keys),
   // what the tests read of the grammar writers
