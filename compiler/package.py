@@ -33,7 +33,7 @@ MANIFEST_VERSION = 1
 # Sampling fields an artifact may carry defaults for (lantern.json "generation"): name -> (OpenAI's
 # default, used when neither the request nor the artifact sets the field, min, max or None). Both
 # runtimes read this order: request, then artifact, then OpenAI. The fields, defaults and ranges are
-# the request rules' (compiler/request_rules.json, "fallback"), which the browser reads too.
+# the request rules' (compiler/contracts/request_rules.json, "fallback"), which the browser reads too.
 # WebLLM reads temperature, top_p and repetition_penalty from mlc-chat-config.json.
 GENERATION_FIELDS: dict[str, tuple[float, float, float | None]] = generation_fields()
 WEBLLM_GENERATION_FIELDS = ("temperature", "top_p", "repetition_penalty")

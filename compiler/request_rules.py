@@ -13,10 +13,11 @@ import json
 import math
 import re
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-RULES: dict = json.loads(Path(__file__).with_name("request_rules.json").read_text())
+from . import contracts
+
+RULES: dict = contracts.read("request_rules.json")
 MESSAGES: dict[str, str] = RULES["messages"]
 TOKEN_ID = re.compile(r"^[0-9]+$")
 

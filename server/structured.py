@@ -24,18 +24,18 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import contracts
 from ..errors import LanternError
 from .schema_host import HOST, HostRefusal
 
 if TYPE_CHECKING:
     import xgrammar
 
-SUPPORT = json.loads((Path(__file__).with_name("schema_support.json")).read_text())
+SUPPORT = contracts.read("schema_support.json")
 COMPILE_LIMITS = SUPPORT["compile_limits"]
 
 # The JSON texts the grammar allows: one line, OpenAI's separators (no runs of whitespace to loop on).

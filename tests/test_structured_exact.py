@@ -17,17 +17,17 @@ import pytest
 import xgrammar
 from xgrammar.testing import _get_matcher_from_grammar
 
-from browser import repo_root
 from test_structured import run_typescript
 
+from lantern import contracts
 from lantern.server.schema_host import HOST, HostRefusal
 from lantern.server.structured import SUPPORT, StructuredOutputError, check_schema, schema_ebnf
 
 MAX_DIGITS = HOST.call("constants")["maxDigits"]
-# server/unicode_categories.json's categories: {category: [(first, last) code point]}
+# compiler/contracts/unicode_categories.json's categories: {category: [(first, last) code point]}
 CATEGORIES = {
     cat: [(int(a, 16), int(b or a, 16)) for a, _, b in (r.partition("-") for r in text.split())]
-    for cat, text in json.loads((repo_root() / "server" / "unicode_categories.json").read_text())["categories"].items()
+    for cat, text in contracts.read("unicode_categories.json")["categories"].items()
 }
 
 
@@ -368,7 +368,7 @@ UNICODE_PATTERNS = [
 
 
 def test_unicode_property_classes_let_through_only_what_both_engines_count(report):
-    """\\p{..} and \\P{..} (general categories from server/unicode_categories.json): on strings of characters
+    """\\p{..} and \\P{..} (general categories from compiler/contracts/unicode_categories.json): on strings of characters
     from all over the Basic Multilingual Plane, every string the grammar accepts is valid for ajv (which reads
     a pattern with the u flag) and matches in Python's `regex` (Python's `re` has no \\p); where the table
     knows each character's category, it accepts exactly what ajv validates."""
@@ -404,7 +404,7 @@ def test_unicode_property_classes_let_through_only_what_both_engines_count(repor
 
 
 def test_the_unicode_table_agrees_with_python_and_javascript():
-    """server/unicode_categories.json (ci/gen/unicode_table.py rewrites it) against the Python and Node this
+    """compiler/contracts/unicode_categories.json (ci/gen/unicode_table.py rewrites it) against the Python and Node this
     runs with: each code point it lists under a category has that category in unicodedata and in
     JavaScript's RegExp (through ajv's pattern)."""
     import unicodedata

@@ -28,11 +28,11 @@ const llamaBuilds = Object.fromEntries(
 );
 export const defines = {
   // the schema keywords both engines accept (webruntime/src/structured.ts)
-  __SCHEMA_SUPPORT__: read("server/schema_support.json"),
+  __SCHEMA_SUPPORT__: read("compiler/contracts/schema_support.json"),
   // the Unicode general categories of \p{..} in patterns (webruntime/src/strings.ts)
-  __UNICODE_CATEGORIES__: read("server/unicode_categories.json"),
+  __UNICODE_CATEGORIES__: read("compiler/contracts/unicode_categories.json"),
   // the OpenAI request rules both runtimes apply (webruntime/src/rules.ts)
-  __REQUEST_RULES__: read("compiler/request_rules.json"),
+  __REQUEST_RULES__: read("compiler/contracts/request_rules.json"),
   // the runtime's version: the SharedWorker's name (webruntime/src/client.ts)
   // each llama.cpp build's files: {build: {name: {size, sha256}}}
   __LLAMA_BUILDS__: JSON.stringify(llamaBuilds),

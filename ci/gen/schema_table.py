@@ -1,4 +1,4 @@
-"""Write the table of JSON-schema keywords in docs/structured-output.md from server/schema_support.json.
+"""Write the table of JSON-schema keywords in docs/structured-output.md from compiler/contracts/schema_support.json.
 
     .venv/bin/python ci/gen/schema_table.py          # rewrite the table in docs/structured-output.md
     .venv/bin/python ci/gen/schema_table.py --check  # exit 1 if the docs' table is out of date
@@ -38,7 +38,7 @@ def doc_with_table(doc: str, support: dict) -> str:
 
 
 def main() -> int:
-    support = json.loads((ROOT / "server" / "schema_support.json").read_text())
+    support = json.loads((ROOT / "compiler" / "contracts" / "schema_support.json").read_text())
     path = ROOT / "docs" / "structured-output.md"
     doc = path.read_text()
     new = doc_with_table(doc, support)

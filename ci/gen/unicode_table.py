@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes server/unicode_categories.json: the Unicode general category of every code point of the Basic
+"""Writes compiler/contracts/unicode_categories.json: the Unicode general category of every code point of the Basic
 Multilingual Plane on which Python's unicodedata and Node's RegExp (`\\p{gc=..}` with the u flag, as
 ajv reads a pattern) agree. The pattern parser (webruntime/src/strings.ts, which both runtimes run) reads it
 for `\\p{..}` and `\\P{..}`; a code point the two engines disagree on, or
@@ -7,7 +7,7 @@ that is unassigned in either, is in no category there, and the parsers treat it 
 one (a newer Unicode may assign it). tests/test_structured_exact.py checks the file against the
 Python and Node it runs with.
 
-    .venv/bin/python ci/gen/unicode_table.py    # rewrites server/unicode_categories.json
+    .venv/bin/python ci/gen/unicode_table.py    # rewrites compiler/contracts/unicode_categories.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import unicodedata
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[2] / "server" / "unicode_categories.json"
+OUT = Path(__file__).resolve().parents[2] / "compiler" / "contracts" / "unicode_categories.json"
 
 # The two-letter categories an assigned code point of the BMP can have (Cs, the surrogates, is no
 # character of a string; Cn is "unassigned").

@@ -330,7 +330,7 @@ export class Engine {
   }
 
   /**
-   * The request under compiler/request_rules.json (the server's rules too), nulls dropped and defaults
+   * The request under compiler/contracts/request_rules.json (the server's rules too), nulls dropped and defaults
    * filled; then the checks that need the model (logit_bias within the vocabulary).
    */
   private validate(request: ChatCompletionRequest): CheckedRequest {

@@ -36,7 +36,7 @@
 // - false subschemas are removed where xgrammar refuses them (prune), and $refs into dropped keywords
 //   are pointed at copies in $defs (relocate).
 //
-// The only copy, for both runtimes (structured.ts's header). It reads server/schema_support.json;
+// The only copy, for both runtimes (structured.ts's header). It reads compiler/contracts/schema_support.json;
 // tests/test_schema_normalize.py checks it on every JSONSchemaBench schema and on its own cases.
 import { InvalidRequestError } from "./errors";
 import * as strings from "./strings";

@@ -1,4 +1,4 @@
-// The OpenAI request rules of compiler/request_rules.json (esbuild inlines it as __REQUEST_RULES__),
+// The OpenAI request rules of compiler/contracts/request_rules.json (esbuild inlines it as __REQUEST_RULES__),
 // applied to a request as the caller gave it. The twin of lantern/request_rules.py (compiler/), line for
 // line: the server reads the same file, so one request is accepted or refused alike on both runtimes,
 // with the same message (tests/test_request_rules.py).

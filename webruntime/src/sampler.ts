@@ -27,7 +27,7 @@ export interface SamplingParams {
 /**
  * Sampling fields an artifact may carry defaults for (lantern.json "generation"): OpenAI's default and
  * the closed range a value may take (null: no upper bound). The request rules' fields with a
- * "fallback" (compiler/request_rules.json), as package.GENERATION_FIELDS on the Python side.
+ * "fallback" (compiler/contracts/request_rules.json), as package.GENERATION_FIELDS on the Python side.
  */
 export type GenerationField = "temperature" | "top_p" | "top_k" | "repetition_penalty";
 export const GENERATION_FIELDS = generationFields() as Record<GenerationField, [number, number, number | null]>;

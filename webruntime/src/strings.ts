@@ -74,7 +74,7 @@ const RAW: Chars = [
   [0x5d, 0x7e],
 ]; // printable ASCII a JSON string holds unescaped
 // \p{..}: the general categories both engines agree on, written by ci/gen/unicode_table.py (esbuild inlines
-// server/unicode_categories.json, which the Python twin reads)
+// compiler/contracts/unicode_categories.json, which the Python twin reads)
 declare const __UNICODE_CATEGORIES__: { categories: Record<string, string>; names: Record<string, string[]> };
 const UNICODE = __UNICODE_CATEGORIES__;
 

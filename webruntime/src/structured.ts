@@ -1,7 +1,7 @@
 // Structured output and tool calls: a request's response_format or tools become one grammar spec for
 // xgrammar. The only copy, for both runtimes: the browser bundles it, and `lantern serve` runs it in V8
 // (schema-host.ts, bundled as dist/schema-host.js; lantern/server/schema_host.py). The schema checks read
-// server/schema_support.json (esbuild inlines it as __SCHEMA_SUPPORT__); normalize.ts rewrites a schema
+// compiler/contracts/schema_support.json (esbuild inlines it as __SCHEMA_SUPPORT__); normalize.ts rewrites a schema
 // into Lantern's dialect first, and numbers.ts, strings.ts and unique.ts write the exact rules that
 // xgrammar's own leave loose. Compiling a spec against a vocabulary is grammars.ts's (the server's:
 // structured.py's), as each runtime has its own xgrammar build.
