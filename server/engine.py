@@ -190,6 +190,7 @@ class ModelEngine:
                 threads=threads,
                 kv_overrides=gguf.get("kv_overrides"),
             )
+            self.context_window = self.decoder.context_window  # one slot's KV stream may hold less
         else:
             self.context_window = self.art.context_window("cpu")
             self.decoder = TvmDecoder(self.art)

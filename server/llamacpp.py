@@ -3,14 +3,26 @@
 llama.cpp runs the forward passes; everything a request sees stays Lantern's (engine.py: template,
 tokenizer, sampler, grammar masks, stops), so both engines answer alike. What this module adds:
 
-* **Continuous batching.** One scheduler thread owns the llama.cpp context. Each step it puts the
-  next token of every running sequence, then prompt chunks of newly admitted ones, into one
-  `llama_batch` (up to ``batch_tokens``), calls `llama_decode` once, and hands each sequence its
-  logits row. A request thread samples its token and is back before the next step.
-* **Prefix reuse.** Up to ``slots`` sequences (llama.cpp seq ids) keep their tokens in a unified KV
-  cache after their request ends. A new prompt takes the idle slot sharing its longest prefix and
-  prefills only the rest; when a running sequence shares a longer prefix, that prefix is copied
-  (`llama_memory_seq_cp`, cells shared, no compute) into the idle slot first.
+* **Continuous batching.** One scheduler thread owns the llama.cpp context. Each step it decodes
+  the next token of every running sequence in one `llama_decode` call, then each prompt chunk of
+  newly admitted ones in a call of its own (up to ``batch_tokens`` in all), and hands each sequence
+  its logits row. A request thread samples its token and is back before the next step.
+* **Prefix reuse.** Up to ``slots`` sequences (llama.cpp seq ids) keep their tokens in the KV cache
+  after their request ends. A new prompt takes the idle slot sharing its longest prefix and prefills
+  only the rest; when a running sequence shares a longer prefix, its KV is copied
+  (`llama_memory_seq_cp`, no compute) into the idle slot first and cut to that prefix.
+* **The same logits whatever else runs.** Each slot has its own KV stream (``kv_unified`` off),
+  attention runs without flash attention, and no prompt is fed in a chunk of one token (a cache hit
+  recomputes at least the last two, and a prompt chunk gets a llama_decode call of its own, since
+  llama.cpp cuts a batch of several sequences into pieces of equal length). Then a sequence's logits
+  are bit for bit the same alone or beside others, its prompt found in the cache or prefilled in any
+  chunks (tests/test_server.py), and the same request gives the same answer. Measured on SmolLM2,
+  llama.cpp's other layouts are not: in one shared KV cache, where the other sequences' cells sit
+  changes the attention's sums (up to 0.6 in a logit); its CPU flash attention gives a prompt's last
+  token other logits alone than inside a longer chunk (0.55), and other ones again, by up to 25, when
+  the chunk holds other sequences' prompts too; and a lone query row rounds differently from a
+  chunk's (0.36), while chunks of two or more agree. The cost: every slot reserves its own window of
+  cells (SLOT_TOKENS_BUDGET bounds them), and prefill is slower (docs/benchmarks.md: the KV layout).
 
 Why the C API and not `llama_cpp.Llama`: that class runs one sequence and samples inside llama.cpp;
 batching and Lantern's own sampler and xgrammar masks need the logits of several sequences per call.
@@ -36,6 +48,10 @@ from .stopping import Stop
 # How long the scheduler waits for sequences that just got logits to send their next token before it
 # decodes without them. Sampling takes well under a millisecond; a grammar mask or a slow thread more.
 GATHER_S = 0.01
+# KV cells of all slots together, by default: each slot gets the model's context window, or an equal
+# share of this many cells when the windows of all slots would need more (SmolLM2's 4,096-token window
+# times 8 slots fits: 32,768 cells, 0.75 GB of f16 KV).
+SLOT_TOKENS_BUDGET = 32768
 INSTALL_HINT = "pip install 'lantern-llm[llamacpp]' (compiles llama.cpp, ~10 minutes on 2 cores)"
 
 
@@ -88,7 +104,7 @@ class LlamaCppDecoder:
         context_window: int,
         slots: int = 8,
         threads: int | None = None,
-        kv_tokens: int | None = None,
+        slot_tokens: int | None = None,
         batch_tokens: int = 512,
         kv_overrides: dict[str, int] | None = None,
     ):
@@ -97,10 +113,12 @@ class LlamaCppDecoder:
         except ImportError:
             raise LanternError(f"the llamacpp engine needs llama-cpp-python: {INSTALL_HINT}") from None
         self.lc = lc
-        self.gguf, self.slots, self.context_window = gguf, slots, context_window
+        self.gguf, self.slots = gguf, slots
         self.threads = threads or os.cpu_count() or 1
-        # one pool of KV cells for all slots; a single request may still use the whole context window
-        self.kv_tokens = kv_tokens or min(slots * context_window, max(context_window, 16384))
+        # each slot's own KV stream; a request's window is at most one stream (``context_window``)
+        self.slot_tokens = slot_tokens or min(context_window, max(256, SLOT_TOKENS_BUDGET // slots // 256 * 256))
+        self.context_window = min(context_window, self.slot_tokens)
+        self.kv_tokens = self.slot_tokens * slots
         self.batch_tokens = batch_tokens
         _quiet_logs(lc)
         lc.llama_backend_init()
@@ -121,12 +139,10 @@ class LlamaCppDecoder:
         self.vocab_size = n_vocab
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = self.kv_tokens, batch_tokens, batch_tokens
-        cp.n_seq_max, cp.kv_unified = slots, True
+        # one KV stream per slot and plain attention: the layout whose logits repeat (the module's header)
+        cp.n_seq_max, cp.kv_unified = slots, False
         cp.n_threads = cp.n_threads_batch = self.threads
-        # flash attention: each query row attends on its own, so a sequence's logits do not depend on
-        # which other sequences share its batch (plain attention's batched KQ product does: greedy
-        # answers drifted between alone and together)
-        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lc.llama_model_free(self.model)
@@ -147,8 +163,8 @@ class LlamaCppDecoder:
 
     def describe(self) -> str:
         return (
-            f"llamacpp ({self.gguf.name}, {self.slots} parallel sequences, {self.threads} threads, "
-            f"{self.kv_tokens}-token KV cache)"
+            f"llamacpp ({self.gguf.name}, {self.slots} parallel sequences of up to {self.slot_tokens} tokens, "
+            f"{self.threads} threads)"
         )
 
     # -- request side (any thread) --------------------------------------------------------------
@@ -262,12 +278,15 @@ class LlamaCppDecoder:
             shared = [_common_prefix(self.kv[i], prompt) for i in range(self.slots)]
             slot = max(free, key=lambda i: (shared[i], -self.last_used[i]))
             donor = max(range(self.slots), key=lambda i: shared[i])
-            if shared[donor] > shared[slot]:  # a running sequence holds more of this prompt: share its cells
+            if shared[donor] > shared[slot]:  # a running sequence holds more of this prompt: copy its KV
                 lc.llama_memory_seq_rm(self.mem, slot, -1, -1)
-                lc.llama_memory_seq_cp(self.mem, donor, slot, 0, shared[donor])
+                # between streams llama.cpp copies a whole sequence only (a range aborts the process)
+                lc.llama_memory_seq_cp(self.mem, donor, slot, -1, -1)
+                lc.llama_memory_seq_rm(self.mem, slot, shared[donor], -1)
                 self.kv[slot] = self.kv[donor][: shared[donor]]
                 shared[slot] = shared[donor]
-            keep = min(shared[slot], len(prompt) - 1)  # the last prompt token always runs, for its logits
+            # the last two prompt tokens always run: their logits, and never a chunk of one (_plan)
+            keep = max(0, min(shared[slot], len(prompt) - 2))
             if not lc.llama_memory_seq_rm(self.mem, slot, keep, -1):
                 lc.llama_memory_seq_rm(self.mem, slot, -1, -1)
                 keep = 0
@@ -281,7 +300,9 @@ class LlamaCppDecoder:
         running = [s for s in self.busy if s is not None and not s.closed and s.todo]
         for seq in sorted(running, key=lambda s: len(s.todo) > 1):
             take = seq.todo[:room]
-            if not take:
+            if 1 < len(seq.todo) and len(seq.todo) - len(take) == 1:
+                take = take[:-1]  # a prompt's chunks hold two tokens or more (the module's header)
+            if not take or (len(take) == 1 and len(seq.todo) > 1):
                 break
             del seq.todo[: len(take)]
             seq.started = seq.started or time.perf_counter()
@@ -290,6 +311,14 @@ class LlamaCppDecoder:
         return plan
 
     def _decode(self, plan: list[tuple[_Seq, list[int]]]) -> None:
+        """One llama_decode for the step's single tokens, one for each prompt chunk. Given several
+        sequences, llama.cpp cuts a batch into pieces of as many tokens of each (its split_equal), so a
+        chunk beside a single token would run partly as a chunk of one (the module's header)."""
+        singles = [item for item in plan if len(item[1]) == 1]
+        for group in ([singles] if singles else []) + [[item] for item in plan if len(item[1]) > 1]:
+            self._decode_group(group)
+
+    def _decode_group(self, plan: list[tuple[_Seq, list[int]]]) -> None:
         lc, b = self.lc, self.batch
         n, outputs = 0, []
         for seq, tokens in plan:
@@ -304,17 +333,10 @@ class LlamaCppDecoder:
                 n += 1
         b.n_tokens = n
         self.peak_batch = max(self.peak_batch, len(plan))
-        rc = lc.llama_decode(self.ctx, b)
-        if rc == 1:  # no room in the KV cache: drop idle slots' cached tokens and try once more
-            with self.cv:
-                for i, s in enumerate(self.busy):
-                    if s is None and self.kv[i]:
-                        lc.llama_memory_seq_rm(self.mem, i, -1, -1)
-                        self.kv[i] = []
-            rc = lc.llama_decode(self.ctx, b)
+        rc = lc.llama_decode(self.ctx, b)  # a slot's stream holds a whole window: there is always room
         with self.cv:
             if rc != 0:
-                why = "the KV cache is full (too many long requests at once)" if rc == 1 else f"llama_decode returned {rc}"
+                why = "its KV cache is full" if rc == 1 else f"llama_decode returned {rc}"
                 for seq, _ in plan:  # these sequences' state is unknown now: end them and forget their cache
                     lc.llama_memory_seq_rm(self.mem, seq.slot, -1, -1)
                     self.kv[seq.slot] = []

@@ -72,14 +72,14 @@ def raw(base: str, method: str, path: str, body: bytes | None = None, headers: d
 
 def llama_cpp_greedy_steps(art: Artifact, messages: list[dict], max_tokens: int) -> list[tuple[int, int, float]]:
     """The greedy answer from llama-cpp-python's own `Llama` on the artifact's GGUF: one sequence,
-    evaluated token by token, argmax of its logits (flash attention, as the engine runs it). Per step:
+    evaluated token by token, argmax of its logits (without flash attention, as the engine runs it). Per step:
     (the chosen token, the runner-up, the logit gap between them)."""
     import numpy as np
     from llama_cpp import Llama
 
     cfg = art.tokenizer_config()
     ids = art.tokenizer().encode(render(cfg["chat_template"], messages), add_special_tokens=False).ids
-    llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=1024, flash_attn=True, logits_all=True, verbose=False)
+    llm = Llama(str(art.path / art.manifest["gguf"]["files"][0]), n_ctx=1024, flash_attn=False, logits_all=True, verbose=False)
     llm.eval(ids)
     steps = []
     while len(steps) < max_tokens:
@@ -272,6 +272,52 @@ def test_llamacpp_decodes_concurrent_requests_together_and_exactly(smollm2, repo
     )
 
 
+def test_llamacpp_logits_repeat_bit_for_bit_with_cache_hits_and_neighbours(smollm2, shakespeare_text):
+    """A sequence's logits, every step of a greedy answer, are the same bits when its prompt was
+    prefilled from scratch in one chunk, found in the cache whole or in part, or run beside other
+    sequences' prompts and steps (issue 49: the same request twice gave another answer)."""
+    import numpy as np
+
+    from lantern.server.llamacpp import LlamaCppDecoder
+
+    tokenizer, template = smollm2.tokenizer(), smollm2.tokenizer_config()["chat_template"]
+    ids = tokenizer.encode(shakespeare_text[:4000], add_special_tokens=False).ids
+    # a chat prompt (its last token a newline, whose lone row rounds differently) and plain text
+    chat = render(template, [{"role": "system", "content": shakespeare_text[:500]}, *user("Who speaks first?")])
+    prompt = tokenizer.encode(chat, add_special_tokens=False).ids
+    fresh, others = ids[200:330], [ids[400 + 150 * i : 500 + 150 * i + 7 * i] for i in range(3)]
+    gguf = smollm2.path / smollm2.manifest["gguf"]["files"][0]
+    window, vocab = smollm2.manifest["model"]["context_window"], smollm2.manifest["model"]["vocab_size"]
+
+    def greedy(decoder, tokens, steps=16):
+        with decoder.open(tokens) as session:
+            rows = [session.logits]
+            for _ in range(steps):
+                rows.append(session.step(int(rows[-1].argmax())))
+        return session.cached, np.stack(rows)
+
+    lone = LlamaCppDecoder(gguf, vocab_size=vocab, context_window=window, slots=1, threads=2)
+    try:
+        _, reference = greedy(lone, prompt)
+        _, fresh_reference = greedy(lone, fresh)
+    finally:
+        lone.close()
+    shared = LlamaCppDecoder(gguf, vocab_size=vocab, context_window=window, slots=4, threads=2)
+    try:
+        before = prompt[:41] + others[0]
+        greedy(shared, before)
+        cached, rows = greedy(shared, prompt)  # the prefix the two share from the cache, the rest prefilled
+        assert cached == next(i for i, (a, b) in enumerate(zip(before, prompt)) if a != b) and np.array_equal(rows, reference)
+        cached, rows = greedy(shared, prompt)  # all but the last two prompt tokens from the cache
+        assert cached == len(prompt) - 2 and np.array_equal(rows, reference)
+        with ThreadPoolExecutor(4) as pool:  # prefilled and decoded beside three other sequences
+            runs = list(pool.map(lambda tokens: greedy(shared, tokens, 24), [fresh, *others]))
+        assert shared.peak_batch >= 3 and runs[0][0] == 0
+        assert np.array_equal(runs[0][1][:17], fresh_reference)
+    finally:
+        shared.close()
+
+
 def test_llamacpp_reuses_a_shared_prefix_from_an_idle_or_a_running_sequence(smollm2, shakespeare_text):
     """Requests sharing a long system prompt prefill only what differs, whether the prefix sits in an
     idle slot's cache or in a sequence still generating, and answer as from scratch."""
@@ -361,7 +407,8 @@ def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(
     with pytest.raises(LanternError, match="unknown engine 'vllm'"):
         choose_engine(tiny_q4, "vllm")
     engine = ModelEngine(tiny_q4.path, slots=2, threads=1)
-    assert engine.describe().startswith("engine llamacpp (") and "2 parallel sequences, 1 threads" in engine.describe()
+    assert engine.describe().startswith("engine llamacpp (")
+    assert re.search(r"2 parallel sequences of up to \d+ tokens, 1 threads", engine.describe()), engine.describe()
     engine.close()
     for flag in ("--parallel", "--threads"):
         assert main(["serve", str(tiny_q4.path), flag, "0"]) == 1

@@ -121,6 +121,63 @@ def batch_ceiling(gguf: Path, vocab_size: int, threads: int, steps: int = 32) ->
     return out
 
 
+def layout_cost(gguf: Path, threads: int, reps: int = 3) -> dict[str, dict[str, float]]:
+    """llama.cpp alone in the llamacpp engine's KV layout (a stream per slot, plain attention: the one
+    whose logits repeat, server/llamacpp.py) and in the one it had before (one shared cache, flash
+    attention): a 400-token prefill's tokens/s, and decode tokens/s with 1 and with 4 sequences per
+    call. Best of ``reps``."""
+    import llama_cpp as lc
+
+    from lantern.server.llamacpp import _quiet_logs
+
+    _quiet_logs(lc)
+    lc.llama_backend_init()
+    mp = lc.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
+    out = {}
+    try:
+        layouts = (("per-slot streams, plain attention", False, False), ("shared cache, flash attention", True, True))
+        for name, unified, flash in layouts:
+            cp = lc.llama_context_default_params()
+            cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.kv_unified = 4096 * (1 if unified else 8), 512, 512, 8, unified
+            cp.n_threads = cp.n_threads_batch = threads
+            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            ctx = lc.llama_init_from_model(model, cp)
+            b, mem = lc.llama_batch_init(512, 0, 1), lc.llama_get_memory(ctx)
+
+            best: dict[str, float] = {}
+            for _ in range(reps):
+                lc.llama_memory_clear(mem, True)
+                start = time.perf_counter()
+                _decode_rows(lc, ctx, b, [(0, p) for p in range(400)])
+                got = {"prefill": 400 / (time.perf_counter() - start)}
+                for n in (1, 4):
+                    start = time.perf_counter()
+                    for step in range(32):
+                        _decode_rows(lc, ctx, b, [(0, 400 + step)] + [(s, step) for s in range(1, n)])
+                    got[f"decode_{n}"] = 32 * n / (time.perf_counter() - start)
+                    for s in range(1, n):
+                        lc.llama_memory_seq_rm(mem, s, -1, -1)
+                    lc.llama_memory_seq_rm(mem, 0, 400, -1)
+                best = {k: max(v, best.get(k, 0.0)) for k, v in got.items()}
+            out[name] = best
+            lc.llama_batch_free(b)
+            lc.llama_free(ctx)
+    finally:
+        lc.llama_model_free(model)
+    return out
+
+
+def _decode_rows(lc, ctx, b, rows: list[tuple[int, int]]) -> None:
+    """One llama_decode of (sequence, position) rows, each with a token of its own and its logits."""
+    for i, (seq, p) in enumerate(rows):
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = 100 + (p * 7 + seq) % 1000, p, 1, 1
+        b.seq_id[i][0] = seq
+    b.n_tokens = len(rows)
+    assert lc.llama_decode(ctx, b) == 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -154,11 +211,19 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads for both (default: all)")
+    parser.add_argument("--layout-only", action="store_true", help="only the KV layout's cost (llama.cpp alone, seconds)")
     args = parser.parse_args()
     manifest = json.loads((args.artifact / "lantern.json").read_text())
     if not (manifest.get("gguf") or {}).get("files"):
         raise SystemExit(f"{args.artifact} has no GGUF: build it with --targets webgpu,cpu,gguf")
     gguf = args.artifact / manifest["gguf"]["files"][0]
+    layouts = layout_cost(gguf, args.threads)
+    (ours_layout, theirs), (old_layout, before) = layouts.items()
+    print(f"llama.cpp alone, {args.threads} threads: {ours_layout} (the engine's) against {old_layout} (before)")
+    for key, what in (("prefill", "400-token prefill"), ("decode_1", "decode, 1 sequence"), ("decode_4", "decode, 4 sequences")):
+        print(f"  {what:20} {theirs[key]:7.1f} tok/s against {before[key]:7.1f}: {theirs[key] / before[key]:.2f}x")
+    if args.layout_only:
+        return 0
     prefix_text = DEFAULT_CALIBRATION.read_text()[:2600]  # ~600 tokens of English prose
     rows = []
     lantern = str(Path(sys.executable).with_name("lantern"))
