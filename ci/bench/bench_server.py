@@ -121,31 +121,26 @@ def batch_ceiling(gguf: Path, vocab_size: int, threads: int, steps: int = 32) ->
     return out
 
 
-def layout_cost(gguf: Path, threads: int, reps: int = 3) -> dict[str, dict[str, float]]:
+def layout_cost(gguf: Path, vocab_size: int, threads: int, reps: int = 3) -> dict[str, dict[str, float]]:
     """llama.cpp alone in the llamacpp engine's KV layout (a stream per slot, plain attention: the one
-    whose logits repeat, server/llamacpp.py) and in the one it had before (one shared cache, flash
-    attention): a 400-token prefill's tokens/s, and decode tokens/s with 1 and with 4 sequences per
-    call. Best of ``reps``."""
-    import llama_cpp as lc
+    whose logits repeat; the context LlamaCppDecoder makes) and in the one it had before (one shared
+    cache, flash attention): a 400-token prefill's tokens/s, and decode tokens/s with 1 and with 4
+    sequences per call. Best of ``reps``."""
+    from lantern.server.llamacpp import LlamaCppDecoder
 
-    from lantern.server.llamacpp import _quiet_logs
-
-    _quiet_logs(lc)
-    lc.llama_backend_init()
-    mp = lc.llama_model_default_params()
-    mp.n_gpu_layers = 0
-    model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
-    out = {}
+    dec = LlamaCppDecoder(gguf, vocab_size=vocab_size, context_window=4096, threads=threads)
+    lc, out = dec.lc, {}
     try:
-        layouts = (("per-slot streams, plain attention", False, False), ("shared cache, flash attention", True, True))
-        for name, unified, flash in layouts:
-            cp = lc.llama_context_default_params()
-            cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.kv_unified = 4096 * (1 if unified else 8), 512, 512, 8, unified
-            cp.n_threads = cp.n_threads_batch = threads
-            cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            ctx = lc.llama_init_from_model(model, cp)
-            b, mem = lc.llama_batch_init(512, 0, 1), lc.llama_get_memory(ctx)
-
+        # before: the same model, one shared cache of 4,096 cells for 8 sequences, flash attention
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.kv_unified = 4096, 512, 512, 8, True
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        old = lc.llama_init_from_model(dec.model, cp)
+        old_batch = lc.llama_batch_init(512, 0, 1)
+        layouts = (("per-slot streams, plain attention", dec.ctx, dec.batch), ("shared cache, flash attention", old, old_batch))
+        for name, ctx, b in layouts:
+            mem = lc.llama_get_memory(ctx)
             best: dict[str, float] = {}
             for _ in range(reps):
                 lc.llama_memory_clear(mem, True)
@@ -162,10 +157,10 @@ def layout_cost(gguf: Path, threads: int, reps: int = 3) -> dict[str, dict[str, 
                     lc.llama_memory_seq_rm(mem, 0, 400, -1)
                 best = {k: max(v, best.get(k, 0.0)) for k, v in got.items()}
             out[name] = best
-            lc.llama_batch_free(b)
-            lc.llama_free(ctx)
+        lc.llama_batch_free(old_batch)
+        lc.llama_free(old)
     finally:
-        lc.llama_model_free(model)
+        dec.close()
     return out
 
 
@@ -217,7 +212,7 @@ def main() -> int:
     if not (manifest.get("gguf") or {}).get("files"):
         raise SystemExit(f"{args.artifact} has no GGUF: build it with --targets webgpu,cpu,gguf")
     gguf = args.artifact / manifest["gguf"]["files"][0]
-    layouts = layout_cost(gguf, args.threads)
+    layouts = layout_cost(gguf, manifest["model"]["vocab_size"], args.threads)
     (ours_layout, theirs), (old_layout, before) = layouts.items()
     print(f"llama.cpp alone, {args.threads} threads: {ours_layout} (the engine's) against {old_layout} (before)")
     for key, what in (("prefill", "400-token prefill"), ("decode_1", "decode, 1 sequence"), ("decode_4", "decode, 4 sequences")):
