@@ -24,7 +24,9 @@ llama_spec=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml
 # Native code for this CPU, but no AMX: where the hypervisor does not hand AMX state to the guest (seen
 # here on a Firecracker VM whose CPU lists amx_int8), ggml's AMX kernels die of SIGILL in llama_decode.
 amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-llama_cmake="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF '-DCMAKE_C_FLAGS=$amx_off' '-DCMAKE_CXX_FLAGS=$amx_off'"
+# Without llamafile's sgemm, ggml computes a row the same alone or in a chunk, so the llamacpp engine's
+# speculation checks drafts exactly (server/llamacpp.py); the cost is slower prefill (docs/benchmarks.md).
+llama_cmake="-DLLAVA_BUILD=OFF -DGGML_NATIVE=ON -DGGML_LLAMAFILE=OFF -DLLAMA_OPENSSL=OFF '-DCMAKE_C_FLAGS=$amx_off' '-DCMAKE_CXX_FLAGS=$amx_off'"
 llama_key=$(echo "$llama_spec $llama_cmake" | sha256sum | cut -c1-12)
 # A wheel per spec and build flags, outside the checkout so that a fresh clone on the same machine
 # (CI's) takes it instead of compiling again.

@@ -27,10 +27,11 @@ from ..chat_template import render
 from ..errors import LanternError
 from ..package import GENERATION_FIELDS
 from . import llamacpp
-from .protocol import ChatCompletionRequest, FinishReason, SamplingFields, TokenLogprob, TopLogprob, Usage
+from .protocol import ChatCompletionRequest, FinishReason, SamplingFields, SpeculationUsage, TokenLogprob, TopLogprob, Usage
 from .reasoning import held_back
 from .closing import HOLD, Closer
 from .sampler import Sampled, Sampler, SamplingParams
+from .speculation import Speculation, forced_drafts
 from .stopping import Stop, Stopped
 from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
 
@@ -291,6 +292,7 @@ class ModelEngine:
         stop_ids = self.stop_ids | set(req.stop_token_ids or [])
         sampler = Sampler(params, prompt)
         mask: TokenMask | None = self.grammars.matcher(grammar) if grammar is not None else None
+        spec: Speculation | None = None
         # a JSON answer cut by max_tokens is closed (closing.py): its last HOLD tokens wait for the end
         closer = self.closer if mask and closes_cut_answers(req, hold_from, params) else None
         held = 0  # with a closer: the text's length before the tokens that may be rewound
@@ -303,6 +305,8 @@ class ModelEngine:
                 on_step(Step("", None, Stop.FINISH[why.reason], None, stopped=why.reason, unused=max_tokens))
                 return
             logits, cached, started = seq.logits, seq.cached, seq.started
+            if isinstance(seq, llamacpp.Session):
+                spec = self._speculation(seq, req, prompt, mask)
             prefill_s = time.perf_counter() - started
             ids: list[int] = []
             text, sent, finish, first_at, late = "", 0, None, 0.0, 0
@@ -321,6 +325,8 @@ class ModelEngine:
                 sampler.accept(s.token)
                 if mask:
                     mask.accept(s.token)
+                if spec:
+                    spec.push(s.token)
                 if params.top_logprobs >= 0:
                     pending.append(self._logprob(s))
                 decoded = self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -348,7 +354,7 @@ class ModelEngine:
                     on_step(Step(text[sent:safe], pending or None))
                     sent, pending = safe, []
                 try:
-                    logits = seq.step(s.token)
+                    logits = spec.next_logits(s.token, max_tokens - len(ids)) if spec else seq.step(s.token)
                 except Stopped:
                     continue  # the check at the top of the loop ends it
         decode_s = time.perf_counter() - first_at if first_at else 0.0
@@ -362,10 +368,34 @@ class ModelEngine:
             decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s else 0.0,
             tpot_ms=decode_s * 1000 / (n - 1) if n > 1 else 0.0,
             cached_prompt_tokens=cached,
+            speculation=SpeculationUsage(**spec.usage()) if spec else None,
         )
         stopped = stop.reason if finish in ("abort", "timeout") else None  # not one that ended on its own
         on_step(
             Step(text[sent:], pending or None, finish, usage, stopped=stopped, unused=max_tokens - n if stopped else 0, late=late)
+        )
+
+    def _speculation(
+        self, session: llamacpp.Session, req: SamplingFields, prompt: list[int], mask: TokenMask | None
+    ) -> Speculation | None:
+        """The request's speculation (speculation.py): grammar drafts from ``mask``'s forced text, lookup
+        drafts from the prompt and the answer. None where the request turns it off, or where this
+        llama.cpp build would not check drafts exactly (LlamaCppDecoder.describe says why)."""
+
+        def forced(last: int) -> list[int]:
+            assert mask is not None
+            return forced_drafts(self.tokenizer, mask.forced_text(), self.tokenizer.decode([last], skip_special_tokens=False))
+
+        assert isinstance(self.decoder, llamacpp.LlamaCppDecoder)
+        if req.speculation.mode == "off" or not self.decoder.rows_exact:
+            return None
+        return Speculation(
+            session,
+            req.speculation.mode,
+            req.speculation.max_tokens,
+            self.decoder.pass_costs,
+            prompt,
+            forced if mask else None,
         )
 
     def describe(self) -> str:

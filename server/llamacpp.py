@@ -20,9 +20,14 @@ tokenizer, sampler, grammar masks, stops), so both engines answer alike. What th
   llama.cpp's other layouts are not: in one shared KV cache, where the other sequences' cells sit
   changes the attention's sums (up to 0.6 in a logit); its CPU flash attention gives a prompt's last
   token other logits alone than inside a longer chunk (0.55), and other ones again, by up to 25, when
-  the chunk holds other sequences' prompts too; and a lone query row rounds differently from a
-  chunk's (0.36), while chunks of two or more agree. The cost: every slot reserves its own window of
-  cells (SLOT_TOKENS_BUDGET bounds them), and prefill is slower (docs/benchmarks.md: the KV layout).
+  the chunk holds other sequences' prompts too; and in llama.cpp's default build a lone query row
+  rounds differently from a chunk's (0.36: llamafile's sgemm takes chunks), while chunks of two or
+  more agree. The cost: every slot reserves its own window of cells (SLOT_TOKENS_BUDGET bounds them),
+  and prefill is slower (docs/benchmarks.md: the KV layout).
+* **Steps of several tokens** for speculation.py: ``Session.verify`` decodes a sampled token and
+  drafts after it in one pass and returns every row. Built without llamafile (ci/setup.sh), llama.cpp
+  gives a row the same bits alone or in a chunk, so checked drafts change no answer; the decoder
+  checks this at load (``rows_exact``) and times steps of 1 to 17 tokens (``pass_costs``).
 
 Why the C API and not `llama_cpp.Llama`: that class runs one sequence and samples inside llama.cpp;
 batching and Lantern's own sampler and xgrammar masks need the logits of several sequences per call.
@@ -52,7 +57,17 @@ GATHER_S = 0.01
 # share of this many cells when the windows of all slots would need more (SmolLM2's 4,096-token window
 # times 8 slots fits: 32,768 cells, 0.75 GB of f16 KV).
 SLOT_TOKENS_BUDGET = 32768
-INSTALL_HINT = "pip install 'lantern-llm[llamacpp]' (compiles llama.cpp, ~10 minutes on 2 cores)"
+# Steps the decoder times at load (tokens in one step): a check of drafts costs what they say (a CPU
+# runs small steps through other kernels than large ones, so the cost is not a line).
+PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
+SPECULATION_OFF = (
+    "this llama.cpp build rounds a row alone otherwise than in a chunk; "
+    "build llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (docs/server.md)"
+)
+INSTALL_HINT = (
+    "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF pip install 'lantern-llm[llamacpp]' "
+    "(compiles llama.cpp, ~10 minutes on 2 cores; without llamafile, so that speculation is exact)"
+)
 
 
 def available() -> bool:
@@ -68,11 +83,13 @@ class _Seq:
     """One request's sequence while it is open: what is left to feed and where its answer goes."""
 
     slot: int = -1
-    todo: list[int] = field(default_factory=list)  # tokens to decode next (prompt rest, or the sampled one)
+    todo: list[int] = field(default_factory=list)  # tokens to decode next (prompt rest, or a step's tokens)
+    drop: int = 0  # a step's: tokens to remove from the end of its KV first (drafts its answer did not take)
+    stepping: bool = False  # past its prompt: each step's tokens all get logits
     prompt: list[int] = field(default_factory=list)
     cached: int = 0  # prompt tokens found in the KV cache
     started: float = 0.0  # when its prefill was first scheduled
-    logits: np.ndarray | None = None
+    logits: np.ndarray | None = None  # the prompt's last row; then (tokens, vocabulary): a step's rows
     error: Exception | None = None
     closed: bool = False
     done: threading.Event = field(default_factory=threading.Event)
@@ -80,7 +97,8 @@ class _Seq:
 
 class Session:
     """An open sequence, as engine.ModelEngine.generate uses it: the prompt's last logits, how many
-    prompt tokens were reused, and ``step(token)`` for the next logits."""
+    prompt tokens were reused, ``step(token)`` for the next logits, and ``verify`` for several tokens
+    at once (speculation.py)."""
 
     def __init__(self, owner: "LlamaCppDecoder", seq: _Seq, stop: Stop):
         self._owner, self._seq, self._stop = owner, seq, stop
@@ -88,7 +106,13 @@ class Session:
         self.logits, self.cached, self.started = seq.logits, seq.cached, seq.started
 
     def step(self, token: int) -> np.ndarray:
-        return self._owner._feed(self._seq, [token], self._stop)
+        return self.verify([token])[0]
+
+    def verify(self, tokens: list[int], drop: int = 0) -> np.ndarray:
+        """Remove the last ``drop`` tokens from the sequence, append ``tokens`` in one forward pass and
+        return the logits after each of them (row i: the next token's after tokens[: i + 1]). A step
+        with more tokens than the batch has room for keeps its first ones: fewer rows come back."""
+        return self._owner._feed(self._seq, tokens, drop, self._stop)
 
 
 class LlamaCppDecoder:
@@ -158,14 +182,53 @@ class LlamaCppDecoder:
         self.cv = threading.Condition()
         self.stopped = False
         self.peak_batch = 0  # most sequences one llama_decode call has served (/metrics)
-        self.thread = threading.Thread(target=self._run, daemon=True, name="llamacpp-scheduler")
+        self.pass_costs, self.rows_exact = [1.0], False  # _probe_rows, on the scheduler thread
+        self.probe_error: Exception | None = None
+        probed = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(probed,), daemon=True, name="llamacpp-scheduler")
         self.thread.start()
+        probed.wait()
+        if self.stopped:  # the probe failed: the scheduler has ended
+            self.close()
+            raise LanternError(f"llama.cpp could not run {gguf.name}: {self.probe_error}")
 
     def describe(self) -> str:
+        speculation = "speculation on" if self.rows_exact else f"speculation off: {SPECULATION_OFF}"
         return (
             f"llamacpp ({self.gguf.name}, {self.slots} parallel sequences of up to {self.slot_tokens} tokens, "
-            f"{self.threads} threads)"
+            f"{self.threads} threads, {speculation})"
         )
+
+    def _probe_rows(self, reps: int = 3) -> tuple[list[float], bool]:
+        """(costs, exact) of checking drafts (speculation.py). costs[r - 1]: the time of a step of r
+        tokens (r up to PROBE_ROWS[-1]) over a step of one, the median of ``reps`` steps of each size in
+        PROBE_ROWS, in between interpolated. exact: whether the first row of a longer step has the
+        one-token step's logits, bit for bit; llama.cpp built with llamafile's sgemm (GGML_LLAMAFILE, on
+        by default) rounds a lone row otherwise, and speculation would then change answers."""
+        lc, b = self.lc, self.batch
+
+        def step(tokens: list[int], pos: int) -> float:
+            for j, tok in enumerate(tokens):
+                b.token[j], b.pos[j], b.n_seq_id[j], b.logits[j] = tok, pos + j, 1, True
+                b.seq_id[j][0] = 0
+            b.n_tokens = len(tokens)
+            began = time.perf_counter()
+            if lc.llama_decode(self.ctx, b) != 0:
+                raise LanternError(f"llama.cpp could not decode {self.gguf.name}")
+            return time.perf_counter() - began
+
+        def rolled_back(rows: int) -> tuple[float, np.ndarray]:
+            seconds = step(list(range(9, 9 + rows)), 8)
+            first = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, 0), shape=(self.vocab_size,)).copy()
+            lc.llama_memory_seq_rm(self.mem, 0, 8, -1)
+            return seconds, first
+
+        step(list(range(1, 9)), 0)  # 8 tokens of context, then each timed step is rolled back
+        runs = {rows: [rolled_back(rows) for _ in range(reps)] for rows in PROBE_ROWS}
+        lc.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        median = {rows: sorted(s for s, _ in got)[reps // 2] for rows, got in runs.items()}
+        costs = np.interp(np.arange(1, PROBE_ROWS[-1] + 1), PROBE_ROWS, [median[r] / median[1] for r in PROBE_ROWS])
+        return [float(c) for c in costs], bool(np.array_equal(runs[1][0][1], runs[2][0][1]))
 
     # -- request side (any thread) --------------------------------------------------------------
 
@@ -188,9 +251,9 @@ class LlamaCppDecoder:
                 self.sampling.discard(id(seq))
                 self.cv.notify()
 
-    def _feed(self, seq: _Seq, tokens: list[int], stop: Stop) -> np.ndarray:
+    def _feed(self, seq: _Seq, tokens: list[int], drop: int, stop: Stop) -> np.ndarray:
         with self.cv:
-            seq.todo = list(tokens)
+            seq.todo, seq.drop, seq.stepping = list(tokens), drop, True
             seq.done.clear()
             self.sampling.discard(id(seq))
             self.cv.notify()
@@ -219,7 +282,16 @@ class LlamaCppDecoder:
 
     # -- scheduler thread ----------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, probed: threading.Event) -> None:
+        # Only this thread calls llama_decode: once two threads have, llama.cpp's OpenMP build runs each
+        # call 2.7x slower (measured on 2 cores: 9 ms a token from one thread, 26 ms after another's call).
+        try:
+            self.pass_costs, self.rows_exact = self._probe_rows()
+        except Exception as err:  # noqa: BLE001 (the constructor raises it, naming the model)
+            self.probe_error = err
+            self.stopped = True
+        finally:
+            probed.set()
         try:
             while True:
                 with self.cv:
@@ -295,14 +367,26 @@ class LlamaCppDecoder:
             self.busy[slot] = seq
 
     def _plan(self) -> list[tuple[_Seq, list[int]]]:
-        """This step's batch: every running sequence's next token first, then prompt chunks."""
+        """This step's batch: every running sequence's step first, then prompt chunks."""
         room, plan = self.batch_tokens, []
         running = [s for s in self.busy if s is not None and not s.closed and s.todo]
-        for seq in sorted(running, key=lambda s: len(s.todo) > 1):
+        steps = [s for s in running if s.stepping]
+        for i, seq in enumerate(steps):
+            if seq.drop:  # the drafts its answer did not take leave the KV cache
+                kept = len(self.kv[seq.slot]) - seq.drop
+                self.lc.llama_memory_seq_rm(self.mem, seq.slot, kept, -1)
+                del self.kv[seq.slot][kept:]
+                seq.drop = 0
+            # each step keeps at least its first token; drafts beyond its share of the batch go unchecked
+            take = seq.todo[: max(1, min(len(seq.todo), (room - (len(steps) - i - 1)) // (len(steps) - i)))]
+            seq.todo = []
+            plan.append((seq, take))
+            room -= len(take)
+        for seq in (s for s in running if not s.stepping):
             take = seq.todo[:room]
             if 1 < len(seq.todo) and len(seq.todo) - len(take) == 1:
                 take = take[:-1]  # a prompt's chunks hold two tokens or more (the module's header)
-            if not take or (len(take) == 1 and len(seq.todo) > 1):
+            if not take or (len(take) < 2 and len(seq.todo) > 1):
                 break
             del seq.todo[: len(take)]
             seq.started = seq.started or time.perf_counter()
@@ -311,25 +395,24 @@ class LlamaCppDecoder:
         return plan
 
     def _decode(self, plan: list[tuple[_Seq, list[int]]]) -> None:
-        """One llama_decode for the step's single tokens, one for each prompt chunk. Given several
+        """One llama_decode for the step's decoding sequences, one for each prompt chunk. Given several
         sequences, llama.cpp cuts a batch into pieces of as many tokens of each (its split_equal), so a
-        chunk beside a single token would run partly as a chunk of one (the module's header)."""
-        singles = [item for item in plan if len(item[1]) == 1]
-        for group in ([singles] if singles else []) + [[item] for item in plan if len(item[1]) > 1]:
+        prompt chunk beside a step would run partly as a chunk of one (the module's header)."""
+        steps = [item for item in plan if item[0].stepping]
+        for group in ([steps] if steps else []) + [[item] for item in plan if not item[0].stepping]:
             self._decode_group(group)
 
     def _decode_group(self, plan: list[tuple[_Seq, list[int]]]) -> None:
         lc, b = self.lc, self.batch
-        n, outputs = 0, []
+        n, outputs = 0, list[tuple[_Seq, int, int]]()  # (sequence, its first row among the outputs, rows)
         for seq, tokens in plan:
             pos = len(self.kv[seq.slot])
+            rows = len(tokens) if seq.stepping else int(not seq.todo)  # a prompt's last row only
+            outputs.append((seq, sum(r for _, _, r in outputs), rows))
             for j, tok in enumerate(tokens):
                 b.token[n], b.pos[n], b.n_seq_id[n] = tok, pos + j, 1
                 b.seq_id[n][0] = seq.slot
-                last = j == len(tokens) - 1 and not seq.todo
-                b.logits[n] = last
-                if last:
-                    outputs.append((seq, n))
+                b.logits[n] = j >= len(tokens) - rows
                 n += 1
         b.n_tokens = n
         self.peak_batch = max(self.peak_batch, len(plan))
@@ -346,9 +429,13 @@ class LlamaCppDecoder:
                 return
             for seq, tokens in plan:
                 self.kv[seq.slot].extend(tokens)
-            for seq, row in outputs:
-                ptr = lc.llama_get_logits_ith(self.ctx, row)
-                seq.logits = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,)).copy()
+            total = sum(rows for _, _, rows in outputs)
+            logits = np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(total, self.vocab_size)) if total else None
+            for seq, first, rows in outputs:
+                if not rows:
+                    continue
+                assert logits is not None
+                seq.logits = logits[first : first + rows].copy() if seq.stepping else logits[first].copy()
                 if not seq.closed:
                     self.sampling.add(id(seq))
                 seq.done.set()

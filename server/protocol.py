@@ -101,6 +101,13 @@ class StreamOptions(BaseModel):
     include_usage: bool = _field(_SHARED["stream_options"]["fields"]["include_usage"])
 
 
+class SpeculationOptions(BaseModel):
+    """Lantern's ``speculation`` request field (speculation.py)."""
+
+    mode: str = _field(_SHARED["speculation"]["fields"]["mode"])
+    max_tokens: int = _field(_SHARED["speculation"]["fields"]["max_tokens"])
+
+
 class SamplingFields(BaseModel):
     """The sampling fields both endpoints share (rules, bounds and defaults: request_rules.json)."""
 
@@ -130,6 +137,7 @@ class SamplingFields(BaseModel):
     logprobs: bool = _field(_SHARED["logprobs"])
     top_logprobs: int | None = _field(_SHARED["top_logprobs"])
     n: int = _field(_SHARED["n"])
+    speculation: SpeculationOptions = Field(default_factory=SpeculationOptions)
     # the server's own (not in request_rules.json: the browser engine takes an AbortSignal): seconds
     # until the request ends with finish_reason "timeout" (504 unstreamed), its wait in the queue included
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -210,6 +218,28 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's names for guessed tokens (its predicted outputs): drafts the answer took, and drafts
+    checked and dropped."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+class DraftCounts(BaseModel):
+    proposed: int  # drafts checked in a forward pass
+    accepted: int  # drafts the answer took
+
+
+class SpeculationUsage(BaseModel):
+    """What speculation did in one answer (speculation.py): each source's drafts, and the forward passes
+    after the prompt's (without speculation: one per token)."""
+
+    grammar: DraftCounts
+    lookup: DraftCounts
+    forward_passes: int
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
@@ -222,11 +252,20 @@ class Usage(BaseModel):
     # prompt tokens whose KV entries were reused (not prefilled again): Lantern's field, and OpenAI's
     cached_prompt_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+    # Lantern's: where the llamacpp engine speculated (absent: it did not), and OpenAI's totals of it
+    speculation: SpeculationUsage | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
     @model_validator(mode="after")
-    def _openai_cached_tokens(self):
+    def _openai_details(self):
         if self.prompt_tokens_details is None:
             self.prompt_tokens_details = PromptTokensDetails(cached_tokens=self.cached_prompt_tokens)
+        if self.speculation is not None and self.completion_tokens_details is None:
+            drafts = (self.speculation.grammar, self.speculation.lookup)
+            accepted = sum(d.accepted for d in drafts)
+            self.completion_tokens_details = CompletionTokensDetails(
+                accepted_prediction_tokens=accepted, rejected_prediction_tokens=sum(d.proposed for d in drafts) - accepted
+            )
         return self
 
 

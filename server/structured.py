@@ -351,6 +351,10 @@ class TokenMask:
         bits = (words[:, None] >> self._shifts) & 1
         return bits.reshape(-1)[: self.vocab_size].astype(bool)
 
+    def forced_text(self) -> str:
+        """The text the grammar allows next and nothing else (a key, its punctuation), maybe empty."""
+        return self._matcher.find_jump_forward_string()
+
     def rollback(self, tokens: int) -> None:
         """Undo the last ``tokens`` accepted tokens."""
         self._matcher.rollback(tokens)

@@ -506,13 +506,13 @@ def test_a_json_answer_cut_by_max_tokens_is_closed_within_it(client):
     }
     kw = {
         "temperature": 0,
-        "max_tokens": 24,
+        "max_tokens": 20,  # SmolLM2's answer, {"names": ["NamE"], "done": false}, takes 23
         "response_format": {"type": "json_schema", "json_schema": {"name": "names", "schema": names}},
     }
     ask = "List fifty first names."
     reply = chat(client, ask, **kw)
     text = reply.choices[0].message.content
-    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens <= 24, reply
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens <= 20, reply
     answer = json.loads(text)
     jsonschema.validate(answer, names)
     assert answer["names"] and answer["names"][0]  # the model's own name kept, not only closing tokens
@@ -521,7 +521,7 @@ def test_a_json_answer_cut_by_max_tokens_is_closed_within_it(client):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
     cut = chat(client, ask, logprobs=True, **kw)
-    assert cut.usage.completion_tokens == 24
+    assert cut.usage.completion_tokens == 20
     with pytest.raises(json.JSONDecodeError):
         json.loads(cut.choices[0].message.content)
 

@@ -69,6 +69,9 @@ export interface ChatCompletionRequest {
   chat_template_kwargs?: Record<string, unknown>;
   /** Lantern's bounds for a schema's unbounded strings and arrays (request_rules.json; 0: none). */
   schema_defaults?: { maxLength?: number; maxItems?: number; dryMultiplier?: number };
+  /** Lantern's speculative decoding (request_rules.json): `lantern serve`'s llamacpp engine speculates;
+   * the browser devices accept the field and do not yet. */
+  speculation?: { mode?: "auto" | "off" | "grammar" | "lookup"; max_tokens?: number };
 }
 
 /** `chat.completions.create` of the engine, the worker client and the router: a stream for `stream: true`. */
@@ -111,6 +114,13 @@ export interface Usage {
   // prompt tokens whose KV entries were reused from the previous turn: Lantern's field, and OpenAI's
   cached_prompt_tokens: number;
   prompt_tokens_details: { cached_tokens: number };
+  // from `lantern serve`'s llamacpp engine, where it speculated (docs/server.md): Lantern's counts, OpenAI's totals
+  speculation?: {
+    grammar: { proposed: number; accepted: number };
+    lookup: { proposed: number; accepted: number };
+    forward_passes: number;
+  };
+  completion_tokens_details?: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
 }
 
 // Where a response was computed; the router sets it, `lantern serve` sends "cloud".

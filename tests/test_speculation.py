@@ -1,0 +1,152 @@
+"""Speculative decoding in the llamacpp engine (server/speculation.py): guesses from the grammar's forced
+text and from prompt lookup, checked in one forward pass, leave every answer as it is without them."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from test_runtime import user
+
+from lantern.runtime.artifact import Artifact
+from lantern.server.speculation import Lookup, best_k
+
+JSONSCHEMABENCH = Path(__file__).resolve().parents[2] / "shared" / "jsonschemabench"
+
+
+def test_lookup_proposes_what_followed_the_latest_occurrence_of_the_longest_tail():
+    lookup = Lookup([5, 6, 7, 8, 9, 1, 6, 7, 3, 4])
+    for token in (2, 6, 7):
+        lookup.push(token)
+    assert lookup.propose(2) == [3, 4]  # (6, 7) last ended before 3: the later occurrence wins
+    lookup.push(8)  # the three-token tail (6, 7, 8) is the prompt's start
+    assert lookup.propose(3) == [9, 1, 6]
+    assert Lookup([1, 2, 3]).propose(4) == []  # a tail seen nowhere before
+    assert Lookup([4, 4]).propose(3) == [4]  # what follows may be the tail itself
+
+
+def test_drafts_are_proposed_only_where_they_pay():
+    def line(c: float) -> list[float]:
+        return [1 + c * k for k in range(17)]
+
+    assert best_k(0.2, line(0.3), 16) == 0  # accepted less often than one more row costs: no speculation
+    assert best_k(0.5, line(0.3), 16) == 1
+    assert best_k(0.8, line(0.3), 16) == 3
+    assert best_k(0.99, line(0.05), 16) == 16 and best_k(0.99, line(0.05), 5) == 5
+    assert best_k(0.7, [1.0, 1.55, 2.05, 1.9, 2.5], 16) == 3  # four tokens cost less than three (a CPU's kernels)
+
+
+@pytest.fixture(scope="module")
+def llamacpp_engine(smollm2_q4: Artifact):
+    from lantern.server.engine import ModelEngine
+
+    engine = ModelEngine(smollm2_q4.path, "llamacpp", slots=4, threads=2)
+    yield engine
+    engine.close()
+
+
+def answer(engine, body: dict, mode: str) -> tuple[str, dict | None]:
+    """The engine's text for a chat request with ``speculation.mode`` = ``mode``, and its usage.speculation."""
+    from lantern.server.engine import Stop
+    from lantern.server.protocol import ChatCompletionRequest
+    from lantern.server.structured import request_spec
+
+    req = ChatCompletionRequest(**body, speculation={"mode": mode})
+    fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
+    spec = request_spec(fmt, [], None, True, req.schema_defaults.model_dump())
+    prompt = engine.encode(engine.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
+    steps: list = []
+    engine.generate(prompt, req, Stop(), steps.append, grammar=engine.compile_grammar(spec))
+    usage = steps[-1].usage
+    return "".join(s.delta for s in steps), usage.speculation.model_dump() if usage.speculation else None
+
+
+def schema_requests(count: int, max_tokens: int) -> list[dict]:
+    """The first ``count`` schemas of JSONSchemaBench's Github_easy split, as ci/bench/jsonschemabench.py asks."""
+    rows = [json.loads(line) for line in (JSONSCHEMABENCH / "Github_easy.jsonl").read_text().splitlines()[:count]]
+    return [
+        {
+            "messages": [
+                {"role": "system", "content": "You answer with one JSON value that satisfies the user's JSON Schema."},
+                {"role": "user", "content": f"JSON Schema:\n{json.dumps(row['schema'])[:3000]}\nWrite one example."},
+            ],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": row["schema"]}},
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        }
+        for row in rows
+    ]
+
+
+QUOTING = (
+    "Copy this sentence exactly, then stop: The quick brown fox jumps over the lazy dog near the river bank.",
+    "Rewrite in the past tense: I walk to the market, I buy some bread, and I go home.",
+)
+
+
+def test_answers_with_speculation_are_the_answers_without_it(llamacpp_engine, report):
+    """At temperature 0, JSON answers under a schema and free answers that quote their prompt are the same
+    text with speculation off and with each source of drafts, alone and four at a time; each source gets
+    drafts accepted; and with sampling, a seed gives the same answer with and without it (a draft is kept
+    only when the model's own sample is that draft)."""
+    engine = llamacpp_engine
+    cases = schema_requests(4, 96) + [{"messages": user(q), "temperature": 0, "max_tokens": 48} for q in QUOTING]
+    totals = {"grammar": [0, 0], "lookup": [0, 0]}
+    tokens = passes = 0
+    offs = []
+    for body in cases:
+        off, none = answer(engine, body, "off")
+        assert none is None
+        offs.append(off)
+        for mode in ("auto", "grammar", "lookup"):
+            text, usage = answer(engine, body, mode)
+            assert text == off, (mode, body["messages"][-1]["content"][:60])
+            assert usage is not None
+            if mode == "auto":
+                for source in totals:
+                    totals[source][0] += usage[source]["proposed"]
+                    totals[source][1] += usage[source]["accepted"]
+                passes += usage["forward_passes"]
+                tokens += len(engine.encode(text))
+    assert totals["grammar"][1] > 0 and totals["lookup"][1] > 0
+    with ThreadPoolExecutor(4) as pool:  # four at a time: their steps and drafts share llama_decode calls
+        assert list(pool.map(lambda body: answer(engine, body, "auto")[0], cases)) == offs
+    assert engine.decoder.peak_batch >= 2
+    assert passes < tokens  # fewer forward passes than tokens: drafts saved some
+    sampled = {"messages": user("Tell me a story about a dragon."), "temperature": 0.9, "max_tokens": 24}
+    for seed in (1, 2, 3):
+        assert answer(engine, {**sampled, "seed": seed}, "off")[0] == answer(engine, {**sampled, "seed": seed}, "auto")[0]
+    report(
+        f"speculation, {len(cases)} answers the same with and without it; drafts accepted/proposed: grammar "
+        f"{totals['grammar'][1]}/{totals['grammar'][0]}, lookup {totals['lookup'][1]}/{totals['lookup'][0]}; "
+        f"{passes} forward passes for about {tokens} tokens"
+    )
+
+
+def test_verified_rows_are_the_rows_of_single_steps(smollm2_q4: Artifact):
+    """The logits a verify pass returns for each of its tokens are, bit for bit, those of feeding the same
+    tokens one step at a time, and dropping rejected drafts leaves the sequence as if they were never fed."""
+    import numpy as np
+
+    from lantern.server.llamacpp import LlamaCppDecoder
+
+    art = smollm2_q4
+    gguf = art.path / art.manifest["gguf"]["files"][0]
+    prompt = art.tokenizer().encode("The capital of France is Paris, and the capital of Italy is", add_special_tokens=False).ids
+    decoder = LlamaCppDecoder(gguf, vocab_size=art.manifest["model"]["vocab_size"], context_window=1024, slots=2, threads=2)
+    try:
+        assert decoder.rows_exact and len(decoder.pass_costs) == 17 and decoder.pass_costs[0] == 1.0
+        with decoder.open(prompt) as session:
+            steps, greedy = [session.logits], []
+            for _ in range(8):
+                greedy.append(int(steps[-1].argmax()))
+                steps.append(session.step(greedy[-1]))
+        with decoder.open(prompt[:-2]) as session:  # the last two prompt tokens come with the check
+            rows = session.verify(prompt[-2:] + greedy[:3] + [7, 8])  # three right drafts, two wrong ones
+            assert np.array_equal(rows[1:5], np.stack(steps[:4]))
+            rows = session.verify(greedy[3:], drop=2)  # the wrong ones leave; the rest of the answer comes
+            assert np.array_equal(rows, np.stack(steps[4:]))
+    finally:
+        decoder.close()
