@@ -65,8 +65,8 @@ SPECULATION_OFF = (
     "build llama-cpp-python with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF (docs/server.md)"
 )
 INSTALL_HINT = (
-    "CMAKE_ARGS=-DGGML_LLAMAFILE=OFF pip install 'lantern-llm[llamacpp]' "
-    "(compiles llama.cpp, ~10 minutes on 2 cores; without llamafile, so that speculation is exact)"
+    "pip install 'lantern-llm[llamacpp]' (compiles llama.cpp, ~10 minutes on 2 cores; "
+    "with CMAKE_ARGS=-DGGML_LLAMAFILE=OFF speculation is exact and on)"
 )
 
 
