@@ -404,11 +404,12 @@ class LlamaCppDecoder:
 
     def _decode_group(self, plan: list[tuple[_Seq, list[int]]]) -> None:
         lc, b = self.lc, self.batch
-        n, outputs = 0, list[tuple[_Seq, int, int]]()  # (sequence, its first row among the outputs, rows)
+        n, total, outputs = 0, 0, list[tuple[_Seq, int, int]]()  # (sequence, its first output row, rows)
         for seq, tokens in plan:
             pos = len(self.kv[seq.slot])
             rows = len(tokens) if seq.stepping else int(not seq.todo)  # a prompt's last row only
-            outputs.append((seq, sum(r for _, _, r in outputs), rows))
+            outputs.append((seq, total, rows))
+            total += rows
             for j, tok in enumerate(tokens):
                 b.token[n], b.pos[n], b.n_seq_id[n] = tok, pos + j, 1
                 b.seq_id[n][0] = seq.slot
@@ -429,7 +430,6 @@ class LlamaCppDecoder:
                 return
             for seq, tokens in plan:
                 self.kv[seq.slot].extend(tokens)
-            total = sum(rows for _, _, rows in outputs)
             logits = np.ctypeslib.as_array(lc.llama_get_logits(self.ctx), shape=(total, self.vocab_size)) if total else None
             for seq, first, rows in outputs:
                 if not rows:

@@ -29,11 +29,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "ci" / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from bench_server import PROMPT  # noqa: E402
 from jsonschemabench import load, request_for  # noqa: E402
+from test_speculation import answer  # noqa: E402
 
-from lantern.server.engine import ModelEngine, Stop  # noqa: E402
+from lantern.server.engine import ModelEngine  # noqa: E402
 from lantern.server.protocol import ChatCompletionRequest  # noqa: E402
 from lantern.server.structured import StructuredOutputError, request_spec  # noqa: E402
 
@@ -95,15 +97,9 @@ def json_requests(folder: Path, engine: ModelEngine, per_split: int) -> list[dic
 
 
 def run(engine: ModelEngine, body: dict, mode: str) -> dict:
-    req = ChatCompletionRequest(**body, speculation={"mode": mode})
-    fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
-    spec = request_spec(fmt, [], None, True, req.schema_defaults.model_dump() if fmt else None)
-    prompt = engine.encode(engine.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
-    steps: list = []
-    engine.generate(prompt, req, Stop(), steps.append, grammar=engine.compile_grammar(spec))
-    u = steps[-1].usage
+    text, u = answer(engine, body, mode)
     decode_s = (u.completion_tokens - 1) / u.decode_tokens_per_s if u.decode_tokens_per_s else 0.0
-    return {"text": "".join(s.delta for s in steps), "tokens": u.completion_tokens, "decode_s": decode_s, "spec": u.speculation}
+    return {"text": text, "tokens": u.completion_tokens, "decode_s": decode_s, "spec": u.speculation}
 
 
 def measure(engine: ModelEngine, name: str, bodies: list[dict], modes: tuple[str, ...], clients: int = 1) -> None:
