@@ -33,7 +33,8 @@ from .closing import HOLD, Closer
 from .sampler import Sampled, Sampler, SamplingParams
 from .speculation import Speculation, forced_drafts
 from .stopping import Stop, Stopped
-from .structured import GrammarCompiler, GrammarSpec, TokenMask, tool_messages
+from .structured import GrammarCompiler, GrammarSpec, Mask, tool_messages
+from .xgrammar_wasm import build_description
 
 
 class InvalidRequest(LanternError):
@@ -291,7 +292,7 @@ class ModelEngine:
         stops = req.stop_list()
         stop_ids = self.stop_ids | set(req.stop_token_ids or [])
         sampler = Sampler(params, prompt)
-        mask: TokenMask | None = self.grammars.matcher(grammar) if grammar is not None else None
+        mask: Mask | None = self.grammars.matcher(grammar) if grammar is not None else None
         spec: Speculation | None = None
         # a JSON answer cut by max_tokens is closed (closing.py): its last HOLD tokens wait for the end
         closer = self.closer if mask and closes_cut_answers(req, hold_from, params) else None
@@ -376,7 +377,7 @@ class ModelEngine:
         )
 
     def _speculation(
-        self, session: llamacpp.Session, req: SamplingFields, prompt: list[int], mask: TokenMask | None
+        self, session: llamacpp.Session, req: SamplingFields, prompt: list[int], mask: Mask | None
     ) -> Speculation | None:
         """The request's speculation (speculation.py): grammar drafts from ``mask``'s forced text, lookup
         drafts from the prompt and the answer. None where the request turns it off, or where this
@@ -399,7 +400,7 @@ class ModelEngine:
         )
 
     def describe(self) -> str:
-        return f"engine {self.decoder.describe()}: {self.engine_reason}"
+        return f"engine {self.decoder.describe()}: {self.engine_reason}; structured output on {build_description()}"
 
     def close(self) -> None:
         self.decoder.close()

@@ -24,16 +24,14 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .. import contracts
 from ..errors import LanternError
 from .schema_host import HOST, HostRefusal
-
-if TYPE_CHECKING:
-    import xgrammar
+from .xgrammar_wasm import WasmTokenMask, WasmXgrammar, build_name
 
 SUPPORT = contracts.read("schema_support.json")
 COMPILE_LIMITS = SUPPORT["compile_limits"]
@@ -266,14 +264,34 @@ def compiled_text(spec: GrammarSpec) -> str:
 class GrammarCompiler:
     """One per model: the vocabulary for xgrammar and a cache of compiled grammars by spec.
 
-    What may be compiled was decided with the spec (grammar_size, the same on every machine and in the
-    browser); a compile that takes longer than ``limits["seconds"]`` (a safety net far above that) answers
-    503 and keeps its result for a retry. The cache holds at most ``limits["cache_megabytes"]`` of compiled
-    grammars, least recently used out first."""
+    ``build`` is the xgrammar build (xgrammar_wasm.build_name(): the native package when installed,
+    else its wasm build in V8, the browser's). What may be compiled was decided with the spec
+    (grammar_size, the same on every machine and in the browser); a compile that takes longer than
+    ``limits["seconds"]`` (a safety net far above that) answers 503 and keeps its result for a retry.
+    The cache holds at most ``limits["cache_megabytes"]`` of compiled grammars (the native build's
+    sizes; the wasm build reports none, so there at most WASM_CACHE_GRAMMARS), least recently used
+    out first."""
+
+    WASM_CACHE_GRAMMARS = 64
 
     def __init__(
-        self, tokenizer_json: dict, token_postproc: str, vocab_size: int, stop_ids: list[int], limits: dict = COMPILE_LIMITS
+        self,
+        tokenizer_json: dict,
+        token_postproc: str,
+        vocab_size: int,
+        stop_ids: list[int],
+        limits: dict = COMPILE_LIMITS,
+        build: str | None = None,
     ):
+        self.build = build or build_name()
+        self._cache: OrderedDict[GrammarSpec, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.limits = limits
+        self.vocab_size = vocab_size
+        self.hits = 0
+        if self.build == "wasm":
+            self._wasm = WasmXgrammar(tokenizer_json, token_postproc, vocab_size, stop_ids)
+            return
         import xgrammar  # imported here: it pulls in torch, which only structured requests need
 
         self._xgr = xgrammar
@@ -287,11 +305,6 @@ class GrammarCompiler:
         )
         info = xgrammar.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids))
         self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # the cache below bounds memory
-        self._cache: OrderedDict[GrammarSpec, xgrammar.CompiledGrammar] = OrderedDict()
-        self._lock = threading.Lock()
-        self.limits = limits
-        self.vocab_size = vocab_size
-        self.hits = 0
 
     def _cached(self, spec: GrammarSpec):
         with self._lock:
@@ -305,8 +318,13 @@ class GrammarCompiler:
         with self._lock:
             self._cache[spec] = compiled
             budget = self.limits["cache_megabytes"] * 2**20
-            while len(self._cache) > 1 and sum(c.memory_size_bytes for c in self._cache.values()) > budget:
-                self._cache.popitem(last=False)
+            while len(self._cache) > 1 and (
+                sum(c.memory_size_bytes for c in self._cache.values()) > budget
+                or (self.build == "wasm" and len(self._cache) > self.WASM_CACHE_GRAMMARS)
+            ):
+                _, dropped = self._cache.popitem(last=False)
+                if self.build == "wasm":
+                    dropped.release()
 
     def compile(self, spec: GrammarSpec):
         hit = self._cached(spec)
@@ -314,14 +332,21 @@ class GrammarCompiler:
             return hit
         what = {"json_schema": "JSON schema", "ebnf": "EBNF grammar"}.get(spec.kind, "grammar")
         start = time.perf_counter()
-        try:
-            text = compiled_text(spec)
-            if spec.kind == "structural_tag":
-                compiled = self._compiler.compile_structural_tag(text)
-            else:
-                compiled = self._compiler.compile_grammar(text)
-        except Exception as err:  # noqa: BLE001 (xgrammar raises RuntimeError and its own types alike)
-            raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
+        compiled: Any  # xgrammar.CompiledGrammar, or a WasmGrammar
+        if self.build == "wasm":
+            try:  # grammars.ts's compile: the browser's text, checks and messages
+                compiled = self._wasm.compile(spec.kind, spec.source)
+            except HostRefusal as err:
+                raise StructuredOutputError(str(err)) from None
+        else:
+            try:
+                text = compiled_text(spec)
+                if spec.kind == "structural_tag":
+                    compiled = self._compiler.compile_structural_tag(text)
+                else:
+                    compiled = self._compiler.compile_grammar(text)
+            except Exception as err:  # noqa: BLE001 (xgrammar raises RuntimeError and its own types alike)
+                raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
         seconds = time.perf_counter() - start
         self._keep(spec, compiled)
         if seconds > self.limits["seconds"]:
@@ -331,7 +356,9 @@ class GrammarCompiler:
             )
         return compiled
 
-    def matcher(self, compiled) -> "TokenMask":
+    def matcher(self, compiled) -> Mask:
+        if self.build == "wasm":
+            return self._wasm.matcher(compiled, self.vocab_size)
         return TokenMask(self._xgr, compiled, self.vocab_size)
 
 
@@ -362,3 +389,7 @@ class TokenMask:
     def accept(self, token: int) -> None:
         if not self._matcher.accept_token(token):
             raise LanternError(f"internal: the grammar rejected token {token} it allowed")
+
+
+# the grammar state of one generation, in either xgrammar build
+Mask = TokenMask | WasmTokenMask

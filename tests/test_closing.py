@@ -126,6 +126,19 @@ def test_both_languages_close_cut_answers_alike_and_the_result_validates(vocab, 
     )
 
 
+def test_the_wasm_build_of_xgrammar_closes_alike(vocab):
+    """lantern serve without the native xgrammar (server/xgrammar_wasm.py) closes every cut answer the same."""
+    wasm = GrammarCompiler(json.loads(vocab["text"]), "byte_level", VOCAB, STOPS, build="wasm")
+    for case in cut_answers(vocab)[::2]:
+        closed = []
+        for compiler in (vocab["compiler"], wasm):
+            mask = compiler.matcher(compiler.compile(case["spec"]))
+            for token in case["ids"]:
+                mask.accept(token)
+            closed.append(vocab["closer"].close(mask, case["ids"], case["maxTokens"]))
+        assert closed[0] == closed[1], case["maxTokens"]
+
+
 def test_the_policy_ends_strings_and_containers_first(vocab):
     """From inside a free string in an array of objects, the shortest way out is taken: close the string,
     the object and the array, then the required property left (an enum)."""

@@ -1,6 +1,6 @@
 // Bundles the runtime (src/index.ts) and the worker entries (../worker/worker.ts, shared.ts) into one ES
 // module each under dist/, next to llama.cpp's wasm; `lantern serve` serves them under /runtime/.
-import { copyFileSync } from "node:fs";
+import { copyFileSync, readFileSync } from "node:fs";
 import * as esbuild from "esbuild";
 import { defines, LLAMA_BUILDS } from "./defines.mjs";
 
@@ -29,8 +29,17 @@ const runtimeBeside = {
 };
 await esbuild.build({ ...common, entryPoints: ["src/ai-sdk.ts"], outfile: "dist/ai-sdk.js", plugins: [runtimeBeside] });
 // Not part of the npm package: the structured-output compiler (structured.ts and what it imports) as one plain
-// script for `lantern serve`, which runs it in V8 (lantern/server/schema_host.py).
-const host = { format: "iife", platform: "neutral", entryPoints: ["src/schema-host.ts"], outfile: "dist/schema-host.js" };
+// script for `lantern serve`, which runs it in V8 (lantern/server/schema_host.py), with web-xgrammar for the
+// server's wasm build of xgrammar (lantern/server/xgrammar_wasm.py). src/v8-shims.js, first, stands in for what
+// bare V8 lacks and web-xgrammar's loader or grammars.ts read (console, atob, location, performance).
+const host = {
+  format: "iife",
+  platform: "neutral",
+  entryPoints: ["src/schema-host.ts"],
+  outfile: "dist/schema-host.js",
+  mainFields: ["main"],
+  banner: { js: readFileSync("src/v8-shims.js", "utf8") },
+};
 await esbuild.build({ ...common, ...host });
 // Not part of the npm package: ajv for the site's JSON mode and the tests (/runtime/schema-check.js).
 await esbuild.build({ ...common, entryPoints: ["src/schema-check.mjs"], outfile: "dist/schema-check.js" });

@@ -193,6 +193,13 @@ export class GrammarCompiler {
       this.hits++;
       return hit;
     }
+    const compiled = await this.compileUncached(spec);
+    this.cache.set(key, compiled); // a page's few grammars: kept (a matcher may still hold an old one)
+    return compiled;
+  }
+
+  /** Compile without keeping the result: lantern serve's wasm engine keeps a bounded cache of its own. */
+  async compileUncached(spec: GrammarSpec): Promise<XGrammar.CompiledGrammar> {
     const text = await compiledText(spec);
     const start = performance.now();
     const compiled = await engineCall(spec, () =>
@@ -200,7 +207,6 @@ export class GrammarCompiler {
     );
     const seconds = (performance.now() - start) / 1000;
     if (seconds > this.limits.seconds) console.warn(`lantern: compiling a grammar took ${seconds.toFixed(1)} s`);
-    this.cache.set(key, compiled); // a page's few grammars: kept (a matcher may still hold an old one)
     return compiled;
   }
 
