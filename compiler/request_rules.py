@@ -1,6 +1,6 @@
 """The OpenAI request rules of request_rules.json, applied to a request body as it arrived (JSON).
 
-The browser engine reads the same file (webruntime/src/rules.ts, its twin line for line), so one
+The browser engine reads the same file (webruntime/src/request_rules.ts, its twin line for line), so one
 request is accepted or refused alike on both, with the same message. The server's pydantic models
 (lantern.server.protocol) run ``checked`` before their own parsing; pydantic then only types what
 passed. The table sits at the compiler's layer because an artifact's sampling defaults are held to
@@ -128,7 +128,7 @@ def _check(rule: dict, value: Any, field: str) -> Any:
     if kind == "object" and "fields" in rule:
         return _fields(rule["fields"], value, field + ".")
     if kind == "token_map":
-        for key, v in sorted(value.items()):  # in key order on both sides (rules.ts says why)
+        for key, v in sorted(value.items()):  # in key order on both sides (request_rules.ts says why)
             if not TOKEN_ID.match(key):
                 raise _fail(rule, "token_key", field, key)
             _check(rule["value"], v, f"{field}[{key}]")

@@ -92,7 +92,7 @@ class Server:
     async def run(self, slot: ModelSlot, prompt: list[int], req: SamplingFields, on_step, stop: Stop, **constraint):
         """Generate on a worker thread for an admitted request. A task cancelled meanwhile (the
         graceful shutdown's time is up) stops its generation at the next step."""
-        assert slot.engine is not None  # slot_for admits only a loaded model
+        assert slot.generator is not None  # slot_for admits only a loaded model
 
         def step(s: Step) -> None:
             if s.finish is not None:  # the terminal step, also for a client that has gone away
@@ -101,7 +101,7 @@ class Server:
 
         try:
             await asyncio.get_running_loop().run_in_executor(
-                slot.executor, functools.partial(slot.engine.generate, prompt, req, stop, step, **constraint)
+                slot.executor, functools.partial(slot.generator.generate, prompt, req, stop, step, **constraint)
             )
         except InvalidRequest as err:
             raise ApiError(400, str(err)) from None
@@ -114,10 +114,10 @@ class Server:
 
     @staticmethod
     def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields, raw: bool = False) -> list[int]:
-        """The prompt's tokens (``raw``: a completion's prompt, see ModelEngine.encode)."""
-        assert slot.engine is not None  # slot_for admits only a loaded model
+        """The prompt's tokens (``raw``: a completion's prompt, see Generator.encode)."""
+        assert slot.generator is not None  # slot_for admits only a loaded model
         try:
-            slot.engine.sampling(req)  # reject bad sampling fields before queueing
+            slot.generator.sampling(req)  # reject bad sampling fields before queueing
         except InvalidRequest as err:
             raise ApiError(400, str(err)) from None
-        return slot.engine.encode(prompt_text, raw=raw)
+        return slot.generator.encode(prompt_text, raw=raw)

@@ -45,8 +45,8 @@ class ChatTurn:
         self.extra: dict[str, Any] = {"lantern_warnings": list(warnings)} if warnings else {}
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self.streamed: list[str] = []  # content so far, for the tool calls in the last chunk
-        assert slot.engine is not None  # slot_for admits only a loaded model
-        tags = slot.engine.reasoning_tags
+        assert slot.generator is not None  # slot_for admits only a loaded model
+        tags = slot.generator.reasoning_tags
         self.splitter = (
             reasoning.ReasoningSplitter(tags, reasoning.opens_in_prompt(prompt_text, tags)) if tags and not strict else None
         )

@@ -1,13 +1,13 @@
-"""The server's model engine: one artifact with the browser engine's semantics.
+"""The server's generator: one artifact with the browser engine's semantics, on one of two engines.
 
 Same chat template, tokenizer, sampler, stop handling and usage figures as
-webruntime/src/engine.ts. The forward passes come from a decoder, the server's two engines:
+webruntime/src/engine.ts. The forward passes come from the server's two engines:
 
 * ``tvm``: the artifact's CPU library (TVM), one sequence at a time, the reference;
 * ``llamacpp``: the artifact's GGUF on llama.cpp (llamacpp.py), several sequences batched together.
 
 Generation is blocking work, so each request runs on a worker thread; the FastAPI layer queues
-requests in front of the engine.
+requests in front of the generator.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from .closing import HOLD, Closer
 from .sampler import Sampled, Sampler, SamplingParams
 from .speculation import Speculation, forced_drafts
 from .stopping import Stop, Stopped
-from .structured import GrammarCompiler, GrammarSpec, Mask, tool_messages
+from .grammars import GrammarCompiler, Mask
+from .structured import GrammarSpec, tool_messages
 from .xgrammar_wasm import build_description
 
 
@@ -119,7 +120,7 @@ class TvmSession:
 TVM_CONVERSATIONS = 4  # sequences the tvm engine keeps cached (sharing one context window's KV memory)
 
 
-class TvmDecoder:
+class TvmEngine:
     """The artifact's CPU library: one sequence at a time. Its KV cache keeps the last
     TVM_CONVERSATIONS conversations; a request reuses the one it shares the longest prefix with."""
 
@@ -172,19 +173,22 @@ def choose_engine(art: Artifact, requested: str = "auto") -> tuple[str, str]:
     return "llamacpp", "asked for" if requested == "llamacpp" else "the artifact has a GGUF"
 
 
-class ModelEngine:
+class Generator:
+    """One artifact served: its template, tokenizer, sampler and grammars over the engine ``engine`` picks
+    (choose_engine: auto, llamacpp or tvm), which ``engine`` holds once made (``engine_name`` names it)."""
+
     def __init__(self, path: Path, engine: str = "auto", *, slots: int = 8, threads: int | None = None):
         self.art = Artifact.open(path)
         self.name = path.name
         self.created = int(path.joinpath("lantern.json").stat().st_mtime)
-        self.engine, self.engine_reason = choose_engine(self.art, engine)
+        self.engine_name, self.engine_reason = choose_engine(self.art, engine)
         model = self.art.manifest["model"]
-        self.decoder: llamacpp.LlamaCppDecoder | TvmDecoder
-        if self.engine == "llamacpp":
+        self.engine: llamacpp.LlamaCppEngine | TvmEngine
+        if self.engine_name == "llamacpp":
             gguf = self.art.manifest["gguf"]
             # llama.cpp ignores some architectures' sliding windows: their GGUF is exact up to the window
             self.context_window = gguf.get("context_window", model["context_window"])
-            self.decoder = llamacpp.LlamaCppDecoder(
+            self.engine = llamacpp.LlamaCppEngine(
                 self.art.path / gguf["files"][0],
                 vocab_size=model["vocab_size"],
                 context_window=self.context_window,
@@ -192,10 +196,10 @@ class ModelEngine:
                 threads=threads,
                 kv_overrides=gguf.get("kv_overrides"),
             )
-            self.context_window = self.decoder.context_window  # one slot's KV stream may hold less
+            self.context_window = self.engine.context_window  # one slot's KV stream may hold less
         else:
             self.context_window = self.art.context_window("cpu")
-            self.decoder = TvmDecoder(self.art)
+            self.engine = TvmEngine(self.art)
         self.prompts = self.art.prompt_tokens()
         self.tokenizer = self.prompts.tokenizer
         self.template = self.art.tokenizer_config().get("chat_template")
@@ -300,7 +304,7 @@ class ModelEngine:
         holds = stops + ([hold_from] if hold_from else [])
         with contextlib.ExitStack() as opened:
             try:
-                session: contextlib.AbstractContextManager[llamacpp.Session | TvmSession] = self.decoder.open(prompt, stop)
+                session: contextlib.AbstractContextManager[llamacpp.Session | TvmSession] = self.engine.open(prompt, stop)
                 seq = opened.enter_context(session)
             except Stopped as why:  # never started: it waited past its deadline, or its client left
                 on_step(Step("", None, Stop.FINISH[why.reason], None, stopped=why.reason, unused=max_tokens))
@@ -381,29 +385,29 @@ class ModelEngine:
     ) -> Speculation | None:
         """The request's speculation (speculation.py): grammar drafts from ``mask``'s forced text, lookup
         drafts from the prompt and the answer. None where the request turns it off, or where this
-        llama.cpp build would not check drafts exactly (LlamaCppDecoder.describe says why)."""
+        llama.cpp build would not check drafts exactly (LlamaCppEngine.describe says why)."""
 
         def forced(last: int) -> list[int]:
             assert mask is not None
             return forced_drafts(self.tokenizer, mask.forced_text(), self.tokenizer.decode([last], skip_special_tokens=False))
 
-        assert isinstance(self.decoder, llamacpp.LlamaCppDecoder)
-        if req.speculation.mode == "off" or not self.decoder.rows_exact:
+        assert isinstance(self.engine, llamacpp.LlamaCppEngine)
+        if req.speculation.mode == "off" or not self.engine.rows_exact:
             return None
         return Speculation(
             session,
             req.speculation.mode,
             req.speculation.max_tokens,
-            self.decoder.pass_costs,
+            self.engine.pass_costs,
             prompt,
             forced if mask else None,
         )
 
     def describe(self) -> str:
-        return f"engine {self.decoder.describe()}: {self.engine_reason}; structured output on {build_description()}"
+        return f"engine {self.engine.describe()}: {self.engine_reason}; structured output on {build_description()}"
 
     def close(self) -> None:
-        self.decoder.close()
+        self.engine.close()
 
 
 def new_id(prefix: str) -> str:

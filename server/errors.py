@@ -14,7 +14,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .engine import InvalidRequest
 from .protocol import ErrorBody, ErrorResponse
-from .structured import GrammarCompileFault, StructuredOutputError
+from .grammars import GrammarCompileFault
+from .structured import StructuredOutputError
 
 
 class ApiError(Exception):

@@ -26,7 +26,7 @@ tokenizer, sampler, grammar masks, stops), so both engines answer alike. What th
   and prefill is slower (docs/benchmarks.md: the KV layout).
 * **Steps of several tokens** for speculation.py: ``Session.verify`` decodes a sampled token and
   drafts after it in one pass and returns every row. Built without llamafile (ci/setup.sh), llama.cpp
-  gives a row the same bits alone or in a chunk, so checked drafts change no answer; the decoder
+  gives a row the same bits alone or in a chunk, so checked drafts change no answer; the engine
   checks this at load (``rows_exact``) and times steps of 1 to 17 tokens (``pass_costs``).
 
 Why the C API and not `llama_cpp.Llama`: that class runs one sequence and samples inside llama.cpp;
@@ -57,7 +57,7 @@ GATHER_S = 0.01
 # share of this many cells when the windows of all slots would need more (SmolLM2's 4,096-token window
 # times 8 slots fits: 32,768 cells, 0.75 GB of f16 KV).
 SLOT_TOKENS_BUDGET = 32768
-# Steps the decoder times at load (tokens in one step): a check of drafts costs what they say (a CPU
+# Steps the engine times at load (tokens in one step): a check of drafts costs what they say (a CPU
 # runs small steps through other kernels than large ones, so the cost is not a line).
 PROBE_ROWS = (1, 2, 3, 4, 6, 8, 12, 17)
 SPECULATION_OFF = (
@@ -96,11 +96,11 @@ class _Seq:
 
 
 class Session:
-    """An open sequence, as engine.ModelEngine.generate uses it: the prompt's last logits, how many
+    """An open sequence, as engine.Generator.generate uses it: the prompt's last logits, how many
     prompt tokens were reused, ``step(token)`` for the next logits, and ``verify`` for several tokens
     at once (speculation.py)."""
 
-    def __init__(self, owner: "LlamaCppDecoder", seq: _Seq, stop: Stop):
+    def __init__(self, owner: "LlamaCppEngine", seq: _Seq, stop: Stop):
         self._owner, self._seq, self._stop = owner, seq, stop
         assert seq.logits is not None  # open() makes a session once the prompt's logits are in (_wait)
         self.logits, self.cached, self.started = seq.logits, seq.cached, seq.started
@@ -115,7 +115,7 @@ class Session:
         return self._owner._feed(self._seq, tokens, drop, self._stop)
 
 
-class LlamaCppDecoder:
+class LlamaCppEngine:
     """llama.cpp over one GGUF, shared by up to ``slots`` concurrent sequences."""
 
     name = "llamacpp"

@@ -2,7 +2,7 @@
 
 The TypeScript twin is webruntime/src/protocol.ts; tests validate the browser engine's real
 responses against these models, so the two cannot drift apart silently. A request is first held to
-the rules of request_rules.json (request_rules.py, the browser's rules.ts reads the same file), so
+the rules of request_rules.json (request_rules.py, the browser's request_rules.ts reads the same file), so
 its 400 says what the browser's InvalidRequestError says; pydantic then types what passed.
 """
 
@@ -119,14 +119,14 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions = Field(default_factory=StreamOptions)
     max_tokens: int | None = _field(_SHARED["max_tokens"])
     max_completion_tokens: int | None = _field(_SHARED["max_completion_tokens"])
-    # None: the artifact's default, else OpenAI's (ModelEngine.sampling)
+    # None: the artifact's default, else OpenAI's (Generator.sampling)
     temperature: float | None = _field(_SHARED["temperature"])
     top_p: float | None = _field(_SHARED["top_p"])
     top_k: int | None = _field(_SHARED["top_k"])
     repetition_penalty: float | None = _field(_SHARED["repetition_penalty"])
     frequency_penalty: float = _field(_SHARED["frequency_penalty"])
     presence_penalty: float = _field(_SHARED["presence_penalty"])
-    dry_multiplier: float | None = _field(_SHARED["dry_multiplier"])  # None: ModelEngine.sampling decides
+    dry_multiplier: float | None = _field(_SHARED["dry_multiplier"])  # None: Generator.sampling decides
     dry_base: float = _field(_SHARED["dry_base"])
     dry_allowed_length: int = _field(_SHARED["dry_allowed_length"])
     dry_penalty_last_n: int = _field(_SHARED["dry_penalty_last_n"])

@@ -38,11 +38,11 @@ def _server(request: Request) -> Server:
 @router.get("/health")
 def health(request: Request) -> dict:
     slots = _server(request).slots
-    states = {n: ("failed" if s.load_error else "ready" if s.engine else "loading") for n, s in slots.items()}
+    states = {n: ("failed" if s.load_error else "ready" if s.generator else "loading") for n, s in slots.items()}
     return {
         "status": "ok" if all(v == "ready" for v in states.values()) else "loading",
         "models": states,
-        "engines": {n: s.engine.engine for n, s in slots.items() if s.engine},
+        "engines": {n: s.generator.engine_name for n, s in slots.items() if s.generator},
     }
 
 
@@ -51,7 +51,7 @@ def metrics_text(request: Request) -> str:
     server = _server(request)
     return server.metrics.render(
         {n: s.waiting for n, s in server.slots.items()},
-        {n: s.engine.decoder.peak_batch for n, s in server.slots.items() if s.engine},
+        {n: s.generator.engine.peak_batch for n, s in server.slots.items() if s.generator},
     )
 
 
@@ -68,7 +68,7 @@ def list_models(request: Request) -> ModelList:
 async def chat_completions(req: ChatCompletionRequest, request: Request):
     server = _server(request)
     slot = server.slot_for(req)
-    assert slot.engine is not None  # slot_for admits only a loaded model
+    assert slot.generator is not None  # slot_for admits only a loaded model
     messages = request_rules.template_messages([m.model_dump(exclude_none=True) for m in req.messages])
     tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
@@ -81,12 +81,12 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     # a grammar that decides every token: no reasoning first (auto tool calls leave free text)
     strict = spec is not None and not (calling and choice in (None, "auto"))
     try:
-        kwargs = reasoning.template_kwargs(req.chat_template_kwargs, slot.engine.reasoning_tags, strict)
+        kwargs = reasoning.template_kwargs(req.chat_template_kwargs, slot.generator.reasoning_tags, strict)
     except ValueError as err:
         raise ApiError(400, str(err), param="chat_template_kwargs") from None
-    prompt_text = slot.engine.render_chat(messages, tools if calling else None, kwargs)
+    prompt_text = slot.generator.render_chat(messages, tools if calling else None, kwargs)
     prompt = server.prepare(slot, prompt_text, req)
-    grammar = await asyncio.to_thread(slot.engine.compile_grammar, spec) if spec else None
+    grammar = await asyncio.to_thread(slot.generator.compile_grammar, spec) if spec else None
     turn = ChatTurn(slot, req, prompt_text, calling, strict, spec.warnings if spec else ())
     return await respond(
         server, request, req, slot, prompt, turn.chunk, turn.final, grammar=grammar, hold_from=TOOL_OPEN if calling else None

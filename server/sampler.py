@@ -5,7 +5,7 @@
     grammar mask (disallowed tokens to -inf) -> greedy when temperature is 0, else temperature -> top_k ->
     softmax -> top_p -> draw
 
-with the same seeded xorshift128+ generator, so a seed means the same thing in both engines.
+with the same seeded xorshift128+ generator, so a seed means the same thing in both runtimes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The model slots: one `ModelSlot` per served artifact, with its engine (loaded on a background
+"""The model slots: one `ModelSlot` per served artifact, with its generator (loaded on a background
 thread by the app's lifespan; a failure is kept and reported on every request for that model), the
 count of requests waiting for it, when recent ones finished (for Retry-After), and the worker threads
 its generations run on."""
@@ -12,16 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .config import ServerConfig
-from .engine import ModelEngine
+from .engine import Generator
 
 
 class ModelSlot:
-    """One model: its engine (loaded in the background) and the queue in front of it."""
+    """One model: its generator (engine.py, loaded in the background) and the queue in front of it."""
 
     def __init__(self, name: str, path: Path, config: "ServerConfig"):
         self.name, self.path, self.log = name, path, config.log or (lambda line: None)
         self.config = config
-        self.engine: ModelEngine | None = None
+        self.generator: Generator | None = None
         self.load_error: str | None = None
         self.waiting = 0
         self.finished: deque[float] = deque(maxlen=256)  # when recent requests ended (Retry-After)
@@ -33,8 +33,8 @@ class ModelSlot:
         started = time.monotonic()
         self.log(f"loading {self.name} (checking hashes, weights)")
         try:
-            self.engine = ModelEngine(self.path, self.config.engine, slots=self.config.parallel, threads=self.config.threads)
-            self.log(f"{self.name}: {self.engine.describe()}")
+            self.generator = Generator(self.path, self.config.engine, slots=self.config.parallel, threads=self.config.threads)
+            self.log(f"{self.name}: {self.generator.describe()}")
             self.log(f"{self.name} ready in {time.monotonic() - started:.1f} s")
         except Exception as err:  # noqa: BLE001 (reported on every request for this model)
             self.load_error = f"{type(err).__name__}: {err}"

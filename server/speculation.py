@@ -19,7 +19,7 @@ for token the one without speculation (tests/test_speculation.py).
 How many to guess: the k that maximizes the tokens expected per unit of time,
 (1 + a + a^2 + ... + a^k) / cost(k + 1), where a is the acceptance rate of that kind of draft so far in
 this request (from a prior) and cost(r) the time of a step of r tokens over a step of one, which the
-decoder measures at load (SmolLM2 on 2 CPU cores: 1.55 for 2 tokens, 2.0 for 3 or 4, 3.2 for 8: small
+engine measures at load (SmolLM2 on 2 CPU cores: 1.55 for 2 tokens, 2.0 for 3 or 4, 3.2 for 8: small
 models on a CPU are compute-bound). Where no k pays, k is 0: no speculation.
 """
 
@@ -117,14 +117,14 @@ class Counts:
 
 @dataclass
 class Speculation:
-    """One request's speculation over an open decoder session. The engine pushes every token the answer
+    """One request's speculation over an open engine session. The generator pushes every token the answer
     takes, then asks ``next_logits`` for the logits after it: a row already decoded when that token
     was a draft, else one forward pass over the token and new drafts."""
 
     session: Verifier
     mode: str
     max_drafts: int
-    pass_costs: list[float]  # the time of a step of r tokens over a step of one, at r - 1 (the decoder's probe)
+    pass_costs: list[float]  # the time of a step of r tokens over a step of one, at r - 1 (the engine's probe)
     prompt: list[int]
     forced: Callable[[int], list[int]] | None = None  # drafts from the grammar, given the last token (None: none)
     passes: int = 0  # forward passes after the prompt's

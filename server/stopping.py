@@ -1,4 +1,4 @@
-"""When a request must end before its answer is complete: the engine's and the decoders' shared
+"""When a request must end before its answer is complete: the generator's and the engines' shared
 signal (engine.py, llamacpp.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 class Stopped(Exception):
-    """Raised by a decoder while a request waits for it, once the request's Stop says so."""
+    """Raised by an engine while a request waits for it, once the request's Stop says so."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -23,7 +23,7 @@ class Stop:
     """Whether a request must end before its answer is complete, and why: ``client_gone`` (its client
     disconnected), ``timeout`` (its deadline passed, waiting in the queue included) or ``shutdown``.
 
-    The engine checks it before every token; the decoders check it while the request waits for a
+    The generator checks it before every token; the engines check it while the request waits for a
     slot or for a forward pass (every POLL_S), so a request stops within one step wherever it is.
     """
 

@@ -106,7 +106,7 @@ class WasmXgrammar:
 
 
 class WasmTokenMask:
-    """The grammar state of one generation in the wasm build: structured.TokenMask's interface."""
+    """The grammar state of one generation in the wasm build: grammars.TokenMask's interface."""
 
     def __init__(self, owner: WasmXgrammar, handle: int, vocab_size: int):
         self._owner = owner

@@ -1,7 +1,7 @@
-"""The structured-output suite both engines run: 15 JSON schemas over the features users rely on.
+"""The structured-output suite both runtimes run: 15 JSON schemas over the features users rely on.
 
 Values are kept small (short strings, integer ranges, few items) so a generation is a few dozen
-tokens. Each schema runs with two seeds in both engines (the browser on SwiftShader), and the two
+tokens. Each schema runs with two seeds in both runtimes (the browser on SwiftShader), and the two
 engines' answers for a seed agree (but for rare near-ties).
 """
 
@@ -68,7 +68,7 @@ SAMPLING = {"temperature": 0.8, "max_tokens": 48}
 
 
 def request(name: str, seed: int) -> dict:
-    """The chat request for schema ``name`` with ``seed`` (the same in both engines)."""
+    """The chat request for schema ``name`` with ``seed`` (the same in both runtimes)."""
     return {
         "messages": MESSAGES,
         "seed": seed,
@@ -203,27 +203,27 @@ def cpu_runs(artifact_path, engine: str = "tvm") -> dict[tuple[str, int], dict]:
     checks them and the browser test compares its own answers with the tvm engine's (the same
     library, compiled for WebGPU).
     """
-    from lantern.server.engine import ModelEngine, Stop
+    from lantern.server.engine import Generator, Stop
     from lantern.server.protocol import ChatCompletionRequest
     from lantern.server.structured import request_spec
 
-    engine = ModelEngine(artifact_path, engine)
+    generator = Generator(artifact_path, engine)
     out = {}
     for name in SCHEMAS:
         for seed in SEEDS:
             req = ChatCompletionRequest(**request(name, seed))
-            grammar = engine.compile_grammar(
+            grammar = generator.compile_grammar(
                 request_spec(req.response_format.model_dump(exclude_none=True), [], None, True, req.schema_defaults.model_dump())
             )
-            prompt = engine.encode(engine.render_chat(MESSAGES))
+            prompt = generator.encode(generator.render_chat(MESSAGES))
             steps = []
-            engine.generate(prompt, req, Stop(), steps.append, grammar=grammar)
+            generator.generate(prompt, req, Stop(), steps.append, grammar=grammar)
             out[name, seed] = {
                 "text": "".join(s.delta for s in steps),
                 "finish": steps[-1].finish,
                 "tokens": steps[-1].usage.completion_tokens,
             }
-    engine.close()
+    generator.close()
     return out
 
 

@@ -13,7 +13,8 @@ from tokenizers import Tokenizer
 from test_structured import run_typescript
 
 from lantern.server.closing import HOLD, Closer
-from lantern.server.structured import GrammarCompiler, response_format_spec
+from lantern.server.grammars import GrammarCompiler
+from lantern.server.structured import response_format_spec
 
 STOPS = [0, 2]  # <|endoftext|>, <|im_end|>
 VOCAB = 49152

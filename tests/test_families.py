@@ -13,7 +13,7 @@ from tiny_models import FAMILY_CONFIGS, write_family_folder
 
 from lantern.runtime.artifact import Artifact
 from lantern.chat_template import render
-from lantern.server.engine import ModelEngine
+from lantern.server.engine import Generator
 
 FAMILIES = list(FAMILY_CONFIGS)
 pytestmark = pytest.mark.webgpu_build  # every family's builds include its WebGPU library
@@ -196,15 +196,15 @@ def test_phi35_past_its_trained_length_runs_the_long_factors_and_llama_cpp_follo
             f"logit error {errors[0]:.1e} with the overrides, {errors[1]:.1e} without"
         )
         assert errors[0] < 2e-2 < errors[1]
-    # the llamacpp engine's decoder: its pool of 2048 cells would pick the long factors for the short build
+    # the llamacpp engine: its pool of 2048 cells would pick the long factors for the short build
     art = q0(build_artifact, folder)
-    engine = ModelEngine(art.path, "llamacpp")
+    generator = Generator(art.path, "llamacpp")
     try:
-        assert engine.decoder.kv_tokens > 256
-        with engine.decoder.open(tokens) as session:
+        assert generator.engine.kv_tokens > 256
+        with generator.engine.open(tokens) as session:
             last = np.asarray(session.logits)
     finally:
-        engine.decoder.close()
+        generator.engine.close()
     ours = art.cpu_model().all_logits(tokens)[-1]
     assert np.abs(last - ours).max() / np.abs(ours).max() < 2e-2
 

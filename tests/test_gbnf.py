@@ -16,7 +16,8 @@ from xgrammar.testing import _is_grammar_accept_string
 
 from test_structured import run_typescript
 
-from lantern.server.structured import check_schema, schema_ebnf
+from lantern.server.grammars import schema_ebnf
+from lantern.server.structured import check_schema
 
 SEPARATORS = (", ", ": ")
 

@@ -73,26 +73,26 @@ def test_q4_completes_a_fact_on_the_cpu_library_and_in_chromium(gemma3_q4, repor
 def test_q4_completes_the_fact_in_llama_cpp_from_the_builds_own_gguf(gemma3_q4, report):
     """The ``gguf`` target: Gemma's SentencePiece vocabulary, the four norms, the window and the
     5:1 layer pattern with two RoPE bases, written for llama.cpp's gemma3. llama.cpp (the llamacpp
-    engine's decoder) splits the fact into the artifact's tokens and greedily completes it as the
+    engine) splits the fact into the artifact's tokens and greedily completes it as the
     CPU library does, on the same q4 weights (Q4_0 mirrors Lantern's q4 exactly but for f16 scales)."""
     from llama_cpp import Llama
 
-    from lantern.server.llamacpp import LlamaCppDecoder
+    from lantern.server.llamacpp import LlamaCppEngine
 
     art = gemma3_q4
     gguf = art.path / art.manifest["gguf"]["files"][0]
     ids = art.tokenizer().encode(FACT).ids
     assert Llama(str(gguf), vocab_only=True, verbose=False).tokenize(FACT.encode(), add_bos=True) == ids
-    decoder = LlamaCppDecoder(gguf, vocab_size=262144, context_window=art.manifest["model"]["context_window"], slots=1)
+    engine = LlamaCppEngine(gguf, vocab_size=262144, context_window=art.manifest["model"]["context_window"], slots=1)
     try:
         out = []
-        with decoder.open(ids) as session:
+        with engine.open(ids) as session:
             logits = session.logits
             for _ in range(4):
                 out.append(int(np.argmax(logits)))
                 logits = session.step(out[-1])
     finally:
-        decoder.close()
+        engine.close()
     text = art.tokenizer().decode(out)
     report(f"Gemma 3 270M q4f32_1 GGUF in llama.cpp, {FACT!r} -> {text!r}")
     assert "Paris" in text
@@ -151,23 +151,23 @@ def test_past_the_512_token_window_the_cpu_library_scores_text_as_llama_cpp_does
     (which keeps the window) from the build's GGUF. Their log-likelihoods of those 40 tokens agree.
     (Measured once over positions 512-1000: perplexity 63.5 here, 63.8 in llama.cpp, and 346 with the
     window left off.)"""
-    from lantern.server.llamacpp import LlamaCppDecoder
+    from lantern.server.llamacpp import LlamaCppEngine
 
     art = gemma3_q4
     ids = art.tokenizer().encode(shakespeare_text).ids[:640]
     cpu = art.cpu_model()
     ours = [cpu.prefill(ids[:600])] + [cpu.prefill([t]) for t in ids[600:-1]]
-    decoder = LlamaCppDecoder(
+    engine = LlamaCppEngine(
         art.path / art.manifest["gguf"]["files"][0],
         vocab_size=262144,
         context_window=art.manifest["gguf"]["context_window"],
         slots=1,
     )
     try:
-        with decoder.open(ids[:600]) as session:
+        with engine.open(ids[:600]) as session:
             theirs = [np.asarray(session.logits)] + [np.asarray(session.step(t)) for t in ids[600:-1]]
     finally:
-        decoder.close()
+        engine.close()
 
     def nll(rows):
         rows = np.asarray(rows, np.float64)

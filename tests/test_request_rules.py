@@ -1,6 +1,6 @@
 """One corpus of chat requests, valid and invalid, at and beyond the edges of every rule of
 compiler/contracts/request_rules.json, sent to `lantern serve` over HTTP and to the browser engine's own
-Engine.validate under Node (webruntime/src/rules.ts): the same accept/reject decisions, the same
+Engine.validate under Node (webruntime/src/request_rules.ts): the same accept/reject decisions, the same
 messages and the same defaults. No model is needed: the server serves none, so a request that passes
 its rules is answered "model not found", and the browser engine is only a manifest."""
 

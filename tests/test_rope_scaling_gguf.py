@@ -18,7 +18,7 @@ from lantern import gguf_export
 from lantern.importer import import_gguf
 from lantern.models import llama
 from lantern.runtime.artifact import Artifact
-from lantern.server.engine import ModelEngine
+from lantern.server.engine import Generator
 
 LLAMA32 = {  # Llama-3.2-1B's RoPE (theta 500000, llama3 factor 32, low 1, high 4) over a 64-position "original"
     "hidden_size": 128,
@@ -134,12 +134,12 @@ def test_the_llamacpp_engine_and_a_gguf_read_back_run_llama3(llama32, build_arti
     vocab = art.manifest["model"]["vocab_size"]
     tokens = prompt(POSITIONS, 2, vocab)
     ours = art.cpu_model().all_logits(tokens)
-    engine = ModelEngine(art.path, "llamacpp")
+    generator = Generator(art.path, "llamacpp")
     try:
-        with engine.decoder.open(tokens) as session:
+        with generator.engine.open(tokens) as session:
             last = np.asarray(session.logits)
     finally:
-        engine.decoder.close()
+        generator.engine.close()
     assert relative_error(last, ours[-1]) < LLAMA_CPP_ERROR
 
     gguf_path = art.path / art.manifest["gguf"]["files"][0]

@@ -25,7 +25,8 @@ from test_structured import run_typescript
 sys.path.insert(0, str(repo_root() / "ci" / "bench"))
 from jsonschemabench import in_schema_order, load  # noqa: E402
 
-from lantern.server.structured import StructuredOutputError, grammar_size, response_format_spec, schema_ebnf
+from lantern.server.grammars import schema_ebnf
+from lantern.server.structured import StructuredOutputError, grammar_size, response_format_spec
 
 LAYOUT = {"ensure_ascii": False, "separators": (", ", ": ")}
 

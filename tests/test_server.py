@@ -278,7 +278,7 @@ def test_llamacpp_logits_repeat_bit_for_bit_with_cache_hits_and_neighbours(smoll
     sequences' prompts and steps (issue 49: the same request twice gave another answer)."""
     import numpy as np
 
-    from lantern.server.llamacpp import LlamaCppDecoder
+    from lantern.server.llamacpp import LlamaCppEngine
 
     tokenizer, template = smollm2.tokenizer(), smollm2.tokenizer_config()["chat_template"]
     ids = tokenizer.encode(shakespeare_text[:4000], add_special_tokens=False).ids
@@ -289,20 +289,20 @@ def test_llamacpp_logits_repeat_bit_for_bit_with_cache_hits_and_neighbours(smoll
     gguf = smollm2.path / smollm2.manifest["gguf"]["files"][0]
     window, vocab = smollm2.manifest["model"]["context_window"], smollm2.manifest["model"]["vocab_size"]
 
-    def greedy(decoder, tokens, steps=16):
-        with decoder.open(tokens) as session:
+    def greedy(engine, tokens, steps=16):
+        with engine.open(tokens) as session:
             rows = [session.logits]
             for _ in range(steps):
                 rows.append(session.step(int(rows[-1].argmax())))
         return session.cached, np.stack(rows)
 
-    lone = LlamaCppDecoder(gguf, vocab_size=vocab, context_window=window, slots=1, threads=2)
+    lone = LlamaCppEngine(gguf, vocab_size=vocab, context_window=window, slots=1, threads=2)
     try:
         _, reference = greedy(lone, prompt)
         _, fresh_reference = greedy(lone, fresh)
     finally:
         lone.close()
-    shared = LlamaCppDecoder(gguf, vocab_size=vocab, context_window=window, slots=4, threads=2)
+    shared = LlamaCppEngine(gguf, vocab_size=vocab, context_window=window, slots=4, threads=2)
     try:
         before = prompt[:41] + others[0]
         greedy(shared, before)
@@ -396,7 +396,7 @@ def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(
     from lantern.cli import main
     from lantern.errors import LanternError
     from lantern.server import llamacpp
-    from lantern.server.engine import ModelEngine, choose_engine
+    from lantern.server.engine import Generator, choose_engine
 
     no_gguf = Artifact.open(build_artifact(tiny_hf[0], "q0f32"))  # the CPU library only
     assert choose_engine(tiny_q4) == ("llamacpp", "the artifact has a GGUF")
@@ -406,10 +406,10 @@ def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(
         choose_engine(no_gguf, "llamacpp")
     with pytest.raises(LanternError, match="unknown engine 'vllm'"):
         choose_engine(tiny_q4, "vllm")
-    engine = ModelEngine(tiny_q4.path, slots=2, threads=1)
-    assert engine.describe().startswith("engine llamacpp (")
-    assert re.search(r"2 parallel sequences of up to \d+ tokens, 1 threads", engine.describe()), engine.describe()
-    engine.close()
+    generator = Generator(tiny_q4.path, slots=2, threads=1)
+    assert generator.describe().startswith("generator llamacpp (")
+    assert re.search(r"2 parallel sequences of up to \d+ tokens, 1 threads", generator.describe()), generator.describe()
+    generator.close()
     for flag in ("--parallel", "--threads"):
         assert main(["serve", str(tiny_q4.path), flag, "0"]) == 1
         assert f"{flag} must be at least 1" in capsys.readouterr().err

@@ -40,14 +40,14 @@ def test_drafts_are_proposed_only_where_they_pay():
 
 @pytest.fixture(scope="module")
 def llamacpp_engine(smollm2_q4: Artifact):
-    from lantern.server.engine import ModelEngine
+    from lantern.server.engine import Generator
 
-    engine = ModelEngine(smollm2_q4.path, "llamacpp", slots=4, threads=2)
-    yield engine
-    engine.close()
+    generator = Generator(smollm2_q4.path, "llamacpp", slots=4, threads=2)
+    yield generator
+    generator.close()
 
 
-def answer(engine, body: dict, mode: str):
+def answer(generator, body: dict, mode: str):
     """The engine's text for a chat request with ``speculation.mode`` = ``mode``, and its usage
     (ci/bench/bench_speculation.py asks through this too)."""
     from lantern.server.engine import Stop
@@ -57,9 +57,9 @@ def answer(engine, body: dict, mode: str):
     req = ChatCompletionRequest(**body, speculation={"mode": mode})
     fmt = req.response_format.model_dump(exclude_none=True) if req.response_format else None
     spec = request_spec(fmt, [], None, True, req.schema_defaults.model_dump())
-    prompt = engine.encode(engine.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
+    prompt = generator.encode(generator.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
     steps: list = []
-    engine.generate(prompt, req, Stop(), steps.append, grammar=engine.compile_grammar(spec))
+    generator.generate(prompt, req, Stop(), steps.append, grammar=generator.compile_grammar(spec))
     return "".join(s.delta for s in steps), steps[-1].usage
 
 
@@ -91,17 +91,17 @@ def test_answers_with_speculation_are_the_answers_without_it(llamacpp_engine, re
     text with speculation off and with each source of drafts, alone and four at a time; each source gets
     drafts accepted; and with sampling, a seed gives the same answer with and without it (a draft is kept
     only when the model's own sample is that draft)."""
-    engine = llamacpp_engine
+    generator = llamacpp_engine
     cases = schema_requests(4, 96) + [{"messages": user(q), "temperature": 0, "max_tokens": 48} for q in QUOTING]
     totals = {"grammar": [0, 0], "lookup": [0, 0]}
     tokens = passes = 0
     offs = []
     for body in cases:
-        off, off_usage = answer(engine, body, "off")
+        off, off_usage = answer(generator, body, "off")
         assert off_usage.speculation is None
         offs.append(off)
         for mode in ("auto", "grammar", "lookup"):
-            text, full = answer(engine, body, mode)
+            text, full = answer(generator, body, mode)
             assert text == off, (mode, body["messages"][-1]["content"][:60])
             assert full.speculation is not None
             usage = full.speculation.model_dump()
@@ -110,15 +110,15 @@ def test_answers_with_speculation_are_the_answers_without_it(llamacpp_engine, re
                     totals[source][0] += usage[source]["proposed"]
                     totals[source][1] += usage[source]["accepted"]
                 passes += usage["forward_passes"]
-                tokens += len(engine.encode(text))
+                tokens += len(generator.encode(text))
     assert totals["grammar"][1] > 0 and totals["lookup"][1] > 0
     with ThreadPoolExecutor(4) as pool:  # four at a time: their steps and drafts share llama_decode calls
-        assert list(pool.map(lambda body: answer(engine, body, "auto")[0], cases)) == offs
-    assert engine.decoder.peak_batch >= 2
+        assert list(pool.map(lambda body: answer(generator, body, "auto")[0], cases)) == offs
+    assert generator.engine.peak_batch >= 2
     assert passes < tokens  # fewer forward passes than tokens: drafts saved some
     sampled = {"messages": user("Tell me a story about a dragon."), "temperature": 0.9, "max_tokens": 24}
     for seed in (1, 2, 3):
-        assert answer(engine, {**sampled, "seed": seed}, "off")[0] == answer(engine, {**sampled, "seed": seed}, "auto")[0]
+        assert answer(generator, {**sampled, "seed": seed}, "off")[0] == answer(generator, {**sampled, "seed": seed}, "auto")[0]
     report(
         f"speculation, {len(cases)} answers the same with and without it; drafts accepted/proposed: grammar "
         f"{totals['grammar'][1]}/{totals['grammar'][0]}, lookup {totals['lookup'][1]}/{totals['lookup'][0]}; "
@@ -131,23 +131,23 @@ def test_verified_rows_are_the_rows_of_single_steps(smollm2_q4: Artifact):
     tokens one step at a time, and dropping rejected drafts leaves the sequence as if they were never fed."""
     import numpy as np
 
-    from lantern.server.llamacpp import LlamaCppDecoder
+    from lantern.server.llamacpp import LlamaCppEngine
 
     art = smollm2_q4
     gguf = art.path / art.manifest["gguf"]["files"][0]
     prompt = art.tokenizer().encode("The capital of France is Paris, and the capital of Italy is", add_special_tokens=False).ids
-    decoder = LlamaCppDecoder(gguf, vocab_size=art.manifest["model"]["vocab_size"], context_window=1024, slots=2, threads=2)
+    engine = LlamaCppEngine(gguf, vocab_size=art.manifest["model"]["vocab_size"], context_window=1024, slots=2, threads=2)
     try:
-        assert decoder.rows_exact and len(decoder.pass_costs) == 17 and decoder.pass_costs[0] == 1.0
-        with decoder.open(prompt) as session:
+        assert engine.rows_exact and len(engine.pass_costs) == 17 and engine.pass_costs[0] == 1.0
+        with engine.open(prompt) as session:
             steps, greedy = [session.logits], []
             for _ in range(8):
                 greedy.append(int(steps[-1].argmax()))
                 steps.append(session.step(greedy[-1]))
-        with decoder.open(prompt[:-2]) as session:  # the last two prompt tokens come with the check
+        with engine.open(prompt[:-2]) as session:  # the last two prompt tokens come with the check
             rows = session.verify(prompt[-2:] + greedy[:3] + [7, 8])  # three right drafts, two wrong ones
             assert np.array_equal(rows[1:5], np.stack(steps[:4]))
             rows = session.verify(greedy[3:], drop=2)  # the wrong ones leave; the rest of the answer comes
             assert np.array_equal(rows, np.stack(steps[4:]))
     finally:
-        decoder.close()
+        engine.close()

@@ -36,15 +36,8 @@ from structured_cases import (
     request,
 )
 
-from lantern.server.structured import (
-    JSON_LAYOUT,
-    StructuredOutputError,
-    check_schema,
-    parse_tool_calls,
-    request_spec,
-    schema_ebnf,
-    tight_structural_tag,
-)
+from lantern.server.grammars import JSON_LAYOUT, schema_ebnf, tight_structural_tag
+from lantern.server.structured import StructuredOutputError, check_schema, parse_tool_calls, request_spec
 
 WEBRUNTIME = repo_root() / "webruntime"
 
@@ -262,7 +255,8 @@ def test_the_compile_limit_is_the_schema_s_size_and_the_time_limit_a_server_faul
     count on every machine; the browser's is held equal in test_browser_and_server_decide_alike...); a
     compile past the seconds safety net is a 503-type fault whose grammar is kept; the cache keeps at most
     cache_megabytes of grammars, least recently used out first."""
-    from lantern.server.structured import COMPILE_LIMITS, GrammarCompileFault, GrammarCompiler, GrammarSpec, grammar_size
+    from lantern.server.grammars import GrammarCompileFault, GrammarCompiler
+    from lantern.server.structured import COMPILE_LIMITS, GrammarSpec, grammar_size
 
     assert COMPILE_LIMITS == {"size": 2000, "seconds": 30, "cache_megabytes": 1024}
     wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(70)}, "minProperties": 1}
@@ -338,16 +332,16 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
     prefix the grammar still allows (finish_reason "length")."""
     import random
 
-    from lantern.server.engine import ModelEngine, Stop
+    from lantern.server.engine import Generator, Stop
     from lantern.server.protocol import ChatCompletionRequest
 
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
     assert set(STRICT_FORMATS) <= set(checker.checkers)
     rng = random.Random(16)
-    engine = ModelEngine(tiny_q4.path, "tvm")
+    generator = Generator(tiny_q4.path, "tvm")
     finished = closed = cut = 0
     try:
-        prompt = engine.encode(engine.render_chat(MESSAGES))
+        prompt = generator.encode(generator.render_chat(MESSAGES))
         for k in range(50):
             schema = random_strict_schema(rng)
             for seed in SEEDS:
@@ -358,13 +352,13 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
                     max_tokens=160,
                     response_format={"type": "json_schema", "json_schema": {"name": f"s{k}", "schema": schema, "strict": True}},
                 )
-                grammar = engine.compile_grammar(
+                grammar = generator.compile_grammar(
                     spec := request_spec(
                         req.response_format.model_dump(exclude_none=True), [], None, True, req.schema_defaults.model_dump()
                     )
                 )
                 steps = []
-                engine.generate(prompt, req, Stop(), steps.append, grammar=grammar)
+                generator.generate(prompt, req, Stop(), steps.append, grammar=grammar)
                 text, finish = "".join(s.delta for s in steps), steps[-1].finish
                 if finish == "length" and not closed_json(text):  # still a prefix the grammar allows
                     matcher = _get_matcher_from_grammar(xgrammar.Grammar.from_ebnf(schema_ebnf(spec.source)))
@@ -377,7 +371,7 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
                 finished += finish == "stop"
                 closed += finish == "length"
     finally:
-        engine.close()
+        generator.close()
     assert finished >= 40
     report(
         f"random strict schemas (tiny model, lantern serve's tvm engine): 50 schemas x 2 seeds: {finished} finished, "
@@ -388,15 +382,15 @@ def test_random_strict_schemas_always_give_valid_json(tiny_q4, report):
 
 @pytest.mark.slow
 def test_a_repeated_schema_is_compiled_once(smollm2_q4):
-    from lantern.server.engine import ModelEngine
+    from lantern.server.engine import Generator
 
-    engine = ModelEngine(smollm2_q4.path)
+    generator = Generator(smollm2_q4.path)
     spec = request_spec(request("ref_defs", 1)["response_format"], [], None, True)
-    first = engine.compile_grammar(spec)
-    hits = engine.grammars.hits
-    assert engine.compile_grammar(spec) is first
-    assert engine.grammars.hits == hits + 1
-    engine.close()
+    first = generator.compile_grammar(spec)
+    hits = generator.grammars.hits
+    assert generator.compile_grammar(spec) is first
+    assert generator.grammars.hits == hits + 1
+    generator.close()
 
 
 @pytest.fixture(scope="module", params=["tvm", "llamacpp"])

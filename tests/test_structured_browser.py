@@ -144,7 +144,8 @@ def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, 
     jsonschema (every format checked), and so does one that max_tokens cut and Lantern closed (closing.ts);
     an answer cut where it could not be closed is a prefix the grammar allows."""
     from lantern.server.protocol import ChatCompletionRequest
-    from lantern.server.structured import request_spec, schema_ebnf
+    from lantern.server.grammars import schema_ebnf
+    from lantern.server.structured import request_spec
 
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
     rng = random.Random(18)

@@ -21,7 +21,8 @@ from test_structured import run_typescript
 
 from lantern import contracts
 from lantern.server.schema_host import HOST, HostRefusal
-from lantern.server.structured import SUPPORT, StructuredOutputError, check_schema, schema_ebnf
+from lantern.server.grammars import schema_ebnf
+from lantern.server.structured import SUPPORT, StructuredOutputError, check_schema
 
 MAX_DIGITS = HOST.call("constants")["maxDigits"]
 # compiler/contracts/unicode_categories.json's categories: {category: [(first, last) code point]}

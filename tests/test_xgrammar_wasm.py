@@ -13,7 +13,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from lantern.errors import LanternError
-from lantern.server.structured import GrammarCompiler, StructuredOutputError, request_spec, response_format_spec
+from lantern.server.grammars import GrammarCompiler
+from lantern.server.structured import StructuredOutputError, request_spec, response_format_spec
 from lantern.server.xgrammar_wasm import build_name
 
 VOCAB = 49152

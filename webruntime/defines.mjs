@@ -31,7 +31,7 @@ export const defines = {
   __SCHEMA_SUPPORT__: read("compiler/contracts/schema_support.json"),
   // the Unicode general categories of \p{..} in patterns (webruntime/src/strings.ts)
   __UNICODE_CATEGORIES__: read("compiler/contracts/unicode_categories.json"),
-  // the OpenAI request rules both runtimes apply (webruntime/src/rules.ts)
+  // the OpenAI request rules both runtimes apply (webruntime/src/request_rules.ts)
   __REQUEST_RULES__: read("compiler/contracts/request_rules.json"),
   // the runtime's version: the SharedWorker's name (webruntime/src/client.ts)
   // each llama.cpp build's files: {build: {name: {size, sha256}}}

@@ -129,12 +129,13 @@ def grammars(artifact: Path, schemas: int) -> None:
     from lantern.runtime.artifact import Artifact
     from lantern import request_rules
     from lantern.server.protocol import ChatCompletionRequest
-    from lantern.server.structured import GrammarCompiler, StructuredOutputError, response_format_spec
+    from lantern.server.grammars import GrammarCompiler
+    from lantern.server.structured import StructuredOutputError, response_format_spec
 
     art = Artifact.open(artifact)
     text = (art.path / "tokenizer.json").read_text()
     tokenizer = Tokenizer.from_str(text)
-    chat = json.loads((art.path / "mlc-chat-config.json").read_text())  # what ModelEngine reads
+    chat = json.loads((art.path / "mlc-chat-config.json").read_text())  # what Generator reads
     vocab_size = art.manifest["model"]["vocab_size"]
     postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")
     stops = sorted(request_rules.stop_token_ids(chat))

@@ -99,9 +99,9 @@ def batch_ceiling(gguf: Path, vocab_size: int, threads: int, steps: int = 32) ->
     """llama.cpp alone, no server and no sampling: decode tokens/s with 1 and 8 sequences per
     llama_decode call, on the context the llamacpp engine makes. 8-seq over 1-seq is what batching
     can give at best on this machine."""
-    from lantern.server.llamacpp import LlamaCppDecoder
+    from lantern.server.llamacpp import LlamaCppEngine
 
-    dec = LlamaCppDecoder(gguf, vocab_size=vocab_size, context_window=4096, threads=threads)
+    dec = LlamaCppEngine(gguf, vocab_size=vocab_size, context_window=4096, threads=threads)
     lc, b, out = dec.lc, dec.batch, {}
     try:
         for n in (1, 8):
@@ -123,12 +123,12 @@ def batch_ceiling(gguf: Path, vocab_size: int, threads: int, steps: int = 32) ->
 
 def layout_cost(gguf: Path, vocab_size: int, threads: int, reps: int = 3) -> dict[str, dict[str, float]]:
     """llama.cpp alone in the llamacpp engine's KV layout (a stream per slot, plain attention: the one
-    whose logits repeat; the context LlamaCppDecoder makes) and in the one it had before (one shared
+    whose logits repeat; the context LlamaCppEngine makes) and in the one it had before (one shared
     cache, flash attention): a 400-token prefill's tokens/s, and decode tokens/s with 1 and with 4
     sequences per call. Best of ``reps``."""
-    from lantern.server.llamacpp import LlamaCppDecoder
+    from lantern.server.llamacpp import LlamaCppEngine
 
-    dec = LlamaCppDecoder(gguf, vocab_size=vocab_size, context_window=4096, threads=threads)
+    dec = LlamaCppEngine(gguf, vocab_size=vocab_size, context_window=4096, threads=threads)
     lc, out = dec.lc, {}
     try:
         # before: the same model, one shared cache of 4,096 cells for 8 sequences, flash attention

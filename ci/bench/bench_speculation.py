@@ -35,7 +35,7 @@ from bench_server import PROMPT  # noqa: E402
 from jsonschemabench import load, request_for  # noqa: E402
 from test_speculation import answer  # noqa: E402
 
-from lantern.server.engine import ModelEngine  # noqa: E402
+from lantern.server.engine import Generator  # noqa: E402
 from lantern.server.protocol import ChatCompletionRequest  # noqa: E402
 from lantern.server.structured import StructuredOutputError, request_spec  # noqa: E402
 
@@ -79,7 +79,7 @@ def quoting_requests(text: str, count: int = 20) -> list[dict]:
     ]
 
 
-def json_requests(folder: Path, engine: ModelEngine, per_split: int) -> list[dict]:
+def json_requests(folder: Path, generator: Generator, per_split: int) -> list[dict]:
     """The first ``per_split`` schemas of each split that Lantern accepts."""
     picked, seen = [], Counter()
     for row in load(folder):
@@ -88,7 +88,7 @@ def json_requests(folder: Path, engine: ModelEngine, per_split: int) -> list[dic
         body = request_for(row["schema"])
         req = ChatCompletionRequest(**body)
         try:
-            engine.compile_grammar(request_spec(req.response_format.model_dump(exclude_none=True), [], None, True, {}))
+            generator.compile_grammar(request_spec(req.response_format.model_dump(exclude_none=True), [], None, True, {}))
         except StructuredOutputError:
             continue
         seen[row["split"]] += 1
@@ -96,20 +96,20 @@ def json_requests(folder: Path, engine: ModelEngine, per_split: int) -> list[dic
     return picked
 
 
-def run(engine: ModelEngine, body: dict, mode: str) -> dict:
-    text, u = answer(engine, body, mode)
+def run(generator: Generator, body: dict, mode: str) -> dict:
+    text, u = answer(generator, body, mode)
     decode_s = (u.completion_tokens - 1) / u.decode_tokens_per_s if u.decode_tokens_per_s else 0.0
     return {"text": text, "tokens": u.completion_tokens, "decode_s": decode_s, "spec": u.speculation}
 
 
-def measure(engine: ModelEngine, name: str, bodies: list[dict], modes: tuple[str, ...], clients: int = 1) -> None:
+def measure(generator: Generator, name: str, bodies: list[dict], modes: tuple[str, ...], clients: int = 1) -> None:
     """One set in each mode. One client: decode tokens per second (after each answer's first token);
     several: all answers' tokens over the wall clock, prefill included."""
     results, wall = {}, {}
     for mode in modes:
         start = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
-            results[mode] = list(pool.map(run, [engine] * len(bodies), bodies, [mode] * len(bodies)))
+            results[mode] = list(pool.map(run, [generator] * len(bodies), bodies, [mode] * len(bodies)))
         wall[mode] = time.perf_counter() - start
         print(f"  {name} {mode}: {wall[mode]:.0f} s", file=sys.stderr, flush=True)
     base = None
@@ -148,9 +148,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--sets", default="chat,quoting,quoting4,json", help="which sets, comma-separated")
     args = parser.parse_args()
-    engine = ModelEngine(args.artifact, "llamacpp", slots=4, threads=args.threads)
-    costs = ", ".join(f"{engine.decoder.pass_costs[r - 1]:.2f}" for r in (2, 4, 8, 16))
-    print(f"{engine.describe()}; a step of 2, 4, 8, 16 tokens takes {costs}x one of 1")
+    generator = Generator(args.artifact, "llamacpp", slots=4, threads=args.threads)
+    costs = ", ".join(f"{generator.engine.pass_costs[r - 1]:.2f}" for r in (2, 4, 8, 16))
+    print(f"{generator.describe()}; a step of 2, 4, 8, 16 tokens takes {costs}x one of 1")
     sets = args.sets.split(",")
     try:
         if "chat" in sets:
@@ -158,15 +158,15 @@ def main() -> int:
                 {"messages": [{"role": "user", "content": PROMPT.format(c)}], "temperature": 0, "max_tokens": 128}
                 for c in ("Rome", "Oslo", "Lima")
             ]
-            measure(engine, "chat", chat, ("off", "auto"))
+            measure(generator, "chat", chat, ("off", "auto"))
         if "quoting" in sets:
-            measure(engine, "quoting", quoting_requests(shakespeare()), ("off", "lookup", "auto"))
+            measure(generator, "quoting", quoting_requests(shakespeare()), ("off", "lookup", "auto"))
         if "quoting4" in sets:
-            measure(engine, "quoting, 4 clients", quoting_requests(shakespeare()), ("off", "auto"), clients=4)
+            measure(generator, "quoting, 4 clients", quoting_requests(shakespeare()), ("off", "auto"), clients=4)
         if "json" in sets:
-            measure(engine, "json", json_requests(args.jsonschemabench, engine, args.answers), MODES)
+            measure(generator, "json", json_requests(args.jsonschemabench, generator, args.answers), MODES)
     finally:
-        engine.close()
+        generator.close()
     return 0
 
 

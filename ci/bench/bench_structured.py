@@ -1,4 +1,4 @@
-"""Benchmark (not a test): what grammar-constrained decoding costs, in both engines.
+"""Benchmark (not a test): what grammar-constrained decoding costs, in both runtimes.
 
 The same prompt is answered without a schema, with a plain JSON schema and with one using OpenAI's
 strict-mode keywords Lantern writes its own grammar for (decimal and exclusive bounds, multipleOf, a
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "ci" / "bench"))
 
 from browser import chromium, lantern_server  # noqa: E402
 
-from lantern.server.engine import ModelEngine, Stop  # noqa: E402
+from lantern.server.engine import Generator, Stop  # noqa: E402
 from lantern.server.protocol import ChatCompletionRequest  # noqa: E402
 from lantern.server.structured import response_format_spec  # noqa: E402
 
@@ -81,20 +81,20 @@ def request(fmt: dict | None, max_tokens: int) -> dict:
 
 
 def cpu(path: Path, max_tokens: int, reps: int) -> dict:
-    engine = ModelEngine(path, "tvm")  # the CPU library, as the browser runs it
-    prompt = engine.encode(engine.render_chat(MESSAGES))
+    generator = Generator(path, "tvm")  # the CPU library, as the browser runs it
+    prompt = generator.encode(generator.render_chat(MESSAGES))
     out = {}
     for label, fmt in (("free", None), ("schema", FORMAT), ("strict", STRICT_FORMAT)):
         grammar = None
         if fmt:
             start = time.perf_counter()
             defaults = ChatCompletionRequest(**request(fmt, max_tokens)).schema_defaults.model_dump()
-            grammar = engine.compile_grammar(response_format_spec(fmt, defaults))
+            grammar = generator.compile_grammar(response_format_spec(fmt, defaults))
             out["compile_ms_" + label] = (time.perf_counter() - start) * 1000
         speeds = []
         for _ in range(reps):
             steps = []
-            engine.generate(prompt, ChatCompletionRequest(**request(fmt, max_tokens)), Stop(), steps.append, grammar=grammar)
+            generator.generate(prompt, ChatCompletionRequest(**request(fmt, max_tokens)), Stop(), steps.append, grammar=grammar)
             speeds.append(steps[-1].usage.decode_tokens_per_s)
             out["tokens_" + label] = steps[-1].usage.completion_tokens
         out[label] = statistics.median(speeds)

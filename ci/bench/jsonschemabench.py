@@ -34,7 +34,8 @@ from pathlib import Path
 import jsonschema
 
 from lantern.server.protocol import ChatCompletionRequest
-from lantern.server.structured import StructuredOutputError, response_format_spec, schema_ebnf
+from lantern.server.grammars import schema_ebnf
+from lantern.server.structured import StructuredOutputError, response_format_spec
 
 LLGUIDANCE = "llguidance==1.9.1"
 LAYOUT = {"ensure_ascii": False, "separators": (", ", ": ")}
@@ -81,7 +82,7 @@ def request_for(schema, max_tokens: int = 384, schema_defaults: dict | None = No
     }
 
 
-def lantern_declared(rows: list[dict], engine, schema_defaults: dict | None = None) -> None:
+def lantern_declared(rows: list[dict], generator, schema_defaults: dict | None = None) -> None:
     """Sets row["lantern"] (None: accepted, else the refusal), row["compile_s"] and row["spec"]."""
     for row in rows:
         start = time.perf_counter()
@@ -89,7 +90,7 @@ def lantern_declared(rows: list[dict], engine, schema_defaults: dict | None = No
             req = ChatCompletionRequest(**request_for(row["schema"], schema_defaults=schema_defaults))
             fmt = req.response_format.model_dump(exclude_none=True)  # as the server reads it
             row["spec"] = response_format_spec(fmt, req.schema_defaults.model_dump())
-            row["compiled"] = engine.compile_grammar(row["spec"])
+            row["compiled"] = generator.compile_grammar(row["spec"])
             row["lantern"] = None
         except StructuredOutputError as err:
             row["lantern"] = str(err)
@@ -216,7 +217,7 @@ def check_instances(rows: list[dict]) -> None:
             row["instances"].append((test["valid"], bool(_is_grammar_accept_string(grammar, text)), text))
 
 
-def mask_times(rows: list[dict], engine, tokens_each: int = 48) -> None:
+def mask_times(rows: list[dict], generator, tokens_each: int = 48) -> None:
     """Sets row["mask_us"]: the mean time to compute the token mask (and accept the token), per token,
     over the first ``tokens_each`` tokens of the first valid test instance the grammar accepts,
     tokenized as the model writes it."""
@@ -224,9 +225,9 @@ def mask_times(rows: list[dict], engine, tokens_each: int = 48) -> None:
         text = next((t for valid, accepted, t in row.get("instances", []) if valid and accepted), None)
         if text is None:
             continue
-        mask = engine.grammars.matcher(row["compiled"])
+        mask = generator.grammars.matcher(row["compiled"])
         done, start = 0, time.perf_counter()
-        for token in engine.encode(text)[:tokens_each]:
+        for token in generator.encode(text)[:tokens_each]:
             if not mask.allowed()[token]:
                 break  # a tokenization the grammar does not take token by token: the time so far is kept
             mask.accept(token)
@@ -260,14 +261,14 @@ def validator(schema):
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-def answer(engine, row: dict, max_tokens: int, schema_defaults: dict | None = None) -> None:
+def answer(generator, row: dict, max_tokens: int, schema_defaults: dict | None = None) -> None:
     from lantern.server.engine import Stop
 
     req = ChatCompletionRequest(**request_for(row["schema"], max_tokens, schema_defaults))
-    prompt = engine.encode(engine.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
+    prompt = generator.encode(generator.render_chat([m.model_dump(exclude_none=True) for m in req.messages]))
     steps = []
     start = time.perf_counter()
-    engine.generate(prompt, req, Stop(), steps.append, grammar=row["compiled"])
+    generator.generate(prompt, req, Stop(), steps.append, grammar=row["compiled"])
     row["answer_s"] = time.perf_counter() - start
     text = "".join(s.delta for s in steps)
     last = steps[-1]
@@ -300,11 +301,11 @@ def picked_for_answers(rows: list[dict], per_split: int) -> list[dict]:
     return picked
 
 
-def run_answers(rows: list[dict], engine, per_split: int, max_tokens: int, schema_defaults: dict | None = None) -> None:
+def run_answers(rows: list[dict], generator, per_split: int, max_tokens: int, schema_defaults: dict | None = None) -> None:
     picked = picked_for_answers(rows, per_split)
     done = 0
     with ThreadPoolExecutor(4) as pool:  # the llamacpp engine decodes these in shared steps
-        for _ in pool.map(lambda r: answer(engine, r, max_tokens, schema_defaults), picked):
+        for _ in pool.map(lambda r: answer(generator, r, max_tokens, schema_defaults), picked):
             done += 1
             print(f"\ranswers {done}/{len(picked)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -438,21 +439,21 @@ def main(
     schema_defaults: dict | None = None,
     browser: bool = False,
 ) -> int:
-    from lantern.server.engine import ModelEngine
+    from lantern.server.engine import Generator
 
     rows = load(folder)
     if only:
         rows = [r for r in rows if r["split"] in only]
-    engine = ModelEngine(artifact, "llamacpp" if per_split else "auto")
+    generator = Generator(artifact, "llamacpp" if per_split else "auto")
     start = time.perf_counter()
-    lantern_declared(rows, engine, schema_defaults)
+    lantern_declared(rows, generator, schema_defaults)
     print(f"lantern: {len(rows)} schemas checked and compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if not skip_llguidance:
         llguidance_declared(rows)
     check_instances(rows)
-    mask_times(rows, engine)
+    mask_times(rows, generator)
     if per_split:
-        run_answers(rows, engine, per_split, max_tokens, schema_defaults)
+        run_answers(rows, generator, per_split, max_tokens, schema_defaults)
     if per_split and browser:
         browser_answers(rows, artifact, per_split, max_tokens, schema_defaults)
     report(rows, bool(per_split))

@@ -1,7 +1,7 @@
 """The JSON files both runtimes read, in one place that belongs to neither twin.
 
 - ``request_rules.json``: the OpenAI request rules (ranges, defaults, messages) that
-  ``lantern.request_rules`` and webruntime/src/rules.ts apply alike;
+  ``lantern.request_rules`` and webruntime/src/request_rules.ts apply alike;
 - ``schema_support.json``: the JSON-schema keywords and formats the structured-output compiler
   (webruntime/src/structured.ts) accepts, refuses or ignores, and its compile limits;
 - ``unicode_categories.json``: the Unicode general categories of ``\\p{..}`` in patterns, where

@@ -1,4 +1,4 @@
-// Runs the browser engine's request validation (Engine.validate: webruntime/src/rules.ts, then the
+// Runs the browser engine's request validation (Engine.validate: webruntime/src/request_rules.ts, then the
 // sampler's vocabulary check) under Node for tests/test_request_rules.py, which sends the same
 // requests to `lantern serve` and compares the answers. No model is loaded: validate only reads the
 // manifest's vocabulary size and generation defaults.
@@ -8,7 +8,7 @@ import { readFileSync } from "node:fs";
 import { Engine } from "../../webruntime/src/engine";
 import type { ChatCompletionRequest } from "../../webruntime/src/protocol";
 import { samplingParams } from "../../webruntime/src/sampler";
-import { stopList, stopTokenIds, templateKnowsTools, templateMessages, tokenLimit, type CheckedRequest } from "../../webruntime/src/rules";
+import { stopList, stopTokenIds, templateKnowsTools, templateMessages, tokenLimit, type CheckedRequest } from "../../webruntime/src/request_rules";
 
 const input = JSON.parse(readFileSync(0, "utf8")) as { vocab: number; requests: unknown[]; chat_configs: unknown[]; templates: (string | null)[] };
 // the engine's own validate, on an engine that is only a manifest

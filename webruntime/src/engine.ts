@@ -30,7 +30,15 @@ import type {
 } from "./protocol";
 import { samplingParams } from "./sampler";
 import { openStore, type FileStore } from "./storage";
-import { checkRequest, message, stopList, stopTokenIds, templateMessages, tokenLimit, type CheckedRequest } from "./rules";
+import {
+  checkRequest,
+  message,
+  stopList,
+  stopTokenIds,
+  templateMessages,
+  tokenLimit,
+  type CheckedRequest,
+} from "./request_rules";
 import { PushStream } from "./stream";
 import { heldBack, opensInPrompt, ReasoningSplitter, templateKwargs } from "./reasoning";
 import { Closer, closesCutAnswers, HOLD } from "./closing";

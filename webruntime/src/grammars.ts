@@ -1,6 +1,6 @@
 // xgrammar in the browser (web-xgrammar, in wasm): a grammar spec from structured.ts compiled against the
 // model's vocabulary, and the token mask of one generation. The server's twin is the xgrammar half of
-// lantern/server/structured.py (xgrammar 0.1.27 on both sides); what the specs say is written once, in
+// lantern/server/grammars.py (xgrammar 0.1.27 on both sides); what the specs say is written once, in
 // structured.ts, which the server runs too.
 import "@mlc-ai/web-xgrammar";
 import type * as XGrammar from "@mlc-ai/web-xgrammar";
@@ -41,7 +41,7 @@ const SEPARATORS: [string, string] = [", ", ": "];
 
 /**
  * The EBNF grammar of a checked schema (JSON text) in the layout above, number placeholders swapped
- * for their exact rules. The twin of structured.py's schema_ebnf.
+ * for their exact rules. The twin of grammars.py's schema_ebnf.
  */
 export async function schemaEbnf(source: string): Promise<string> {
   const grammar = await xgr().Grammar.fromJSONSchema(source, false, -1, SEPARATORS, true);
@@ -55,7 +55,7 @@ export async function schemaEbnf(source: string): Promise<string> {
 /**
  * A structural tag with each `json_schema` content replaced by that schema's grammar in the layout
  * above. xgrammar's structural tags put free whitespace inside JSON, where a small model can loop
- * until max_tokens; response_format's JSON has none. The twin of structured.py's tight_structural_tag.
+ * until max_tokens; response_format's JSON has none. The twin of grammars.py's tight_structural_tag.
  */
 export async function tightStructuralTag(source: string): Promise<string> {
   const visit = async (node: unknown): Promise<unknown> => {
@@ -85,7 +85,7 @@ async function engineCall<T>(spec: GrammarSpec, call: () => Promise<T>): Promise
 
 /**
  * What xgrammar compiles for `spec`: a json_schema's EBNF (placeholders swapped), an ebnf spec's own text, a
- * structural tag's tight form (the twin of structured.py's compiled_text).
+ * structural tag's tight form (the twin of grammars.py's compiled_text).
  */
 export async function compiledText(spec: GrammarSpec): Promise<string> {
   return engineCall(spec, () =>

@@ -1,7 +1,7 @@
 // The OpenAI chat-completions shapes (the one TypeScript definition; Python has its own in
 // lantern.protocol) and the message schema between the page and the engine's Web Worker.
 
-// developer: OpenAI's, a system message to the chat template (rules.ts templateMessages)
+// developer: OpenAI's, a system message to the chat template (request_rules.ts templateMessages)
 export type Role = "system" | "developer" | "user" | "assistant" | "tool";
 
 export interface ToolCall {

@@ -9,7 +9,7 @@ export const RESERVED_TEMPLATE_KWARGS = ["messages", "tools", "add_generation_pr
 /**
  * The extra template variables of a chat request (its chat_template_kwargs). ``strict``: a grammar
  * decides every token, so a reasoning model does not think first (enable_thinking defaults to
- * false; true is refused). ``kwargs`` is an object or absent (the request rules, rules.ts, checked it).
+ * false; true is refused). ``kwargs`` is an object or absent (the request rules, request_rules.ts, checked it).
  */
 export function templateKwargs(kwargs: unknown, tags: string[] | null | undefined, strict: boolean): Record<string, unknown> {
   const out: Record<string, unknown> = { ...(kwargs as Record<string, unknown> | null | undefined) };

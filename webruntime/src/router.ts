@@ -5,7 +5,7 @@ import type { CreateOptions, PromptPlan } from "./engine";
 import { LanternError, NetworkError, WebGPUUnavailableError } from "./errors";
 import { createEngine, type LanternEngine } from "./create";
 import { ReasoningSplitter } from "./reasoning";
-import { tokenLimit } from "./rules";
+import { tokenLimit } from "./request_rules";
 import { callsTools } from "./structured";
 import { chatNamespace } from "./protocol";
 import type { ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, FinishReason, Route } from "./protocol";

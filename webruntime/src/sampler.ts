@@ -6,7 +6,7 @@
 // Draws come from a seeded xorshift128+ generator, so one seed gives one token sequence.
 import { InvalidRequestError } from "./errors";
 import type { ChatCompletionRequest } from "./protocol";
-import { checkRequest, generationFields, message, RULES } from "./rules";
+import { checkRequest, generationFields, message, RULES } from "./request_rules";
 
 export interface SamplingParams {
   temperature: number;

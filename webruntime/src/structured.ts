@@ -4,7 +4,7 @@
 // compiler/contracts/schema_support.json (esbuild inlines it as __SCHEMA_SUPPORT__); normalize.ts rewrites a schema
 // into Lantern's dialect first, and numbers.ts, strings.ts and unique.ts write the exact rules that
 // xgrammar's own leave loose. Compiling a spec against a vocabulary is grammars.ts's (the server's:
-// structured.py's), as each runtime has its own xgrammar build.
+// grammars.py's), as each runtime has its own xgrammar build.
 //
 // Tool calls, for a model whose chat template does not know tools, are written as
 //   <tool_call>{"name": "<function>", "arguments": {...}}</tool_call>

@@ -5,7 +5,7 @@ import "@mlc-ai/web-tokenizers";
 import type { Tokenizer as TokenizerType } from "@mlc-ai/web-tokenizers";
 import { ArtifactError, InvalidRequestError } from "./errors";
 import type { ChatMessage, Tool } from "./protocol";
-import { templateKnowsTools } from "./rules";
+import { templateKnowsTools } from "./request_rules";
 
 // The package is a UMD script marked as an ES module: it has no ES exports and instead
 // installs itself as globalThis.tokenizers when evaluated.
