@@ -407,7 +407,7 @@ def test_the_engine_is_chosen_by_rule_and_a_wrong_choice_says_how_to_fix_it(
     with pytest.raises(LanternError, match="unknown engine 'vllm'"):
         choose_engine(tiny_q4, "vllm")
     generator = Generator(tiny_q4.path, slots=2, threads=1)
-    assert generator.describe().startswith("generator llamacpp (")
+    assert generator.describe().startswith("engine llamacpp (")
     assert re.search(r"2 parallel sequences of up to \d+ tokens, 1 threads", generator.describe()), generator.describe()
     generator.close()
     for flag in ("--parallel", "--threads"):
