@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import LanternError
 from .schema_host import HostRefusal
 from .structured import COMPILE_LIMITS, GrammarSpec, StructuredOutputError, ask_host
-from .xgrammar_wasm import WasmTokenMask, WasmXgrammar, build_name
+from .xgrammar_wasm import WasmTokenMask, WasmXgrammar, allowed_tokens, build_name
 
 # The JSON texts the grammar allows: one line, OpenAI's separators (no runs of whitespace to loop on).
 JSON_LAYOUT: dict[str, Any] = {"any_whitespace": False, "indent": None, "separators": (", ", ": "), "strict_mode": True}
@@ -195,15 +195,12 @@ class TokenMask:
     def __init__(self, xgr, compiled, vocab_size: int):
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-        self._shifts = np.arange(32, dtype=np.uint32)
         self.vocab_size = vocab_size
 
     def allowed(self) -> np.ndarray:
         """A boolean array over the vocabulary: True where the grammar allows the token."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
-        words = self._bitmask.numpy()[0].view(np.uint32)
-        bits = (words[:, None] >> self._shifts) & 1
-        return bits.reshape(-1)[: self.vocab_size].astype(bool)
+        return allowed_tokens(self._bitmask.numpy()[0].view(np.uint32), self.vocab_size)
 
     def forced_text(self) -> str:
         """The text the grammar allows next and nothing else (a key, its punctuation), maybe empty."""

@@ -44,6 +44,16 @@ def build_name() -> str:
     return "native" if importlib.util.find_spec("xgrammar") else "wasm"  # found, not imported: it imports torch
 
 
+_SHIFTS = np.arange(32, dtype=np.uint32)
+
+
+def allowed_tokens(words: np.ndarray, vocab_size: int) -> np.ndarray:
+    """xgrammar's bitmask as uint32 words (bit i of word i >> 5: token i allowed, in either build), as
+    booleans over the vocabulary."""
+    bits = (words[:, None] >> _SHIFTS) & 1
+    return bits.reshape(-1)[:vocab_size].astype(bool)
+
+
 def build_description() -> str:
     """The build, as `lantern serve` states it when a model loads."""
     if build_name() == "native":
@@ -111,15 +121,12 @@ class WasmTokenMask:
     def __init__(self, owner: WasmXgrammar, handle: int, vocab_size: int):
         self._owner = owner
         self._handle = handle
-        self._shifts = np.arange(32, dtype=np.uint32)
         self.vocab_size = vocab_size
         weakref.finalize(self, owner.release_later, handle)
 
     def allowed(self) -> np.ndarray:
         """A boolean array over the vocabulary: True where the grammar allows the token."""
-        words = np.frombuffer(bytes(self._owner._call("mask", self._handle)), dtype=np.uint32)
-        bits = (words[:, None] >> self._shifts) & 1
-        return bits.reshape(-1)[: self.vocab_size].astype(bool)
+        return allowed_tokens(np.frombuffer(bytes(self._owner._call("mask", self._handle)), dtype=np.uint32), self.vocab_size)
 
     def forced_text(self) -> str:
         """The text the grammar allows next and nothing else (a key, its punctuation), maybe empty."""

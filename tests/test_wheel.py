@@ -77,10 +77,14 @@ def installed(tmp_path_factory) -> Path:
     return env / "bin"
 
 
+def light_env() -> dict[str, str]:
+    """This environment's variables, less a choice of xgrammar build: the installed CLI picks its own."""
+    return {k: v for k, v in os.environ.items() if k != "LANTERN_XGRAMMAR"}
+
+
 def run(bin_dir: Path, *args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "LANTERN_XGRAMMAR"}
     return subprocess.run(
-        [str(bin_dir / args[0]), *map(str, args[1:])], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+        [str(bin_dir / args[0]), *map(str, args[1:])], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=light_env()
     )
 
 
@@ -113,7 +117,7 @@ def test_the_light_install_builds_serves_structured_output_and_validates(install
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={k: v for k, v in os.environ.items() if k != "LANTERN_XGRAMMAR"},
+        env=light_env(),
     )
     base = f"http://127.0.0.1:{port}"
     schema = {

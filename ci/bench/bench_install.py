@@ -35,6 +35,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "ci" / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_wheel import wait_healthy  # noqa: E402
 
 SCHEMA = {
     "type": "object",
@@ -91,16 +94,7 @@ def install(artifact: Path, checkout: Path, extras: str, find_links: str | None)
         )
         base = f"http://127.0.0.1:{port}"
         try:
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
-                        if json.loads(r.read()).get("status") == "ok":
-                            break
-                except OSError:
-                    pass
-                if server.poll() is not None:
-                    raise SystemExit(server.stdout.read() if server.stdout else "the server ended")
-                time.sleep(0.2)
+            wait_healthy(server, base)
             healthy = time.perf_counter() - start
             body = {
                 "model": artifact.name,
@@ -124,25 +118,23 @@ def install(artifact: Path, checkout: Path, extras: str, find_links: str | None)
 
 def grammars(artifact: Path, schemas: int) -> None:
     import jsonschemabench as jb
-    from tokenizers import Tokenizer
 
-    from lantern.runtime.artifact import Artifact
-    from lantern import request_rules
-    from lantern.server.protocol import ChatCompletionRequest
+    from lantern.server.engine import Generator
     from lantern.server.grammars import GrammarCompiler
+    from lantern.server.protocol import ChatCompletionRequest
     from lantern.server.structured import StructuredOutputError, response_format_spec
 
-    art = Artifact.open(artifact)
-    text = (art.path / "tokenizer.json").read_text()
-    tokenizer = Tokenizer.from_str(text)
-    chat = json.loads((art.path / "mlc-chat-config.json").read_text())  # what Generator reads
-    vocab_size = art.manifest["model"]["vocab_size"]
-    postproc = (chat.get("tokenizer_info") or {}).get("token_postproc_method", "raw")
-    stops = sorted(request_rules.stop_token_ids(chat))
+    # the vocabulary, stop tokens and token post-processing as lantern serve reads them (the tvm engine: the
+    # lightest to load)
+    generator = Generator(artifact, "tvm")
+    tokenizer, vocab_size = generator.tokenizer, generator.vocab_size
+    tokenizer_json = json.loads((artifact / "tokenizer.json").read_text())
     made, init = {}, {}
     for build in ("native", "wasm"):
         start = time.perf_counter()
-        made[build] = GrammarCompiler(json.loads(text), postproc, vocab_size, stops, build=build)
+        made[build] = GrammarCompiler(
+            tokenizer_json, generator.token_postproc, vocab_size, sorted(generator.stop_ids), build=build
+        )
         init[build] = time.perf_counter() - start
     rows = jb.load(ROOT.parent / "shared" / "jsonschemabench")
     rows = rows[:: max(1, len(rows) // schemas)][:schemas]
@@ -180,11 +172,12 @@ def grammars(artifact: Path, schemas: int) -> None:
         return f"p50 {statistics.median(values) * 1000:.1f} ms, p99 {np.percentile(values, 99) * 1000:.1f} ms"
 
     done = len(compile_s["native"])
-    print(f"{art.path.name}: vocabulary {vocab_size}, {done} schemas, {steps} mask steps, {differ} masks differ")
+    print(f"{artifact.name}: vocabulary {vocab_size}, {done} schemas, {steps} mask steps, {differ} masks differ")
     print(f"  compiler made: native {init['native']:.2f} s, wasm {init['wasm']:.2f} s")
     for what, values in (("compile", compile_s), ("mask", mask_s)):
         ratio = statistics.median(values["wasm"]) / statistics.median(values["native"])
         print(f"  {what}: native {q(values['native'])}; wasm {q(values['wasm'])}; wasm/native at p50 {ratio:.1f}x")
+    generator.close()
 
 
 def main() -> None:

@@ -115,7 +115,7 @@ const XGRAMMAR = {
     const compiled = grammars.get(grammar);
     if (!compiled) throw new Error(`schema host: no grammar ${grammar}`);
     const handle = nextHandle++;
-    matchers.set(handle, await (await compiler!.matcher(compiled)).matcher);
+    matchers.set(handle, (await compiler!.matcher(compiled)).matcher);
     return handle;
   },
   async mask(handle: number): Promise<ArrayBuffer> {
