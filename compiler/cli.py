@@ -135,8 +135,11 @@ def _summary_table(result) -> "object":
     table.add_row("weights", f"{m['weights']['bytes'] / 2**20:.1f} MiB in {m['weights']['shards']} shards")
     table.add_row("bytes/param", f"{m['weights']['bytes_per_param']:.3f}")
     table.add_row("parameters", f"{m['model']['parameters']:,}")
-    table.add_row("4-bit encoder", package.encoder_summary(m))
-    table.add_row("sampling defaults", package.generation_summary(m))
+    if m.get("embedding"):
+        table.add_row("embedding", package.embedding_summary(m))
+    else:
+        table.add_row("4-bit encoder", package.encoder_summary(m))
+        table.add_row("sampling defaults", package.generation_summary(m))
     table.add_row("est. GPU memory", f"{m['memory']['estimated_gpu_bytes'] / 2**20:.0f} MiB")
     for lib in m["libraries"]:
         size = m["files"][lib["file"]]["size"]
@@ -364,9 +367,10 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True, help="artifact folder to create (replaced atomically)")
     b.add_argument(
         "--quant",
-        default="q4f32_1",
+        default=None,
         choices=list(QUANTIZATIONS),
-        help="weight format (default: q4f32_1, which runs on every WebGPU adapter)",
+        help="weight format (default: q4f32_1 for chat models, which runs on every WebGPU adapter; "
+        "q0f16 for embedding models, which are built q0f32 or q0f16)",
     )
     b.add_argument("--lora", help="PEFT LoRA adapter folder to merge into the base weights")
     calib = b.add_mutually_exclusive_group()

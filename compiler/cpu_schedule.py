@@ -96,12 +96,29 @@ def q4_gemv(k: int, residual: bool) -> tirx.PrimFunc:
     return q4_gemv_func(k, residual, body)
 
 
+def _gelu(v):
+    """Exact GELU, as transformers' "gelu" (erf, not the tanh approximation)."""
+    return T.float32(0.5) * v * (T.float32(1) + T.erf(v * T.float32(0.7071067811865476)))
+
+
 @T.macro
-def _tile_out(acc, resf, outf, m, n, row, tile):
-    """The tile's TOKENS sums (each the total of its 4 lanes) into ``outf`` (+ ``resf``)."""
+def _tile_out(acc, resf, outf, m, n, row, tile, bias, gelu):
+    """The tile's TOKENS sums (each the total of its 4 lanes) into ``outf`` (+ ``resf``); with a
+    ``bias`` (an encoder's linears), the row's bias first, then GELU if ``gelu``, then ``resf``."""
     for t in T.unroll(TOKENS):
         if tile * TOKENS + t < m:
-            if resf is None:
+            if bias is not None:
+                if gelu:
+                    outf[(tile * TOKENS + t) * n + row] = _gelu(
+                        bias[row] + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
+                    )
+                elif resf is None:
+                    outf[(tile * TOKENS + t) * n + row] = bias[row] + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
+                else:
+                    outf[(tile * TOKENS + t) * n + row] = resf[(tile * TOKENS + t) * n + row] + (
+                        bias[row] + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
+                    )
+            elif resf is None:
                 outf[(tile * TOKENS + t) * n + row] = _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
             else:
                 outf[(tile * TOKENS + t) * n + row] = resf[(tile * TOKENS + t) * n + row] + _tree_sum(
@@ -115,7 +132,7 @@ def _weight(w, row, i):
 
 
 @T.macro
-def _row_tiles(acc, w, xf, resf, outf, m, n, k, row):
+def _row_tiles(acc, w, xf, resf, outf, m, n, k, row, bias=None, gelu=False):
     """Row ``row`` of a prefill matmul for all ``m`` tokens, TOKENS at a time, vectorized along
     ``k``: every weight vector loaded feeds TOKENS accumulators (``acc``), then ``_tile_out``."""
     for tile in T.serial((m + TOKENS - 1) // TOKENS):
@@ -128,7 +145,7 @@ def _row_tiles(acc, w, xf, resf, outf, m, n, k, row):
                         acc[t * LANES + lane]
                         + _weight(w, row, c * LANES + lane) * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
                     )
-        _tile_out(acc, resf, outf, m, n, row, tile)
+        _tile_out(acc, resf, outf, m, n, row, tile, bias, gelu)
 
 
 def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
@@ -180,15 +197,16 @@ def f32_gemv(k: int, residual: bool) -> tirx.PrimFunc:
     return f32_gemv_func(k, residual, body)
 
 
-def f32_matmul(k: int, residual: bool) -> tirx.PrimFunc:
-    """``out[b, s, :] = W @ x[b, s, :] (+ residual)`` for a float32 ``W[n, k]``: q4_matmul without
-    the dequantization (each weight vector feeds TOKENS accumulators)."""
+def f32_matmul(k: int, residual: bool, bias: bool = False, gelu: bool = False) -> tirx.PrimFunc:
+    """``out[b, s, :] = W @ x[b, s, :] (+ residual)`` for a float32 ``W[n, k]``: q4_matmul without the
+    dequantization (each weight vector feeds TOKENS accumulators). An encoder's linears (BERT's) add
+    their ``bias`` and then apply ``gelu`` or add the residual, in the same kernel."""
 
     @T.macro
-    def body(xf, w, resf, outf, m, n):
+    def body(xf, w, resf, outf, m, n, b=None):
         for row in T.parallel(n):
             with T.sblock("matmul"):
                 acc = T.sblock_alloc_buffer((TOKENS * LANES,), "float32", scope="local")
-                _row_tiles(acc, w, xf, resf, outf, m, n, k, row)
+                _row_tiles(acc, w, xf, resf, outf, m, n, k, row, b, gelu)
 
-    return f32_matmul_func(k, residual, body)
+    return f32_matmul_func(k, residual, body, bias)

@@ -516,20 +516,25 @@ def _q4_linear(func: tirx.PrimFunc, gpu: bool = True) -> tuple | None:
     return key, lambda gpu: build(int(k), residual, gpu)
 
 
+# The blocks of an encoder's linear with its epilogue fused in (models/bert): the bias, then exact GELU
+# (0.5 * v * (1 + erf(v / sqrt 2)): T_multiply, compute (erf), T_multiply_1, T_add1, T_multiply_2), or
+# the residual add (T_add1)
+_BIAS_GELU = {"matmul", "T_add", "T_multiply", "compute", "T_multiply_1", "T_add1", "T_multiply_2"}
+_BIAS_RESIDUAL = {"matmul", "T_add", "T_add1"}
+
+
 def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
-    """(key, kernel) for quantize.py's plain float32 ``linear`` (q0f32), for the CPU library only."""
+    """(key, kernel) for quantize.py's plain float32 ``linear`` (q0f32), for the CPU library only: alone,
+    plus a residual (a decoder's), or plus a bias and then GELU or a residual (an encoder's)."""
     try:
         blocks = _blocks(func)
     except tvm.TVMError:
         return None
-    if not {"matmul"} <= blocks.keys() <= {"matmul", "T_add"}:
-        return None
     params = list(func.params)
-    residual = "T_add" in blocks
-    if len(params) != (4 if residual else 3):
+    if len(params) < 3:
         return None
     x, w = params[0], params[1]
-    reads = [r.source for r in blocks["matmul"].reads]
+    reads = [r.source for r in blocks["matmul"].reads] if "matmul" in blocks else []
     if (
         len(reads) != 2
         or not reads[0].same_as(x)
@@ -542,6 +547,22 @@ def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
         return None
     k = x.shape[-1]
     if not isinstance(k, tirx.IntImm) or not isinstance(w.shape[1], tirx.IntImm) or int(w.shape[1]) != int(k):
+        return None
+    names = set(blocks)
+    added = [r.source for r in blocks["T_add"].reads] if "T_add" in blocks else []
+    bias = len(params) >= 4 and len(params[2].shape) == 1 and any(r.same_as(params[2]) for r in added)
+    if bias:
+        gelu = names == _BIAS_GELU and len(params) == 4 and "erf" in func.script()
+        residual = names == _BIAS_RESIDUAL and len(params) == 5 and len(params[3].shape) == 3
+        plain = names == {"matmul", "T_add"} and len(params) == 4
+        if not (gelu or residual or plain) or int(k) % cpu_schedule.LANES:
+            return None
+        epilogue = "bias_gelu" if gelu else "bias_res" if residual else "bias"
+        return ("f32_matmul", f"k{int(k)}", epilogue), lambda _: cpu_schedule.f32_matmul(int(k), residual, bias=True, gelu=gelu)
+    if not {"matmul"} <= names <= {"matmul", "T_add"}:
+        return None
+    residual = "T_add" in names
+    if len(params) != (4 if residual else 3):
         return None
     if residual and (not any(r.source.same_as(params[2]) for r in blocks["T_add"].reads) or len(params[2].shape) != 3):
         return None

@@ -115,10 +115,12 @@ def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
     """``tokenizer.ggml.*`` of a tokenizer.json: byte-level BPE (llama.cpp's ``gpt2``) or
     SentencePiece-style BPE (``llama``); GGUFUnsupported for anything else."""
     model = tokenizer_json.get("model") or {}
+    if model.get("type") == "WordPiece" and isinstance(model.get("vocab"), dict):
+        return _wordpiece_fields(tokenizer_json, vocab_size)
     if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
         raise GGUFUnsupported(
             f"its {model.get('type', 'unknown')} tokenizer is not written to GGUF yet "
-            "(byte-level and SentencePiece-style BPE are)"
+            "(byte-level and SentencePiece-style BPE, and BERT's WordPiece are)"
         )
     space_prefix = _sentencepiece_space_prefix(tokenizer_json) if model.get("byte_fallback") else None
     pre_json = json.dumps(tokenizer_json.get("pre_tokenizer"), sort_keys=True)
@@ -149,6 +151,41 @@ def _tokenizer_fields(tokenizer_json: dict, vocab_size: int) -> dict:
         "scores": _merge_scores(tokens, merges),
         "add_space_prefix": space_prefix,
     }
+
+
+# BERT's WordPiece tokenizer.json, as llama.cpp's WPM tokenizer reads text: lower-cased, accents
+# stripped (NFD), split on spaces, punctuation and CJK characters, [CLS] first and [SEP] last
+_BERT_NORMALIZER = {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True, "lowercase": True}
+_BERT_SPECIAL = {"cls": "[CLS]", "sep": "[SEP]", "unk": "[UNK]", "pad": "[PAD]", "mask": "[MASK]"}
+
+
+def _wordpiece_fields(tokenizer_json: dict, vocab_size: int) -> dict:
+    """``tokenizer.ggml.*`` of BERT's WordPiece (llama.cpp's ``bert``): its vocabulary in "phantom space"
+    form (a word's first piece gets "▁" in front, a "##" continuation loses the "##", special tokens stay),
+    the special tokens' ids. Only the uncased BERT normalizer is what llama.cpp does."""
+    model = tokenizer_json["model"]
+    norm = tokenizer_json.get("normalizer") or {}
+    if {k: norm.get(k) for k in _BERT_NORMALIZER} != _BERT_NORMALIZER or norm.get("strip_accents") is False:
+        raise GGUFUnsupported(
+            f"llama.cpp's WordPiece lower-cases and strips accents; this normalizer is {json.dumps(norm)[:120]}"
+        )
+    if (tokenizer_json.get("pre_tokenizer") or {}).get("type") != "BertPreTokenizer":
+        raise GGUFUnsupported("llama.cpp's WordPiece splits as BertPreTokenizer does; this tokenizer.json has another")
+    prefix = model.get("continuing_subword_prefix", "##")
+    special = {a["content"] for a in tokenizer_json.get("added_tokens", []) if a.get("special")}
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    types = [_TOKEN_UNUSED] * vocab_size
+    for text, i in model["vocab"].items():
+        if i >= vocab_size:
+            continue
+        if text in special:
+            tokens[i], types[i] = text, _TOKEN_CONTROL
+        else:
+            tokens[i], types[i] = (text[len(prefix) :] if text.startswith(prefix) else _SPACE + text), _TOKEN_NORMAL
+    ids = {role: model["vocab"].get(text) for role, text in _BERT_SPECIAL.items()}
+    if ids["cls"] is None or ids["sep"] is None:
+        raise GGUFUnsupported("a WordPiece vocabulary without [CLS] and [SEP]: llama.cpp adds both to every text")
+    return {"model": "bert", "pre": "default", "tokens": tokens, "types": types, "special": ids}
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
@@ -258,6 +295,7 @@ def write(
     )
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     add: dict[type, Callable[[str, Any], None]] = {
+        bool: writer.add_bool,
         float: writer.add_float32,
         int: writer.add_uint32,
         str: writer.add_string,
@@ -271,6 +309,17 @@ def write(
     writer.add_token_types(tok["types"])
     if tok["model"] == "gpt2":
         writer.add_token_merges(tok["merges"])
+    elif tok["model"] == "bert":  # llama.cpp puts [CLS] (its BOS) first and [SEP] last in every text
+        special = tok["special"]
+        bos_id, eos_id, add_bos = special["cls"], special["sep"], True
+        writer.add_sep_token_id(special["sep"])
+        for role, add_id in (
+            ("unk", writer.add_unk_token_id),
+            ("pad", writer.add_pad_token_id),
+            ("mask", writer.add_mask_token_id),
+        ):
+            if special[role] is not None:
+                add_id(special[role])
     else:
         writer.add_token_scores(tok["scores"])
         writer.add_add_space_prefix(tok["add_space_prefix"])
@@ -306,7 +355,7 @@ def write(
         w = params.get(t.param)
         if w is None:
             raise LanternError(f"gguf: the artifact has no parameter '{t.param}' for tensor '{t.name}'")
-        dtype = np.float16 if quant == "q0f16" and w.ndim == 2 else np.float32
+        dtype = np.float16 if quant == "q0f16" and w.ndim == 2 and not t.float32 else np.float32
 
         def plain(t=t, w=w, dtype=dtype) -> np.ndarray:
             w = w[t.first : t.first + t.rows]

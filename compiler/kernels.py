@@ -199,7 +199,43 @@ def f32_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     return gemv
 
 
-def f32_matmul_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
+def f32_matmul_func(k: int, residual: bool, body, bias: bool = False) -> tvm.tirx.PrimFunc:
+    if bias and residual:
+
+        @T.prim_func(s_tir=True)
+        def matmul_bias_res(var_x: T.handle, var_w: T.handle, var_bias: T.handle, var_res: T.handle, var_out: T.handle):
+            T.func_attr(SCHEDULED)
+            b = T.int32()
+            s = T.int32()
+            n = T.int32()
+            x = T.match_buffer(var_x, (b, s, k), "float32")
+            w = T.match_buffer(var_w, (n, k), "float32")
+            bias_row = T.match_buffer(var_bias, (n,), "float32")
+            res = T.match_buffer(var_res, (b, s, n), "float32")
+            out = T.match_buffer(var_out, (b, s, n), "float32")
+            xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
+            resf = T.decl_buffer((b * s * n,), "float32", data=res.data)
+            outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
+            body(xf, w, resf, outf, b * s, n, bias_row)
+
+        return matmul_bias_res
+    if bias:
+
+        @T.prim_func(s_tir=True)
+        def matmul_bias(var_x: T.handle, var_w: T.handle, var_bias: T.handle, var_out: T.handle):
+            T.func_attr(SCHEDULED)
+            b = T.int32()
+            s = T.int32()
+            n = T.int32()
+            x = T.match_buffer(var_x, (b, s, k), "float32")
+            w = T.match_buffer(var_w, (n, k), "float32")
+            bias_row = T.match_buffer(var_bias, (n,), "float32")
+            out = T.match_buffer(var_out, (b, s, n), "float32")
+            xf = T.decl_buffer((b * s * k,), "float32", data=x.data)
+            outf = T.decl_buffer((b * s * n,), "float32", data=out.data)
+            body(xf, w, None, outf, b * s, n, bias_row)
+
+        return matmul_bias
     if residual:
 
         @T.prim_func(s_tir=True)

@@ -46,7 +46,8 @@ def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata:
         mod = emulated.custom_attention(
             mod, config.attention_softcap, config.sliding_window if config.windowed else 0, gpu=target.kind.name != "llvm"
         )
-    mod = attach_sampler(mod, config.vocab_size, target)
+    if family.kind == "chat":  # an encoder has no logits to sample from
+        mod = attach_sampler(mod, config.vocab_size, target)
     names = [n for n, _ in named]
     shapes = [[int(d) for d in p.shape] for _, p in named]
     dtypes = [p.dtype for _, p in named]

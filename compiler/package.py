@@ -239,6 +239,33 @@ def write_package_json(out: Path, name: str, quant: str, version: str, files: li
     (out / "package.json").write_text(json.dumps(pkg, indent=2) + "\n")
 
 
+def _readme_kind(manifest: dict) -> str:
+    if manifest.get("embedding"):
+        return f"- an embedding model: {embedding_summary(manifest)}\n"
+    return (
+        f"- 4-bit encoder: {encoder_summary(manifest)}\n"
+        f"- estimated GPU memory: {manifest['memory']['estimated_gpu_bytes']:,} bytes\n"
+        f"- sampling defaults (a request's own values win): {generation_summary(manifest)}\n"
+    )
+
+
+def _readme_use(manifest: dict) -> str:
+    name = manifest["model"]["name"]
+    if manifest.get("embedding"):
+        return f"""Serve it with `lantern serve` and ask for vectors in OpenAI's shape:
+
+```sh
+curl localhost:8000/v1/embeddings -H 'content-type: application/json' \\
+    -d '{{"model": "{name}", "input": ["a text", "another"]}}'
+```"""
+    return f"""Load it in a page with the Lantern runtime:
+
+```js
+import {{ createEngine }} from "/runtime/lantern.js";
+const engine = await createEngine({{ model: "/models/{name}/" }});
+```"""
+
+
 def encoder_summary(manifest: dict) -> str:
     """How the artifact's weights were quantized, in a few words (README and the build summary)."""
     cal = manifest.get("calibration")
@@ -253,6 +280,13 @@ def generation_summary(manifest: dict) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in defaults.items()) or "OpenAI's (temperature 1, top_p 1)"
 
 
+def embedding_summary(manifest: dict) -> str:
+    """An embedding artifact's vectors, in one line."""
+    e = manifest["embedding"]
+    normalized = ", normalized" if e["normalize"] else ""
+    return f"{e['dimensions']} dimensions, {e['pooling']} pooling{normalized}, up to {e['max_tokens']} tokens a text"
+
+
 def write_readme(out: Path, manifest: dict) -> None:
     libs = "\n".join(
         f"- `{lib['file']}`: {lib['target']}, {lib['dtype']}"
@@ -265,19 +299,11 @@ Built by Lantern {manifest["versions"]["lantern"]} from source `{manifest["sourc
 
 - parameters: {manifest["model"]["parameters"]:,}; weights: {manifest["weights"]["bytes"]:,} bytes
 - context window: {manifest["model"]["context_window"]} tokens
-- 4-bit encoder: {encoder_summary(manifest)}
-- estimated GPU memory: {manifest["memory"]["estimated_gpu_bytes"]:,} bytes
-- sampling defaults (a request's own values win): {generation_summary(manifest)}
-
+{_readme_kind(manifest)}
 Libraries:
 {libs}
 
-Load it in a page with the Lantern runtime:
-
-```js
-import {{ createEngine }} from "/runtime/lantern.js";
-const engine = await createEngine({{ model: "/models/{manifest["model"]["name"]}/" }});
-```
+{_readme_use(manifest)}
 
 `lantern.json` lists every file with its sha256; the runtime refuses a file that does not match.
 """

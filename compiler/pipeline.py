@@ -65,7 +65,7 @@ TARGETS = (*lower.TARGETS, "gguf")
 class BuildOptions:
     source: str
     out: Path
-    quant: str = "q4f32_1"
+    quant: str | None = None  # None: the family's default (DEFAULT_QUANT)
     lora: Path | None = None
     # Text for GPTQ on 4-bit builds; None rounds every weight to the nearest level instead.
     calibration: Path | None = gptq.DEFAULT_CALIBRATION
@@ -276,6 +276,13 @@ def _store_cached_weights(opts: BuildOptions, key: str, stored: dict[str, np.nda
         raise
 
 
+# The weight format a build gets when none is asked for, per model kind: 4-bit f32 for chat models (it runs
+# on every WebGPU adapter); float16 weights for embedding models, computed in float32 (docs/families.md,
+# "Embedding models", has the measurements). Encoders are not quantized to 4 bits.
+DEFAULT_QUANT = {"chat": "q4f32_1", "embedding": "q0f16"}
+EMBEDDING_QUANTS = ("q0f32", "q0f16")
+
+
 def _fallback_spec(spec: QuantSpec) -> QuantSpec:
     # The no-shader-f16 WebGPU library: same layout, f32 compute; the runtime upcasts f16 params.
     return dataclasses.replace(spec, model_dtype="float32")
@@ -295,7 +302,8 @@ def _install(tmp: Path, out: Path) -> None:
 
 def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResult:
     reporter = reporter or Reporter()
-    spec = get_quantization(opts.quant)
+    if opts.quant is not None:
+        get_quantization(opts.quant)  # an unknown name fails before anything is read
     for t in opts.targets:
         if t not in TARGETS:
             raise LanternError(f"unknown target '{t}' (choose from: {', '.join(TARGETS)})")
@@ -308,9 +316,6 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
     if opts.lora is not None and not opts.lora.is_dir():
         raise LanternError(f"LoRA adapter folder not found: {opts.lora}")
     overrides = package.check_generation_defaults(opts.generation, "generation option")
-    calibration_hash = None
-    if spec.quantized and opts.calibration is not None:
-        calibration_hash = gptq.text_hash(opts.calibration)
     meter = StageMeter()
     out = opts.out.resolve()
     if out.exists() and not (out / package.MANIFEST).exists():
@@ -320,6 +325,12 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
     with contextlib.ExitStack() as held:  # the cache entry's lock, from the look-up to the store
         with meter("import"), reporter.stage("import"):
             src = import_source(opts.source, opts.cache_dir)
+            quant = _resolve_quant(opts.quant, src.family.kind)
+            opts = dataclasses.replace(opts, quant=quant)
+            spec = get_quantization(quant)
+            calibration_hash = None
+            if spec.quantized and opts.calibration is not None:
+                calibration_hash = gptq.text_hash(opts.calibration)
             name = opts.name or src.name
             versions = toolchain_versions()
             if "webgpu" not in opts.targets:
@@ -380,6 +391,30 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return BuildResult(out, manifest, meter.seconds, False, reused, meter.peak_bytes)
+
+
+def embedding_facts(config) -> dict:
+    """The manifest's ``embedding`` record: the vector size, the pooling the library applies, whether the
+    runtimes normalize its output, the longest text in tokens, and the folder's prompts."""
+    return {
+        "dimensions": config.hidden_size,
+        "pooling": config.pooling,
+        "normalize": config.normalize,
+        "max_tokens": config.context_window_size,
+        "prompts": {k: v for k, v in (("query", config.query_prompt), ("document", config.document_prompt)) if v},
+    }
+
+
+def _resolve_quant(quant: str | None, kind: str) -> str:
+    """The weight format of a build: the one asked for, else the model kind's default."""
+    if quant is None:
+        return DEFAULT_QUANT[kind]
+    if kind == "embedding" and quant not in EMBEDDING_QUANTS:
+        raise LanternError(
+            f"--quant {quant}: embedding models are built {' or '.join(EMBEDDING_QUANTS)} "
+            "(4-bit weights move an encoder's neighbours; the default is q0f16)"
+        )
+    return quant
 
 
 def _store_in_cache(folder: Path, cached: Path) -> None:
@@ -446,10 +481,10 @@ def _build_into(
         "prefill_chunk_size": config.prefill_chunk_size,
         "tensor_parallel_shards": 1,
         "pipeline_parallel_stages": 1,
-        "kv_state_kind": "kv_cache",
+        "kv_state_kind": "kv_cache" if src.family.kind == "chat" else "none",
         "max_batch_size": 1,
     }
-    builds = _library_builds(name, spec, opts)
+    builds = _library_builds(name, spec, opts, src.family.kind)
 
     # A library depends on the architecture, not the weights: one built before for the same config,
     # spec, target and schedule (another fine-tune, LoRA or calibration of the model) is reused.
@@ -561,7 +596,10 @@ def _build_into(
                 "vocab_size": config.vocab_size,
                 # the <think>…</think> tags both runtimes return as reasoning_content, or null
                 "reasoning_tags": chat_template.reasoning_tags(src.tokenizer.chat_template),
+                "kind": src.family.kind,  # "chat", or "embedding" (see "embedding")
             },
+            # an embedding model's vectors: what the runtimes do after the library's pooled output
+            "embedding": embedding_facts(config) if src.family.kind == "embedding" else None,
             "quantization": spec.name,
             "calibration": calibration.manifest() if calibrated and calibration is not None else None,
             "source": {
@@ -592,16 +630,19 @@ def _build_into(
     return manifest
 
 
-def _library_builds(name: str, spec: QuantSpec, opts: BuildOptions) -> list[tuple[str, str, QuantSpec, str | None]]:
+def _library_builds(
+    name: str, spec: QuantSpec, opts: BuildOptions, kind: str = "chat"
+) -> list[tuple[str, str, QuantSpec, str | None]]:
     """(file stem, target, spec, webgpu schedule) of every library to build. The "gpu" schedule
     computes in the weights' dtype, plus an f32 twin for adapters without shader-f16; the
-    "cpu-emulated" one computes in f32 only (software adapters have no shader-f16)."""
+    "cpu-emulated" one computes in f32 only (software adapters have no shader-f16). An embedding
+    model's CPU library computes in f32 too (its float16 weights are upcast at load)."""
     builds: list[tuple[str, str, QuantSpec, str | None]] = []
     for target in opts.targets:
         if target == "gguf":
             continue  # not a library: written from the stored weights (gguf_export)
         if target != "webgpu":
-            builds.append((f"{name}-{spec.name}-{target}", target, spec, None))
+            builds.append((f"{name}-{spec.name}-{target}", target, _fallback_spec(spec) if kind == "embedding" else spec, None))
             continue
         for schedule in lower.schedules(opts.webgpu_schedule):
             if schedule == "cpu-emulated":

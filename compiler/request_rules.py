@@ -123,6 +123,8 @@ def _check(rule: dict, value: Any, field: str) -> Any:
         items = [value] if isinstance(value, str) else value
         if not (isinstance(items, list) and len(items) <= rule["max_items"] and all(isinstance(s, str) and s for s in items)):
             raise _fail(rule, "strings", field, value, max_items=rule["max_items"])
+    if kind == "embedding_input" and not _embedding_input(value, rule["max_items"]):
+        raise _fail(rule, "embedding_input", field, value, max_items=rule["max_items"])
     if kind in ("object", "token_map") and not isinstance(value, dict):
         raise _fail(rule, "object", field, value)
     if kind == "object" and "fields" in rule:
@@ -140,6 +142,19 @@ def _check(rule: dict, value: Any, field: str) -> Any:
         if "items" in rule:
             return [_check(rule["items"], v, f"{field}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+def _token_ids(v: Any) -> bool:
+    return isinstance(v, list) and len(v) > 0 and all(_is_int(t) and t >= 0 for t in v)  # 1.0 is 1 in JavaScript
+
+
+def _embedding_input(value: Any, max_items: int) -> bool:
+    """OpenAI's embeddings ``input``: a text, texts, one token list, or token lists (none empty)."""
+    if isinstance(value, str):
+        return value != ""
+    if not isinstance(value, list) or not 0 < len(value) <= max_items:
+        return _token_ids(value)  # one token list may be longer than max_items
+    return all(isinstance(s, str) and s for s in value) or _token_ids(value) or all(_token_ids(v) for v in value)
 
 
 def _fields(rules: dict, body: dict, prefix: str = "") -> dict:
@@ -166,7 +181,8 @@ def checked(body: Any, endpoint: str | None) -> dict:
     the shared fields only), with nulls dropped and defaults filled; RuleError for the first broken rule."""
     if not isinstance(body, dict):
         raise RuleError(message("body", got=_got(body)), None)
-    rules = {**(RULES["endpoints"][endpoint] if endpoint else {}), **RULES["shared"]}
+    shared = {} if endpoint in RULES["standalone_endpoints"] else RULES["shared"]
+    rules = {**(RULES["endpoints"][endpoint] if endpoint else {}), **shared}
     return _fields(rules, body)
 
 

@@ -154,6 +154,8 @@ def safetensors_tensors(path: Path) -> Tensors:
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        if name.endswith(".position_ids") and info.get("dtype") in ("I64", "I32"):
+            continue  # a buffer older transformers saved with BERT-style models (0, 1, 2 ...), not a weight
         if info.get("dtype") not in _ST_DTYPES:
             raise LanternError(f"{path.name}: tensor '{name}' has unsupported dtype {info.get('dtype')}")
         begin, end = info["data_offsets"]

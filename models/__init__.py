@@ -6,6 +6,7 @@ compiler reads nothing family-specific from anywhere else.
 
 from lantern.errors import LanternError
 
+from .bert import FAMILY as BERT
 from .family import Family
 from .gemma2 import FAMILY as GEMMA2
 from .gemma3 import FAMILY as GEMMA3
@@ -14,7 +15,7 @@ from .phi3 import FAMILY as PHI3
 from .qwen2 import FAMILY as QWEN2
 from .qwen3 import FAMILY as QWEN3
 
-FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3, PHI3, GEMMA2, GEMMA3)
+FAMILIES: tuple[Family, ...] = (LLAMA, QWEN2, QWEN3, PHI3, GEMMA2, GEMMA3, BERT)
 
 
 def family_for_architecture(arch: str) -> Family:

@@ -55,6 +55,7 @@ class GGUFTensor:
     first: int
     rows: int
     rope_heads: int | None = None
+    float32: bool = False  # kept float32 in a float16 GGUF (llama.cpp's converter keeps BERT's positions so)
 
 
 @dataclass(frozen=True)
@@ -89,3 +90,6 @@ class Family:
     to_lantern: Callable[[Mapping[str, np.ndarray], Any], Tensors]
     gguf: GGUFLayout
     calibration_forward: Callable[[dict[str, np.ndarray], Any, list[list[int]], Observe], list[np.ndarray]] | None = None
+    # "chat": a decoder with a KV cache and logits (MLC's contract); "embedding": an encoder whose library
+    # has one function, embed(input_ids[b, n], attention_mask[b, n]) -> pooled [b, hidden]
+    kind: str = "chat"

@@ -14,7 +14,7 @@ from .config import ServerConfig
 from .engine import InvalidRequest, Step, Stop
 from .errors import ApiError
 from .metrics import Metrics
-from .protocol import SamplingFields
+from .protocol import EmbeddingRequest, SamplingFields
 from .slots import ModelSlot
 from .static import model_folders
 
@@ -36,7 +36,9 @@ class Server:
     def drain(self) -> None:
         self.draining = True
 
-    def slot_for(self, req: SamplingFields) -> ModelSlot:
+    def slot_for(self, req: SamplingFields | EmbeddingRequest, kind: str = "chat") -> ModelSlot:
+        """The loaded model ``req`` names (or the only one) of ``kind`` ("chat" or "embedding"), with
+        room in its queue; ApiError otherwise."""
         slots = self.slots
         name = req.model or (next(iter(slots)) if len(slots) == 1 else None)
         if name is None:
@@ -54,6 +56,15 @@ class Server:
             raise ApiError(503, f"model {name} is still loading", type_="server_error", code="model_loading")
         if slot.load_error:
             raise ApiError(503, f"model {name} failed to load: {slot.load_error}", type_="server_error")
+        if slot.kind != kind:
+            raise ApiError(
+                400,
+                f"model {name} is an embedding model: it answers /v1/embeddings, not text"
+                if slot.kind == "embedding"
+                else f"model {name} is a chat model: it has no pooling for embeddings (serve an embedding model)",
+                param="model",
+                code="wrong_model_kind",
+            )
         if (req.token_limit() or 0) > self.limits.max_tokens:
             raise ApiError(400, f"max_tokens is limited to {self.limits.max_tokens}", param="max_tokens")
         self.check_room(slot)  # before the template, tokenizer and grammar work: a full queue costs nothing

@@ -45,8 +45,8 @@ async def lifespan(app: FastAPI):
         await asyncio.sleep(0.02)
     for slot in slots.values():
         slot.executor.shutdown(wait=False, cancel_futures=True)
-        if slot.generator:
-            slot.generator.close()
+        if slot.loaded:
+            slot.loaded.close()
 
 
 def create_app(model_dirs: list[Path] | ServerConfig, site: Path | None = None) -> FastAPI:

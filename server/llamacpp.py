@@ -132,11 +132,6 @@ class LlamaCppEngine:
         batch_tokens: int = 512,
         kv_overrides: dict[str, int] | None = None,
     ):
-        try:
-            import llama_cpp as lc
-        except ImportError:
-            raise LanternError(f"the llamacpp engine needs llama-cpp-python: {INSTALL_HINT}") from None
-        self.lc = lc
         self.gguf, self.slots = gguf, slots
         self.threads = threads or os.cpu_count() or 1
         # each slot's own KV stream; a request's window is at most one stream (``context_window``)
@@ -144,23 +139,9 @@ class LlamaCppEngine:
         self.context_window = min(context_window, self.slot_tokens)
         self.kv_tokens = self.slot_tokens * slots
         self.batch_tokens = batch_tokens
-        _quiet_logs(lc)
-        lc.llama_backend_init()
-        mp = lc.llama_model_default_params()
-        mp.n_gpu_layers = 0
-        if kv_overrides:  # the manifest's integer keys (models/family.py: GGUFLayout.load_overrides)
-            self._overrides = (lc.llama_model_kv_override * (len(kv_overrides) + 1))()  # a null key ends it
-            for slot, (key, value) in zip(self._overrides, kv_overrides.items()):
-                slot.key, slot.tag, slot.value.val_i64 = key.encode(), lc.LLAMA_KV_OVERRIDE_TYPE_INT, int(value)
-            mp.kv_overrides = self._overrides
-        self.model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
-        if not self.model:
-            raise LanternError(f"llama.cpp could not load {gguf.name} (is it a GGUF llama.cpp supports?)")
-        n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(self.model))
-        if n_vocab != vocab_size:
-            lc.llama_model_free(self.model)
-            raise LanternError(f"{gguf.name} has {n_vocab} tokens, the artifact's tokenizer {vocab_size}: rebuild the artifact")
-        self.vocab_size = n_vocab
+        self.lc, self.model, self._overrides = load_model(gguf, vocab_size, kv_overrides)
+        lc = self.lc
+        self.vocab_size = vocab_size
         cp = lc.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = self.kv_tokens, batch_tokens, batch_tokens
         # one KV stream per slot and plain attention: the layout whose logits repeat (the module's header)
@@ -442,6 +423,33 @@ class LlamaCppEngine:
             self.decoded_at = time.perf_counter()
 
 
+def load_model(gguf: Path, vocab_size: int, kv_overrides: dict[str, int] | None = None):
+    """(llama_cpp, the model, the override array to keep alive) of ``gguf`` on the CPU, checked to have
+    the artifact's ``vocab_size`` tokens; LanternError naming the problem otherwise."""
+    try:
+        import llama_cpp as lc
+    except ImportError:
+        raise LanternError(f"the llamacpp engine needs llama-cpp-python: {INSTALL_HINT}") from None
+    quiet_logs(lc)
+    lc.llama_backend_init()
+    mp = lc.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    overrides = None
+    if kv_overrides:  # the manifest's integer keys (models/family.py: GGUFLayout.load_overrides)
+        overrides = (lc.llama_model_kv_override * (len(kv_overrides) + 1))()  # a null key ends it
+        for slot, (key, value) in zip(overrides, kv_overrides.items()):
+            slot.key, slot.tag, slot.value.val_i64 = key.encode(), lc.LLAMA_KV_OVERRIDE_TYPE_INT, int(value)
+        mp.kv_overrides = overrides
+    model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
+    if not model:
+        raise LanternError(f"llama.cpp could not load {gguf.name} (is it a GGUF llama.cpp supports?)")
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    if n_vocab != vocab_size:
+        lc.llama_model_free(model)
+        raise LanternError(f"{gguf.name} has {n_vocab} tokens, the artifact's tokenizer {vocab_size}: rebuild the artifact")
+    return lc, model, overrides
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -454,7 +462,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 _LOG_CALLBACK = None
 
 
-def _quiet_logs(lc) -> None:
+def quiet_logs(lc) -> None:
     """llama.cpp prints every load step to stderr; keep only its errors."""
     global _LOG_CALLBACK
     if _LOG_CALLBACK is None:

@@ -337,6 +337,61 @@ class Completion(_Response):
     choices: list[CompletionChoice]
 
 
+_EMBEDDINGS = request_rules.RULES["endpoints"]["embeddings"]
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings (OpenAI's shape; ``truncate`` is Lantern's). The table's rules run first."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = _field(_EMBEDDINGS["encoding_format"])
+    dimensions: int | None = None
+    truncate: bool = _field(_EMBEDDINGS["truncate"])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _request_rules(cls, data: Any) -> Any:
+        if isinstance(data, BaseModel):
+            return data
+        try:
+            return request_rules.checked(data, "embeddings")
+        except request_rules.RuleError as err:
+            raise PydanticCustomError("request_rule", "{message}", {"message": err.message, "param": err.param}) from None
+
+    def token_limit(self) -> None:
+        return None  # nothing is generated (admission.Server.slot_for asks every request)
+
+    def inputs(self) -> list[str] | list[list[int]]:
+        """The input as a list of texts or of token lists."""
+        value: Any = self.input  # the request rules checked its shape: one of the four
+        if isinstance(value, str):
+            return [value]
+        if value and all(isinstance(t, int) for t in value):
+            return [list(value)]  # one token list
+        return list(value)
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # base64: the float32 values' little-endian bytes, as OpenAI sends them
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -1,10 +1,13 @@
-"""The FastAPI routes: /health, /metrics, /v1/models, /v1/chat/completions and /v1/completions. Each
-generation route picks and checks its model (admission.Server.slot_for), builds the prompt (and for a
-chat, the grammar of its response format or tools), and answers through streaming.respond."""
+"""The FastAPI routes: /health, /metrics, /v1/models, /v1/chat/completions, /v1/completions and
+/v1/embeddings. Each generation route picks and checks its model (admission.Server.slot_for), builds the
+prompt (and for a chat, the grammar of its response format or tools), and answers through
+streaming.respond; /v1/embeddings waits for its vectors (embeddings.Embedder) and answers them whole."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import threading
 import time
 
 from fastapi import APIRouter, Request
@@ -14,13 +17,17 @@ from .. import request_rules
 from . import reasoning
 from .admission import Server
 from .chat import ChatTurn
-from .engine import Step, new_id
+from .engine import InvalidRequest, Step, new_id
 from .errors import ApiError
 from .protocol import (
     ChatCompletionRequest,
     Completion,
     CompletionChoice,
     CompletionRequest,
+    Embedding,
+    EmbeddingList,
+    EmbeddingRequest,
+    EmbeddingUsage,
     ModelCard,
     ModelList,
     NamedToolChoice,
@@ -38,11 +45,11 @@ def _server(request: Request) -> Server:
 @router.get("/health")
 def health(request: Request) -> dict:
     slots = _server(request).slots
-    states = {n: ("failed" if s.load_error else "ready" if s.generator else "loading") for n, s in slots.items()}
+    states = {n: ("failed" if s.load_error else "ready" if s.loaded else "loading") for n, s in slots.items()}
     return {
         "status": "ok" if all(v == "ready" for v in states.values()) else "loading",
         "models": states,
-        "engines": {n: s.generator.engine_name for n, s in slots.items() if s.generator},
+        "engines": {n: s.loaded.engine_name for n, s in slots.items() if s.loaded},
     }
 
 
@@ -51,7 +58,7 @@ def metrics_text(request: Request) -> str:
     server = _server(request)
     return server.metrics.render(
         {n: s.waiting for n, s in server.slots.items()},
-        {n: s.generator.engine.peak_batch for n, s in server.slots.items() if s.generator},
+        {n: s.loaded.engine.peak_batch for n, s in server.slots.items() if s.loaded},
     )
 
 
@@ -121,3 +128,41 @@ async def completions(req: CompletionRequest, request: Request):
         )
 
     return await respond(server, request, req, slot, prompt, make_chunk, make_final)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(req: EmbeddingRequest, request: Request) -> EmbeddingList:
+    server = _server(request)
+    slot = server.slot_for(req, kind="embedding")
+    embedder = slot.embedder
+    assert embedder is not None  # slot_for admits only a loaded embedding model
+    try:
+        dimensions = embedder.check_dimensions(req.dimensions)
+    except InvalidRequest as err:
+        raise ApiError(400, str(err), param="dimensions") from None
+    try:
+        texts = await asyncio.to_thread(embedder.tokens, req.inputs(), req.truncate)
+    except InvalidRequest as err:
+        raise ApiError(400, str(err), param="input") from None
+    server.admit(slot)
+    cancelled = threading.Event()  # the client went away or the server stops: drop texts not yet embedded
+    try:
+        vectors = await asyncio.get_running_loop().run_in_executor(
+            slot.executor, embedder.embed, texts, req.dimensions, cancelled
+        )
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+    finally:
+        slot.waiting -= 1
+        slot.finished.append(time.monotonic())
+    data = [
+        Embedding(
+            index=i,
+            embedding=base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64" else v.tolist(),
+        )
+        for i, v in enumerate(vectors)
+    ]
+    assert vectors.shape[1] == dimensions
+    used = sum(len(t) for t in texts)
+    return EmbeddingList(data=data, model=slot.name, usage=EmbeddingUsage(prompt_tokens=used, total_tokens=used))

@@ -1,7 +1,7 @@
-"""The model slots: one `ModelSlot` per served artifact, with its generator (loaded on a background
-thread by the app's lifespan; a failure is kept and reported on every request for that model), the
-count of requests waiting for it, when recent ones finished (for Retry-After), and the worker threads
-its generations run on."""
+"""The model slots: one `ModelSlot` per served artifact, with its generator (a chat model's) or its
+embedder (an embedding model's), loaded on a background thread by the app's lifespan (a failure is
+kept and reported on every request for that model), the count of requests waiting for it, when recent
+ones finished (for Retry-After), and the worker threads its requests run on."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..runtime.artifact import Artifact
 from .config import ServerConfig
+from .embeddings import Embedder
 from .engine import Generator
 
 
@@ -21,7 +23,8 @@ class ModelSlot:
     def __init__(self, name: str, path: Path, config: "ServerConfig"):
         self.name, self.path, self.log = name, path, config.log or (lambda line: None)
         self.config = config
-        self.generator: Generator | None = None
+        self.generator: Generator | None = None  # a chat model's
+        self.embedder: Embedder | None = None  # an embedding model's
         self.load_error: str | None = None
         self.waiting = 0
         self.finished: deque[float] = deque(maxlen=256)  # when recent requests ended (Retry-After)
@@ -33,10 +36,24 @@ class ModelSlot:
         started = time.monotonic()
         self.log(f"loading {self.name} (checking hashes, weights)")
         try:
-            self.generator = Generator(self.path, self.config.engine, slots=self.config.parallel, threads=self.config.threads)
-            self.log(f"{self.name}: {self.generator.describe()}")
+            model: Generator | Embedder
+            if Artifact.open(self.path, verify=False).manifest["model"].get("kind") == "embedding":
+                model = self.embedder = Embedder(self.path, self.config.engine, threads=self.config.threads)
+            else:
+                model = self.generator = Generator(
+                    self.path, self.config.engine, slots=self.config.parallel, threads=self.config.threads
+                )
+            self.log(f"{self.name}: {model.describe()}")
             self.log(f"{self.name} ready in {time.monotonic() - started:.1f} s")
         except Exception as err:  # noqa: BLE001 (reported on every request for this model)
             self.load_error = f"{type(err).__name__}: {err}"
             self.log(f"{self.name} failed to load: {self.load_error}")
         self.ready.set()
+
+    @property
+    def loaded(self) -> Generator | Embedder | None:
+        return self.generator or self.embedder
+
+    @property
+    def kind(self) -> str:
+        return "embedding" if self.embedder else "chat"

@@ -66,7 +66,7 @@ def build_artifact(cache_dir, tmp_path_factory):
 
     def _build(
         source,
-        quant: str,
+        quant: str | None,  # None: the model kind's default (pipeline.DEFAULT_QUANT)
         targets=("cpu",),
         lora=None,
         name=None,
@@ -87,7 +87,7 @@ def build_artifact(cache_dir, tmp_path_factory):
             context_window,
         )
         if key not in _BUILDS:
-            out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant}"
+            out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant or 'default'}"
             build(
                 BuildOptions(
                     source=str(source),

@@ -229,7 +229,14 @@ TEMPLATES = [None, "", "{{ messages }}", "{% if tools %}{{ tools | tojson }}{% e
 def answers():
     requests = corpus()
     ts = run_typescript(
-        "request_rules.ts", {"vocab": VOCAB, "requests": requests, "chat_configs": CHAT_CONFIGS, "templates": TEMPLATES}
+        "request_rules.ts",
+        {
+            "vocab": VOCAB,
+            "requests": requests,
+            "chat_configs": CHAT_CONFIGS,
+            "templates": TEMPLATES,
+            "embedding_requests": EMBEDDING_REQUESTS,
+        },
     )
     server = server_answers(requests)
     return requests, server, [python_answer(req, *answer) for req, answer in zip(requests, server)], ts
@@ -334,3 +341,63 @@ def test_completions_take_the_shared_rules_and_their_own():
     with pytest.raises(ValidationError, match=r"only n=1 is supported, got 2"):
         CompletionRequest.model_validate({"prompt": "x", "n": 2})
     assert CompletionRequest.model_validate({"prompt": "x", "echo": None}).echo is False
+
+
+# /v1/embeddings bodies at the edges of the `embeddings` endpoint's rules (which take no shared field)
+EMBEDDING_REQUESTS = (
+    [
+        {"input": value, **extra}
+        for value in [
+            "x",
+            "",
+            ["a", "b"],
+            ["a", ""],
+            [1, 2, 3],
+            [[1, 2], [3]],
+            [[1], []],
+            [],
+            [-1],
+            [1.5],
+            [1.0],
+            [True],
+            5,
+            None,
+            {},
+        ]
+        + [["a"] * 2048, ["a"] * 2049, list(range(3000)), [[1]] * 2049]
+        for extra in [{}]
+    ]
+    + [
+        {"input": "x", **extra}
+        for extra in [
+            {"dimensions": 1},
+            {"dimensions": 0},
+            {"dimensions": 2.0},
+            {"dimensions": "8"},
+            {"encoding_format": "base64"},
+            {"encoding_format": "int8"},
+            {"truncate": True},
+            {"truncate": 1},
+            {"model": 5},
+            {"user": "u"},
+            {"temperature": 5},  # a shared (chat) field: not an embeddings rule, kept as sent
+            {"dimensions": None, "encoding_format": None},
+        ]
+    ]
+    + [{}, [], "x"]
+)
+
+
+def test_embeddings_requests_are_checked_alike(answers):
+    """The `embeddings` endpoint's rules (no shared sampling fields) in request_rules.py and
+    request_rules.ts: the same decisions, messages and defaults."""
+    ts = answers[3]["embedding_answers"]
+    assert len(ts) == len(EMBEDDING_REQUESTS)
+    refused = 0
+    for req, theirs in zip(EMBEDDING_REQUESTS, ts):
+        try:
+            mine = {"resolved": request_rules.checked(req, "embeddings")}
+        except request_rules.RuleError as err:
+            mine, refused = {"error": f"InvalidRequestError: {err.message}"}, refused + 1
+        assert mine == theirs, req
+    assert 10 < refused < len(EMBEDDING_REQUESTS) - 10

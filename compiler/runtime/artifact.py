@@ -63,7 +63,7 @@ class Artifact:
             if sha256_file(p) != info["sha256"]:
                 raise LanternError(f"integrity error: {name} does not match its sha256 in {MANIFEST}")
 
-    def _library_record(self, target: str, features: frozenset[str] = frozenset(), emulated: bool = False) -> dict:
+    def library_record(self, target: str, features: frozenset[str] = frozenset(), emulated: bool = False) -> dict:
         try:
             return choose_library(self.manifest["libraries"], target, features, emulated)
         except ValueError as err:
@@ -72,12 +72,12 @@ class Artifact:
     def library(self, target: str, features: frozenset[str] = frozenset(), emulated: bool = False) -> Path:
         """The library for ``target`` that a device with ``features`` runs best (``emulated``: a
         software WebGPU adapter), chosen as the browser runtime chooses (package.choose_library)."""
-        return self.path / self._library_record(target, features, emulated)["file"]
+        return self.path / self.library_record(target, features, emulated)["file"]
 
     def context_window(self, target: str) -> int:
         """Tokens of context the library for ``target`` runs: the artifact's, or less where the
         library says so (a windowed model's float16 libraries stop at the window: pipeline.library_config)."""
-        return self._library_record(target).get("context_window") or self.manifest["model"]["context_window"]
+        return self.library_record(target).get("context_window") or self.manifest["model"]["context_window"]
 
     def params(self) -> dict[str, np.ndarray]:
         index = json.loads((self.path / "tensor-cache.json").read_text())

@@ -219,6 +219,8 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         art = Artifact.open(opts.artifact)
     except LanternError as err:
         raise CannotRun(str(err)) from None
+    if art.manifest["model"].get("kind") == "embedding":
+        raise CannotRun(f"{art.path.name} is an embedding model: lantern validate checks chat models only for now")
     if not any(lib["target"] == "cpu" for lib in art.manifest["libraries"]):
         raise CannotRun(f"{art.path.name} has no cpu library: build it with --targets webgpu,cpu to validate")
     prompts = load_prompts(opts.prompts)

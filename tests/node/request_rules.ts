@@ -2,15 +2,19 @@
 // sampler's vocabulary check) under Node for tests/test_request_rules.py, which sends the same
 // requests to `lantern serve` and compares the answers. No model is loaded: validate only reads the
 // manifest's vocabulary size and generation defaults.
-// Input (stdin): {vocab, requests: unknown[], chat_configs: unknown[], templates: (string | null)[]}.
-// Output (stdout): {answers: ({error} | {resolved})[], stop_token_ids: number[][], knows_tools: boolean[]}.
+// Input (stdin): {vocab, requests: unknown[], chat_configs: unknown[], templates: (string | null)[],
+// embedding_requests: unknown[]}.
+// Output (stdout): {answers: ({error} | {resolved})[], stop_token_ids: number[][], knows_tools: boolean[],
+// embedding_answers: ({error} | {resolved})[]} (an embeddings request under the table's rules alone).
 import { readFileSync } from "node:fs";
 import { Engine } from "../../webruntime/src/engine";
 import type { ChatCompletionRequest } from "../../webruntime/src/protocol";
 import { samplingParams } from "../../webruntime/src/sampler";
-import { stopList, stopTokenIds, templateKnowsTools, templateMessages, tokenLimit, type CheckedRequest } from "../../webruntime/src/request_rules";
+import { checkRequest, stopList, stopTokenIds, templateKnowsTools, templateMessages, tokenLimit, type CheckedRequest } from "../../webruntime/src/request_rules";
 
-const input = JSON.parse(readFileSync(0, "utf8")) as { vocab: number; requests: unknown[]; chat_configs: unknown[]; templates: (string | null)[] };
+const input = JSON.parse(readFileSync(0, "utf8")) as {
+  vocab: number; requests: unknown[]; chat_configs: unknown[]; templates: (string | null)[]; embedding_requests: unknown[];
+};
 // the engine's own validate, on an engine that is only a manifest
 const validate = (Engine.prototype as unknown as { validate: (req: unknown) => CheckedRequest }).validate;
 const engine = { manifest: { model: { vocab_size: input.vocab }, generation: {} } };
@@ -39,4 +43,11 @@ process.stdout.write(JSON.stringify({
   answers,
   stop_token_ids: input.chat_configs.map((c) => [...stopTokenIds(c)].sort((a, b) => a - b)),
   knows_tools: input.templates.map(templateKnowsTools),
+  embedding_answers: input.embedding_requests.map((req) => {
+    try {
+      return { resolved: checkRequest(req, "embeddings") };
+    } catch (err) {
+      return { error: `${(err as Error).name}: ${(err as Error).message}` };
+    }
+  }),
 }));

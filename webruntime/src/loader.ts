@@ -32,6 +32,7 @@ export interface Manifest {
     vocab_size: number;
     // a reasoning model's [open, close] tags (the answer's <think> block is reasoning_content); null or absent: none
     reasoning_tags?: string[] | null;
+    kind?: "chat" | "embedding"; // absent: chat (artifacts built before embedding models)
   };
   quantization: string;
   libraries: LibraryEntry[];
@@ -93,6 +94,12 @@ export async function fetchManifest(modelUrl: string, store: FileStore): Promise
   }
   if (manifest.format !== "lantern-artifact" || !manifest.files || !manifest.libraries) {
     throw new ArtifactError(`${url} is not a Lantern artifact manifest`);
+  }
+  if (manifest.model?.kind === "embedding") {
+    throw new ArtifactError(
+      `${manifest.model.name} is an embedding model: the browser runtime runs chat models only for now ` +
+        "(lantern serve answers /v1/embeddings with it)",
+    );
   }
   await store.put(url, new TextEncoder().encode(text).buffer as ArrayBuffer);
   return manifest;

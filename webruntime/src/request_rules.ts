@@ -6,7 +6,7 @@ import { InvalidRequestError } from "./errors";
 import type { ChatCompletionRequest, ChatMessage } from "./protocol";
 
 interface Rule {
-  type: "string" | "boolean" | "number" | "integer" | "enum" | "object" | "array" | "strings" | "token_map";
+  type: "string" | "boolean" | "number" | "integer" | "enum" | "object" | "array" | "strings" | "token_map" | "embedding_input";
   required?: boolean;
   optional_for_roles?: string[];
   default?: unknown;
@@ -26,7 +26,8 @@ interface Rule {
 declare const __REQUEST_RULES__: {
   messages: Record<string, string>;
   got_max_chars: number;
-  endpoints: Record<"chat" | "completions", Record<string, Rule>>;
+  endpoints: Record<"chat" | "completions" | "embeddings", Record<string, Rule>>;
+  standalone_endpoints: string[];
   shared: Record<string, Rule>;
   template_roles: Record<string, string>;
   artifact: { stop_token_ids: string[]; tools_in_template: string };
@@ -102,6 +103,9 @@ function check(rule: Rule, value: unknown, field: string): unknown {
       throw fail(rule, "strings", field, value, { max_items: rule.max_items });
     }
   }
+  if (kind === "embedding_input" && !embeddingInput(value, rule.max_items!)) {
+    throw fail(rule, "embedding_input", field, value, { max_items: rule.max_items });
+  }
   if ((kind === "object" || kind === "token_map") && !isObject(value)) throw fail(rule, "object", field, value);
   if (kind === "object" && rule.fields) return fields(rule.fields, value as Json, `${field}.`);
   if (kind === "token_map") {
@@ -118,6 +122,17 @@ function check(rule: Rule, value: unknown, field: string): unknown {
     if (rule.items) return value.map((v, i) => check(rule.items!, v, `${field}[${i}]`));
   }
   return value;
+}
+
+function tokenIds(v: unknown): boolean {
+  return Array.isArray(v) && v.length > 0 && v.every((t) => Number.isInteger(t) && (t as number) >= 0);
+}
+
+/** OpenAI's embeddings ``input``: a text, texts, one token list, or token lists (none empty). */
+function embeddingInput(value: unknown, maxItems: number): boolean {
+  if (typeof value === "string") return value !== "";
+  if (!Array.isArray(value) || !(value.length > 0 && value.length <= maxItems)) return tokenIds(value);
+  return value.every((s) => typeof s === "string" && s) || tokenIds(value) || value.every(tokenIds);
 }
 
 /**
@@ -146,9 +161,10 @@ function fields(rules: Record<string, Rule>, body: Json, prefix = ""): Json {
  * ``req`` under the rules of ``endpoint`` ("chat", or null for the shared fields only), with nulls
  * dropped and defaults filled; InvalidRequestError for the first broken rule.
  */
-export function checkRequest(req: unknown, endpoint: "chat" | null): CheckedRequest {
+export function checkRequest(req: unknown, endpoint: "chat" | "embeddings" | null): CheckedRequest {
   if (!isObject(req)) throw new InvalidRequestError(message("body", { got: got(req) }));
-  const rules = { ...(endpoint ? RULES.endpoints[endpoint] : {}), ...RULES.shared };
+  const shared = endpoint && RULES.standalone_endpoints.includes(endpoint) ? {} : RULES.shared;
+  const rules = { ...(endpoint ? RULES.endpoints[endpoint] : {}), ...shared };
   return fields(rules, req) as unknown as CheckedRequest;
 }
 
