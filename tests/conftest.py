@@ -120,6 +120,13 @@ def smollm2_q4(build_artifact):
 
 
 @pytest.fixture(scope="session")
+def minilm(build_artifact) -> Path:
+    """The bundled all-MiniLM-L6-v2 embedding model's default build (q0f16), as `lantern build
+    all-minilm-l6-v2` makes it, without the WebGPU libraries (tests/test_embeddings*.py)."""
+    return build_artifact("all-minilm-l6-v2", None, targets=("cpu", "gguf"))
+
+
+@pytest.fixture(scope="session")
 def tiny_q4(tiny_hf, build_artifact):
     """The tiny random Llama, built like smollm2_q4 (both WebGPU schedules, the CPU library, the GGUF) in
     seconds and loaded in a few: for tests of behaviour that does not depend on the model's words

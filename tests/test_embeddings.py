@@ -41,14 +41,13 @@ def texts(shakespeare_text) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def reference(cache_dir, texts) -> np.ndarray:
-    """transformers' BertModel on the same folder, mean-pooled over each text's tokens, normalized."""
-    torch = pytest.importorskip("torch")
+def transformers_vectors(folder: Path, texts: list[str]) -> np.ndarray:
+    """transformers' BertModel on ``folder``, mean-pooled over each text's tokens, normalized (float32;
+    ci/bench/bench_embeddings.py compares with it too)."""
+    import torch
     from tokenizers import Tokenizer
     from transformers import AutoModel
 
-    folder = bundled_path(MODEL, cache_dir).with_suffix("")
     model = AutoModel.from_pretrained(str(folder)).eval()
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tok.no_truncation()
@@ -63,9 +62,9 @@ def reference(cache_dir, texts) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def minilm(build_artifact) -> Path:
-    """The default build (q0f16), as `lantern build all-minilm-l6-v2` makes it, without the WebGPU libraries."""
-    return build_artifact(MODEL, None, targets=("cpu", "gguf"))
+def reference(cache_dir, texts) -> np.ndarray:
+    pytest.importorskip("torch")
+    return transformers_vectors(bundled_path(MODEL, cache_dir).with_suffix(""), texts)
 
 
 @pytest.fixture(scope="module")

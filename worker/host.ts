@@ -79,6 +79,18 @@ export class PageSession {
           this.aborts.delete(msg.id);
         }
       }
+      case "embed": {
+        const engine = this.loaded();
+        const ctrl = new AbortController();
+        this.aborts.set(msg.id, ctrl);
+        const done = await this.attachment.turn(ctrl.signal);
+        try {
+          return await engine.embeddings.create(msg.request, { signal: ctrl.signal });
+        } finally {
+          done();
+          this.aborts.delete(msg.id);
+        }
+      }
       case "abort":
         this.aborts.get(msg.target)?.abort();
         return null;

@@ -9,6 +9,8 @@ import type {
   ChatCompletion,
   ChatCompletionChunk,
   ChatCompletionRequest,
+  EmbeddingList,
+  EmbeddingRequest,
   DebugOp,
   DebugResult,
   EngineOptions,
@@ -40,6 +42,8 @@ export const SHARED_NAME = `lantern-engine-${__LANTERN_VERSION__}`;
 
 export class WorkerEngine {
   readonly chat = chatNamespace<CreateOptions>((req, opts) => this.create(req, opts));
+  /** An embedding model's vectors (Engine.embeddings.create, in the worker). */
+  readonly embeddings = { create: (req: EmbeddingRequest, opts?: CreateOptions) => this.embed(req, opts) };
 
   private nextId = 1;
   private readonly pending = new Map<number, Pending>();
@@ -247,6 +251,19 @@ export class WorkerEngine {
   /** The worker on ``line`` (this tab's, which runs the engine) serves another tab too, through ``port`` (tabs.ts). */
   attach(port: MessagePort, line: Channel): Promise<unknown> {
     return this.call({ kind: "attach" }, undefined, line, [port]);
+  }
+
+  private async embed(request: EmbeddingRequest, opts: CreateOptions = {}): Promise<EmbeddingList> {
+    const call = this.call({ kind: "embed", request });
+    const onAbort = () => {
+      if (!this.crashed) this.post({ kind: "abort", id: this.nextId++, target: call.id });
+    };
+    opts.signal?.addEventListener("abort", onAbort);
+    try {
+      return (await call) as EmbeddingList;
+    } finally {
+      opts.signal?.removeEventListener("abort", onAbort);
+    }
   }
 
   private async create(

@@ -48,6 +48,11 @@ export interface Device {
   prepare(spec: GrammarSpec): Promise<unknown>;
   start(req: GenerationRequest): Promise<Generation>;
   stats(): DeviceStats;
+  /**
+   * An embedding model's pooled vectors (not normalized) of texts (the tokenizer's special tokens added)
+   * or token lists (as given), with the tokens they held; absent where the device cannot embed.
+   */
+  embed?(inputs: string[] | number[][], signal?: AbortSignal): Promise<{ vectors: number[][]; tokens: number }>;
   /** Measurements on raw token ids for `lantern validate` (webgpu: all; wasm: greedy only). */
   debug(req: DebugOp): Promise<DebugResult>;
   dispose(): Promise<void>;

@@ -21,6 +21,8 @@ import type {
   DebugOp,
   DebugResult,
   DeviceName,
+  EmbeddingList,
+  EmbeddingRequest,
   EngineOptions,
   EngineStats,
   FinishReason,
@@ -45,6 +47,7 @@ import { Closer, closesCutAnswers, HOLD } from "./closing";
 import { LazyGrammars } from "./grammars";
 import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
 import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
+import { checkDimensions, embeddingInputs, embeddingList, finishVectors } from "./embeddings";
 import { WasmDevice } from "./wasm";
 import { WebGpuDevice } from "./webgpu";
 
@@ -145,6 +148,8 @@ async function openDevice(
 
 export class Engine {
   readonly chat = chatNamespace<CreateOptions>((req, opts) => this.create(req, opts));
+  /** An embedding model's vectors, in OpenAI's shape (`embeddings.create`); the wasm device computes them. */
+  readonly embeddings = { create: (req: EmbeddingRequest, opts?: CreateOptions) => this.embed(req, opts) };
 
   private device: Device | null;
   private tail: Promise<void> = Promise.resolve();
@@ -187,7 +192,13 @@ export class Engine {
     codecReady.catch(() => {}); // awaited below
     const chatConfig = json("mlc-chat-config.json");
     const stops = stopTokenIds(chatConfig);
-    if (!stops.size) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
+    const embedding = manifest.model.kind === "embedding";
+    if (!stops.size && !embedding) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
+    if (embedding && options.device === "webgpu") {
+      throw new InvalidRequestError(
+        `${manifest.model.name} is an embedding model: those run on the wasm device for now (device "wasm" or "auto")`,
+      );
+    }
     const grammars = new LazyGrammars(
       small.get("tokenizer.json")!,
       chatConfig.tokenizer_info?.token_postproc_method ?? "raw",
@@ -196,7 +207,7 @@ export class Engine {
     );
 
     const device = await openDevice(
-      options.device ?? "auto",
+      embedding ? "wasm" : (options.device ?? "auto"),
       {
         webgpu: async (gpu) =>
           WebGpuDevice.open({
@@ -227,11 +238,39 @@ export class Engine {
     return this.loaded().kind;
   }
 
+  private async embed(request: EmbeddingRequest, opts: CreateOptions = {}): Promise<EmbeddingList> {
+    const device = this.loaded();
+    const name = this.manifest.model.name;
+    const facts = this.manifest.embedding;
+    if (!facts || !device.embed) {
+      throw new InvalidRequestError(`model ${name} is a chat model: it has no pooling for embeddings (load an embedding model)`);
+    }
+    const req = checkRequest(request, "embeddings") as unknown as EmbeddingRequest;
+    const dimensions = checkDimensions(req.dimensions, facts, name);
+    if (req.truncate) throw new InvalidRequestError("truncate is not supported in the browser yet (lantern serve takes it)");
+    const inputs = embeddingInputs(req.input, this.manifest.model.vocab_size);
+    const embed = device.embed.bind(device);
+    // in turn with chat requests: one device, one request at a time
+    const turn = this.tail.then(() => embed(inputs, opts.signal));
+    this.tail = turn.then(
+      () => {},
+      () => {},
+    );
+    const { vectors, tokens } = await turn;
+    const list = embeddingList(finishVectors(vectors, dimensions, facts), req.encoding_format ?? "float", name, tokens);
+    return { ...list, lantern_device: device.kind };
+  }
+
   private async create(
     request: ChatCompletionRequest,
     opts: CreateOptions = {},
   ): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>> {
     const device = this.loaded();
+    if (this.manifest.embedding) {
+      throw new InvalidRequestError(
+        `model ${this.manifest.model.name} is an embedding model: it answers embeddings.create, not text`,
+      );
+    }
     const req = this.validate(request);
     // Bad schemas, grammars and template variables fail here, before the request is queued.
     const spec = requestSpec(req);

@@ -1,6 +1,7 @@
 // Fetches an artifact's files: every byte is checked against lantern.json (size + sha256)
 // before use, verified files are cached, downloads run a few at a time with retries, and a
 // transfer cut mid-file resumes with an HTTP Range request where the server allows it.
+import type { EmbeddingFacts } from "./embeddings";
 import { ArtifactError, IntegrityError, NetworkError } from "./errors";
 import type { LoadProgress } from "./protocol";
 import type { GenerationDefaults } from "./sampler";
@@ -34,6 +35,8 @@ export interface Manifest {
     reasoning_tags?: string[] | null;
     kind?: "chat" | "embedding"; // absent: chat (artifacts built before embedding models)
   };
+  // an embedding model's vectors (compiler/pipeline.py, embedding_facts); absent or null for a chat model
+  embedding?: EmbeddingFacts | null;
   quantization: string;
   libraries: LibraryEntry[];
   memory: { estimated_gpu_bytes: number };
@@ -94,12 +97,6 @@ export async function fetchManifest(modelUrl: string, store: FileStore): Promise
   }
   if (manifest.format !== "lantern-artifact" || !manifest.files || !manifest.libraries) {
     throw new ArtifactError(`${url} is not a Lantern artifact manifest`);
-  }
-  if (manifest.model?.kind === "embedding") {
-    throw new ArtifactError(
-      `${manifest.model.name} is an embedding model: the browser runtime runs chat models only for now ` +
-        "(lantern serve answers /v1/embeddings with it)",
-    );
   }
   await store.put(url, new TextEncoder().encode(text).buffer as ArrayBuffer);
   return manifest;

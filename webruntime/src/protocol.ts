@@ -89,6 +89,25 @@ export function chatNamespace<Options>(
   return { completions: { create: create as CreateChatCompletion<Options> } };
 }
 
+/** `embeddings.create`'s request: OpenAI's shape (request_rules.json's `embeddings` endpoint). */
+export interface EmbeddingRequest {
+  input: string | string[] | number[] | number[][];
+  model?: string;
+  dimensions?: number;
+  encoding_format?: "float" | "base64";
+  /** Lantern's: cut a text longer than the model takes instead of refusing it (`lantern serve` only, for now). */
+  truncate?: boolean;
+}
+
+export interface EmbeddingList {
+  lantern_route?: Route;
+  lantern_device?: DeviceName;
+  object: "list";
+  data: { object: "embedding"; index: number; embedding: number[] | string }[];
+  model: string;
+  usage: { prompt_tokens: number; total_tokens: number };
+}
+
 /** "timeout": from `lantern serve` only (through the router), a request past its `timeout` field. */
 export type FinishReason = "stop" | "length" | "abort" | "tool_calls" | "timeout";
 
@@ -301,6 +320,7 @@ export type WorkerRequest =
   | { kind: "attach"; id: number }
   | { kind: "load"; id: number; options: LoadOptions }
   | { kind: "create"; id: number; request: ChatCompletionRequest }
+  | { kind: "embed"; id: number; request: EmbeddingRequest }
   | { kind: "abort"; id: number; target: number }
   | { kind: "interrupt"; id: number }
   | { kind: "stats"; id: number }

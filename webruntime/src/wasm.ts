@@ -230,6 +230,9 @@ export class WasmDevice implements Device {
       n_gpu_layers: 0,
       n_ctx: contextWindow,
       n_parallel: 1,
+      // an embedding model: llama.cpp pools (the GGUF's pooling_type), and an encoder runs a whole text in
+      // one micro-batch (llama.cpp asserts n_ubatch >= its tokens)
+      ...(manifest.model.kind === "embedding" ? { embeddings: true, n_batch: contextWindow, n_ubatch: contextWindow } : {}),
       kv_overrides: Object.fromEntries(
         Object.entries(manifest.gguf?.kv_overrides ?? {}).map(([key, value]) => [key, `int:${value}`]),
       ),
@@ -283,6 +286,30 @@ export class WasmDevice implements Device {
   private loaded(): Wllama {
     if (!this.wllama) throw new EngineNotLoadedError("the engine was unloaded");
     return this.wllama;
+  }
+
+  async embed(inputs: string[] | number[][], signal?: AbortSignal): Promise<{ vectors: number[][]; tokens: number }> {
+    const wllama = this.loaded();
+    const vectors: number[][] = [];
+    let tokens = 0;
+    // one text per call: llama.cpp's server in wasm gives an input longer than a micro-batch an error of its
+    // own, which names the text here
+    for (const [i, input] of inputs.entries()) {
+      if (signal?.aborted) throw new LanternError("the embeddings request was aborted");
+      let res: Awaited<ReturnType<Wllama["createEmbedding"]>>;
+      try {
+        res = await wllama.createEmbedding({ input: [input] as string[] | number[][], embd_normalize: -1 });
+      } catch (err) {
+        const why = err instanceof Error ? err.message : String(err);
+        if (/too large|exceed/i.test(why)) {
+          throw new InvalidRequestError(`input[${i}] is longer than the ${this.contextWindow} tokens this model takes`);
+        }
+        throw new LanternError(`llama.cpp could not embed input[${i}]: ${why}`);
+      }
+      vectors.push(res.data[0].embedding as number[]);
+      tokens += res.usage?.prompt_tokens ?? 0;
+    }
+    return { vectors, tokens };
   }
 
   async prepare(spec: GrammarSpec): Promise<LlamaGrammar> {

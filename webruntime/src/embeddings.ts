@@ -1,0 +1,69 @@
+// An embedding model's answers in the page (Engine.embeddings.create): the request's inputs as a list, the
+// vectors cut to `dimensions` and normalized, and OpenAI's answer shape with base64 encoding. The twin of
+// the server's Embedder (server/embeddings.py: tokens, embed) and its route (server/routes.py).
+import { InvalidRequestError } from "./errors";
+import type { EmbeddingList, EmbeddingRequest } from "./protocol";
+
+/** The manifest's `embedding` record (compiler/pipeline.py, embedding_facts). */
+export interface EmbeddingFacts {
+  dimensions: number;
+  pooling: string;
+  normalize: boolean;
+  max_tokens: number;
+  prompts: Record<string, string>;
+}
+
+/** The input as a list of texts or of token lists; token ids checked against the vocabulary. */
+export function embeddingInputs(input: EmbeddingRequest["input"], vocabSize: number): string[] | number[][] {
+  const list: string[] | number[][] =
+    typeof input === "string"
+      ? [input]
+      : input.length && input.every((t) => typeof t === "number")
+        ? [input as number[]]
+        : (input as string[] | number[][]);
+  list.forEach((item, i) => {
+    if (typeof item === "string") return;
+    const bad = item.find((t) => !(t >= 0 && t < vocabSize));
+    if (bad !== undefined)
+      throw new InvalidRequestError(`input[${i}] holds token ${bad}, outside the vocabulary (0..${vocabSize - 1})`);
+  });
+  return list;
+}
+
+/** `dimensions` checked against the model's size (undefined: all of it). */
+export function checkDimensions(dimensions: number | undefined, facts: EmbeddingFacts, model: string): number {
+  if (dimensions !== undefined && dimensions > facts.dimensions) {
+    throw new InvalidRequestError(`dimensions must be at most ${facts.dimensions} for ${model}, got ${dimensions}`);
+  }
+  return dimensions ?? facts.dimensions;
+}
+
+/** Pooled vectors cut to ``dimensions``, then normalized when the model's folder says so or they were cut. */
+export function finishVectors(pooled: number[][], dimensions: number, facts: EmbeddingFacts): Float32Array[] {
+  return pooled.map((v) => {
+    const out = Float32Array.from(v.slice(0, dimensions));
+    if (facts.normalize || dimensions < facts.dimensions) {
+      const norm = Math.max(Math.hypot(...out), 1e-12);
+      for (let i = 0; i < out.length; i++) out[i] /= norm;
+    }
+    return out;
+  });
+}
+
+/** OpenAI's answer: each vector as numbers, or with `encoding_format: "base64"` its little-endian float32 bytes. */
+export function embeddingList(vectors: Float32Array[], format: string, model: string, tokens: number): EmbeddingList {
+  const encode = (v: Float32Array) => {
+    const bytes = new Uint8Array(v.length * 4);
+    const view = new DataView(bytes.buffer);
+    for (const [i, x] of v.entries()) view.setFloat32(i * 4, x, true);
+    let text = "";
+    for (const b of bytes) text += String.fromCharCode(b);
+    return btoa(text);
+  };
+  return {
+    object: "list",
+    data: vectors.map((v, index) => ({ object: "embedding", index, embedding: format === "base64" ? encode(v) : Array.from(v) })),
+    model,
+    usage: { prompt_tokens: tokens, total_tokens: tokens },
+  };
+}
