@@ -90,6 +90,12 @@ class Server:
         slot.waiting += 1
 
     @staticmethod
+    def release(slot: ModelSlot) -> None:
+        """Give back an admitted request's place, noting when it ended (Retry-After)."""
+        slot.waiting -= 1
+        slot.finished.append(time.monotonic())
+
+    @staticmethod
     def retry_after(slot: ModelSlot) -> int:
         """Seconds until a place in a full queue is likely to free: one request's share of the last
         minute's throughput (5 before two requests have finished), from 1 to 60."""
@@ -120,8 +126,7 @@ class Server:
             stop.cancel("shutdown")
             raise
         finally:
-            slot.waiting -= 1
-            slot.finished.append(time.monotonic())
+            self.release(slot)
 
     @staticmethod
     def prepare(slot: ModelSlot, prompt_text: str, req: SamplingFields, raw: bool = False) -> list[int]:

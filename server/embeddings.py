@@ -236,9 +236,9 @@ class Embedder:
                 raise LanternError(f"{self.name} is closed")
             self.queue.append(job)
             self.cv.notify()
-        pooled = job.future.result()
-        vectors = pooled[:, : self.check_dimensions(dimensions)]
-        if self.normalize or (dimensions or self.dimensions) < self.dimensions:
+        cut = self.check_dimensions(dimensions)
+        vectors = job.future.result()[:, :cut]
+        if self.normalize or cut < self.dimensions:
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             vectors = vectors / np.maximum(norms, 1e-12)
         return vectors.astype(np.float32)

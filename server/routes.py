@@ -137,7 +137,7 @@ async def embeddings(req: EmbeddingRequest, request: Request) -> EmbeddingList:
     embedder = slot.embedder
     assert embedder is not None  # slot_for admits only a loaded embedding model
     try:
-        dimensions = embedder.check_dimensions(req.dimensions)
+        embedder.check_dimensions(req.dimensions)  # refused before the texts are tokenized
     except InvalidRequest as err:
         raise ApiError(400, str(err), param="dimensions") from None
     try:
@@ -154,8 +154,7 @@ async def embeddings(req: EmbeddingRequest, request: Request) -> EmbeddingList:
         cancelled.set()
         raise
     finally:
-        slot.waiting -= 1
-        slot.finished.append(time.monotonic())
+        server.release(slot)
     data = [
         Embedding(
             index=i,
@@ -163,6 +162,5 @@ async def embeddings(req: EmbeddingRequest, request: Request) -> EmbeddingList:
         )
         for i, v in enumerate(vectors)
     ]
-    assert vectors.shape[1] == dimensions
     used = sum(len(t) for t in texts)
     return EmbeddingList(data=data, model=slot.name, usage=EmbeddingUsage(prompt_tokens=used, total_tokens=used))
