@@ -6,6 +6,7 @@ resolved inside its root folder; anything that would leave it is a 404.
 
 from __future__ import annotations
 
+import json
 import mimetypes
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse, JSONResponse
 
 from ..errors import LanternError
+from ..package import MANIFEST
 
 mimetypes.add_type("application/wasm", ".wasm")
 mimetypes.add_type("text/javascript", ".js")
@@ -96,12 +98,20 @@ def _file(path: Path) -> FileResponse:
     return _File(path, headers=HEADERS)
 
 
+def _kind(folder: Path) -> str:
+    """The artifact's model kind, "chat" or "embedding" (pages pick their models by it)."""
+    try:
+        return json.loads((folder / MANIFEST).read_text())["model"].get("kind", "chat")
+    except (OSError, ValueError, KeyError):
+        return "chat"
+
+
 def mount_static(app: FastAPI, models: dict[str, Path], site: Path | None) -> None:
     runtime = runtime_dir()
 
     @app.get("/models/index.json")
     def model_index() -> JSONResponse:
-        return JSONResponse({"models": [{"name": n, "url": f"/models/{n}/"} for n in sorted(models)]})
+        return JSONResponse({"models": [{"name": n, "url": f"/models/{n}/", "kind": _kind(models[n])} for n in sorted(models)]})
 
     @app.get("/runtime/{name}")
     def runtime_file(name: str) -> FileResponse:

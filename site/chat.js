@@ -51,7 +51,8 @@ async function listModels() {
   const wanted = new URLSearchParams(location.search).get("model");
   let models = [];
   try {
-    models = (await (await fetch("/models/index.json")).json()).models;
+    // embedding models answer no chat: the retrieval page (rag.html) uses them
+    models = (await (await fetch("/models/index.json")).json()).models.filter((m) => (m.kind ?? "chat") === "chat");
   } catch {
     /* a static host without an index: ?model=URL names the model */
   }

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 
 from browser import lantern_server, repo_root
@@ -144,6 +145,44 @@ def test_the_cloud_route_gives_the_same_parts(browser, server, tiny_q4):
     assert parts[:3] == ["start", "start-step", "text-start"] and parts[-3:] == ["text-end", "finish-step", "finish"]
     assert obj["valid"] and obj["metadata"]["route"] == "cloud"
     assert {e["route"] for e in events if e["type"] == "route"} == {"cloud"}
+
+
+def test_embed_many_on_an_embedding_model_local_and_cloud(minilm, tiny_q4, browser, site, tmp_path, report):
+    """`embedMany` and `embed` on the real all-MiniLM-L6-v2 through `provider.embeddingModel()`: the
+    values cut into calls of `maxEmbeddingsPerCall`, the vectors of the engine's own call, the cloud
+    route with the same vector, abort, and a chat model's 400 as an APICallError."""
+    link = tmp_path / "all-minilm-l6-v2"  # served under the model's own name, as the router requires
+    link.symlink_to(minilm)
+    values = [f"Note {i}: the harbour of Lumen is busy in spring." for i in range(9)]
+    with lantern_server([link, tiny_q4.path], site=site, engine="llamacpp") as (base, _):
+        context = browser.new_context()
+        try:
+            p = open_page(context, base)
+            p.evaluate(
+                "(s) => setup(s)",
+                {
+                    "model": "/models/all-minilm-l6-v2/",
+                    "engine": {"threads": 1},
+                    "cloud": {"baseURL": base + "/v1"},
+                    "maxEmbeddingsPerCall": 4,
+                },
+            )
+            out = p.evaluate(
+                "(a) => embedCase(a)",
+                {"values": values, "chat": {"model": f"/models/{tiny_q4.path.name}/", "engine": {"threads": 1}}},
+            )
+        finally:
+            context.close()
+    vectors = np.array(out["embeddings"])
+    assert vectors.shape == (9, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert np.allclose(vectors, [d["embedding"] for d in out["direct"]["data"]], atol=1e-6)  # the router's own answer
+    assert out["perCall"] == 4 and out["calls"] == 3  # 4 + 4 + 1
+    assert out["usage"]["tokens"] > 9 and out["metadata"] == {"route": "local", "device": "wasm"}
+    assert out["cloudRoute"] == "cloud" and out["cloudCosine"] >= 0.9999
+    assert out["aborted"] == "AbortError"
+    assert out["wrong"]["name"] == "AI_APICallError" and out["wrong"]["status"] == 400
+    assert "is a chat model: it has no pooling for embeddings" in out["wrong"]["message"]
+    report(f"AI SDK embedMany: 9 texts in {out['calls']} calls, local vs cloud cosine {out['cloudCosine']:.6f}")
 
 
 @pytest.mark.slow  # Qwen's 151,669-token vocabulary (the tiny model is shared with test_qwen_template)

@@ -28,57 +28,136 @@ TEXTS = [
 ]
 
 
-def test_the_wasm_device_embeds_as_the_server(minilm, playwright, report):
+@pytest.fixture(scope="module")
+def served(minilm, tmp_path_factory, playwright):
+    """`lantern serve` with the model under its manifest's name (the router's cloud must name the local
+    model), and a page of Chromium without WebGPU."""
+    link = tmp_path_factory.mktemp("served") / "all-minilm-l6-v2"
+    link.symlink_to(minilm)
+    with lantern_server([link], engine="llamacpp") as (base, seen):
+        browser = launch(playwright, webgpu=False)
+        try:
+            yield base, open_page(browser, base), seen
+        finally:
+            browser.close()
+
+
+def test_the_wasm_device_embeds_as_the_server(minilm, served, report):
     server = Embedder(minilm, "llamacpp")
     try:
         tokens = server.tokens(TEXTS)
         reference = server.embed(tokens)
     finally:
         server.close()
-    with lantern_server([minilm]) as (base, _):
-        browser = launch(playwright, webgpu=False)
-        try:
-            page = open_page(browser, base)
-            model = f"/models/{minilm.name}/"
-            refused = page.evaluate("(m) => errorOf(() => load(m, { device: 'webgpu' }))", model)
-            assert refused["name"] == "InvalidRequestError" and "run on the wasm device for now" in refused["message"]
-            stats = page.evaluate("(m) => load(m, { device: 'auto', threads: 1 })", model)
-            assert stats["device"] == "wasm"
+    base, page, _ = served
+    model = "/models/all-minilm-l6-v2/"
+    refused = page.evaluate("(m) => errorOf(() => load(m, { device: 'webgpu' }))", model)
+    assert refused["name"] == "InvalidRequestError" and "run on the wasm device for now" in refused["message"]
+    stats = page.evaluate("(m) => load(m, { device: 'auto', threads: 1 })", model)
+    assert stats["device"] == "wasm"
 
-            out = page.evaluate("(req) => engine.embeddings.create(req)", {"input": TEXTS})
-            assert out["object"] == "list" and out["lantern_device"] == "wasm"
-            assert [d["index"] for d in out["data"]] == list(range(len(TEXTS)))
-            vectors = np.array([d["embedding"] for d in out["data"]])
-            cos = (vectors * reference).sum(1)
-            assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
-            assert cos.min() >= 0.9999, cos
-            assert out["usage"]["prompt_tokens"] == sum(len(t) for t in tokens)
+    out = page.evaluate("(req) => engine.embeddings.create(req)", {"input": TEXTS})
+    assert out["object"] == "list" and out["lantern_device"] == "wasm"
+    assert [d["index"] for d in out["data"]] == list(range(len(TEXTS)))
+    vectors = np.array([d["embedding"] for d in out["data"]])
+    cos = (vectors * reference).sum(1)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert cos.min() >= 0.9999, cos
+    assert out["usage"]["prompt_tokens"] == sum(len(t) for t in tokens)
 
-            ids = page.evaluate("(req) => engine.embeddings.create(req)", {"input": tokens[0]})
-            assert np.allclose(ids["data"][0]["embedding"], vectors[0], atol=1e-5)
-            cut = page.evaluate("(req) => engine.embeddings.create(req)", {"input": TEXTS[0], "dimensions": 64})
-            short = np.array(cut["data"][0]["embedding"])
-            assert len(short) == 64 and np.allclose(short, vectors[0][:64] / np.linalg.norm(vectors[0][:64]), atol=1e-5)
-            packed = page.evaluate("(req) => engine.embeddings.create(req)", {"input": TEXTS[0], "encoding_format": "base64"})
-            assert np.allclose(np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), "<f4"), vectors[0], atol=1e-6)
+    ids = page.evaluate("(req) => engine.embeddings.create(req)", {"input": tokens[0]})
+    assert np.allclose(ids["data"][0]["embedding"], vectors[0], atol=1e-5)
+    cut = page.evaluate("(req) => engine.embeddings.create(req)", {"input": TEXTS[0], "dimensions": 64})
+    short = np.array(cut["data"][0]["embedding"])
+    assert len(short) == 64 and np.allclose(short, vectors[0][:64] / np.linalg.norm(vectors[0][:64]), atol=1e-5)
+    packed = page.evaluate("(req) => engine.embeddings.create(req)", {"input": TEXTS[0], "encoding_format": "base64"})
+    assert np.allclose(np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), "<f4"), vectors[0], atol=1e-6)
 
-            def error(req: dict) -> dict:
-                return page.evaluate("(req) => errorOf(() => engine.embeddings.create(req))", req)
+    def error(req: dict) -> dict:
+        return page.evaluate("(req) => errorOf(() => engine.embeddings.create(req))", req)
 
-            empty = error({"input": ""})
-            with pytest.raises(request_rules.RuleError) as server_says:
-                request_rules.checked({"input": ""}, "embeddings")
-            assert empty == {"name": "InvalidRequestError", "message": server_says.value.message, "file": None}
-            # the page names a model by its manifest (the server by its folder)
-            assert (
-                error({"input": "x", "dimensions": 385})["message"]
-                == "dimensions must be at most 384 for all-minilm-l6-v2, got 385"
-            )
-            assert "outside the vocabulary (0..30521)" in error({"input": [[101, 40000]]})["message"]
-            chat = page.evaluate(
-                "() => errorOf(() => engine.chat.completions.create({ messages: [{ role: 'user', content: 'hi' }] }))"
-            )
-            assert "is an embedding model: it answers embeddings.create, not text" in chat["message"]
-            report(f"all-MiniLM-L6-v2 on the wasm device (1 thread): cosine to lantern serve's llamacpp min {cos.min():.6f}")
-        finally:
-            browser.close()
+    empty = error({"input": ""})
+    with pytest.raises(request_rules.RuleError) as server_says:
+        request_rules.checked({"input": ""}, "embeddings")
+    assert empty == {"name": "InvalidRequestError", "message": server_says.value.message, "file": None}
+    # the page names a model by its manifest (the server by its folder)
+    assert error({"input": "x", "dimensions": 385})["message"] == "dimensions must be at most 384 for all-minilm-l6-v2, got 385"
+    assert "outside the vocabulary (0..30521)" in error({"input": [[101, 40000]]})["message"]
+    chat = page.evaluate("() => errorOf(() => engine.chat.completions.create({ messages: [{ role: 'user', content: 'hi' }] }))")
+    assert "is an embedding model: it answers embeddings.create, not text" in chat["message"]
+    report(f"all-MiniLM-L6-v2 on the wasm device (1 thread): cosine to lantern serve's llamacpp min {cos.min():.6f}")
+
+
+ZARNIA = (
+    "Zarnia is a small island nation in the northern sea. Its capital is Lumen, a harbour city of forty "
+    "thousand people. Most Zarnians fish or keep sheep."
+)
+LONG = " ".join(f"Sentence {i} of a long report on harbours, wool, weather and the sea" for i in range(40))  # ~2,700 chars
+
+
+def test_the_router_and_the_retrieval_index(served, report):
+    """The router's `embeddings.create` answers locally and, asked to, from `lantern serve` with the same
+    vectors; it refuses a cloud model of another name. `openIndex` chunks, embeds, keeps the chunks in
+    IndexedDB (a second open finds them), finds the passage a question is about, halves a chunk the
+    model finds too long, and refuses vectors of another model."""
+    base, page, seen = served
+    local = {"model": "/models/all-minilm-l6-v2/", "device": "auto", "threads": 1, "shared": False}
+    cloud = {"baseURL": base + "/v1", "model": "all-minilm-l6-v2"}
+    out = page.evaluate(
+        """async ({ local, cloud, texts }) => {
+            window.router = await lantern.createRouter({ local, cloud });
+            const here = await router.embeddings.create({ input: texts });
+            const there = await router.embeddings.create({ input: texts, dimensions: 128 }, { route: "cloud" });
+            const other = await lantern.createRouter({ local, cloud: { ...cloud, model: "another-model" } });
+            const refused = await errorOf(() => other.embeddings.create({ input: texts }, { route: "cloud" }));
+            await other.local.unload();
+            return { here, there, refused };
+        }""",
+        {"local": local, "cloud": cloud, "texts": TEXTS},
+    )
+    here, there = out["here"], out["there"]
+    assert here["lantern_route"] == "local" and here["lantern_device"] == "wasm" and there["lantern_route"] == "cloud"
+    a = np.array([d["embedding"] for d in here["data"]])[:, :128]
+    b = np.array([d["embedding"] for d in there["data"]])
+    cos = (a / np.linalg.norm(a, axis=1, keepdims=True) * b).sum(1)
+    assert b.shape == (len(TEXTS), 128) and cos.min() >= 0.9999, cos
+    assert ("/v1/embeddings", None) in seen
+    assert out["refused"]["name"] == "ModelMismatchError"
+    assert 'the cloud model "another-model" is not the local model "all-minilm-l6-v2"' in out["refused"]["message"]
+
+    docs = [
+        {"id": "zarnia", "title": "Zarnia", "text": ZARNIA},
+        {"id": "baking", "text": "Sourdough rises with a starter of wild yeast. Feed it flour and water every day."},
+        {"id": "long", "title": "Report", "text": LONG},
+    ]
+    got = page.evaluate(
+        """async (docs) => {
+            const index = await lantern.openIndex("test-documents", router);
+            await index.clear();
+            const chunks = await index.add(docs.slice(0, 2), { maxChars: 120, batch: 2 });
+            // one 2,700-character chunk: more tokens than the model takes, so it is halved until each piece fits
+            const long = await index.add(docs[2], { maxChars: 4000 });
+            const hits = await index.search("Which city is the capital of Zarnia?", 3);
+            const again = await lantern.openIndex("test-documents", router);
+            const stub = { embeddings: { create: async (req) => ({ object: "list", model: "another-model",
+              data: req.input.map((_, index) => ({ object: "embedding", index, embedding: new Array(384).fill(0.05) })),
+              usage: { prompt_tokens: 1, total_tokens: 1 } }) } };
+            const mixed = await errorOf(async () => (await lantern.openIndex("test-documents", stub)).search("x"));
+            return { chunks, long, hits, size: again.size, model: again.model, docs: again.documents(), mixed };
+        }""",
+        docs,
+    )
+    texts = {d["id"]: d["text"] for d in docs}
+    for c in got["chunks"] + got["long"]:
+        assert texts[c["doc"]][c["start"] : c["start"] + len(c["text"])] == c["text"], c
+    assert [c["doc"] for c in got["chunks"]].count("zarnia") == 2  # two sentences per chunk at 120 characters
+    assert 2 <= len(got["long"]) <= 8 and max(len(c["text"]) for c in got["long"]) < 2000
+    assert got["hits"][0]["doc"] == "zarnia" and "Lumen" in got["hits"][0]["text"], got["hits"]
+    assert got["hits"][0]["score"] > got["hits"][1]["score"]
+    assert got["size"] == len(got["chunks"]) + len(got["long"]) and got["model"] == "all-minilm-l6-v2"
+    assert [d["id"] for d in got["docs"]] == ["baking", "long", "zarnia"]
+    assert got["mixed"]["name"] == "ModelMismatchError" and "holds vectors of all-minilm-l6-v2" in got["mixed"]["message"]
+    report(
+        f"router: local vs cloud cosine min {cos.min():.6f} (128 dimensions); index: {got['size']} chunks, "
+        f"the long one cut in {len(got['long'])}, top hit {got['hits'][0]['score']:.3f} vs {got['hits'][1]['score']:.3f}"
+    )

@@ -198,6 +198,63 @@ def test_the_embedding_example_runs_as_shown(site, playwright):
         assert problems == []
 
 
+DOCUMENTS = {
+    "Zarnia": (
+        "Zarnia is a small island nation in the northern sea. Its capital is Lumen, a harbour city of "
+        "forty thousand people. Most Zarnians fish or keep sheep, and the island exports wool and smoked cod."
+    ),
+    "Baking": (
+        "Sourdough bread rises with a starter of wild yeast instead of baker's yeast. Feed the starter flour and "
+        "water every day, and bake when it doubles within a few hours. A hot oven and steam give the crust."
+    ),
+    "Comets": (
+        "A comet is a ball of ice and dust that orbits the Sun. Near the Sun its ice turns to gas, and the "
+        "solar wind pushes that gas and dust into a tail that points away from the Sun."
+    ),
+}
+
+
+def test_the_retrieval_page_answers_from_pasted_documents_with_a_citation(smollm2, minilm, tmp_path, playwright, report):
+    """site/rag.html, as a person uses it, with everything local: load a chat model (SmolLM2) and an
+    embedding model (all-MiniLM-L6-v2) on the CPU, paste three documents, ask. The passage about the
+    question is the nearest (real vectors), the answer cites shown passages (its grammar allows no
+    other), and the documents are still there after a reload (IndexedDB)."""
+    link = tmp_path / "minilm"
+    link.symlink_to(minilm)
+    with lantern_server([smollm2, link], site=repo_root() / "site") as (base, seen):
+        with launch(playwright, webgpu=False) as browser:
+            page = browser.new_page()
+            problems = watch(page)
+            page.goto(base + "/rag.html?threads=1")
+            page.wait_for_function("document.getElementById('embed-model').options.length > 0")
+            assert page.locator("#chat-model option").all_inner_texts() == ["smollm2"]
+            assert page.locator("#embed-model option").all_inner_texts() == ["minilm"]
+            page.get_by_role("button", name="Load").click()
+            page.wait_for_function("document.getElementById('status').dataset.state === 'ready'", timeout=300_000)
+            for title, text in DOCUMENTS.items():
+                page.locator("#doc-title").fill(title)
+                page.locator("#doc-text").fill(text)
+                page.get_by_role("button", name="Add document").click()
+                page.wait_for_function("(t) => document.querySelector(`#docs li[data-doc='${t}']`)", arg=title)
+            page.locator("#question").fill("What is the capital city of Zarnia?")
+            page.get_by_role("button", name="Ask").click()
+            page.wait_for_function("document.querySelector('#answer .cite')", timeout=120_000)
+            nearest = page.locator("#sources li").first.get_attribute("data-doc")
+            cited = [int(c) for c in page.locator("#answer .cite").evaluate_all("cs => cs.map(c => c.dataset.source)")]
+            shown = page.locator("#sources li").count()
+            answer = page.locator("#answer").inner_text()
+            assert nearest == "Zarnia", page.locator("#sources").inner_text()
+            assert shown == 3 and cited and all(1 <= n <= shown for n in cited), answer
+            report(f"retrieval page: nearest passage {nearest!r}, answer {answer!r}")
+            page.reload()
+            page.wait_for_function("document.getElementById('embed-model').options.length > 0")
+            page.get_by_role("button", name="Load").click()
+            page.wait_for_function("document.getElementById('status').dataset.state === 'ready'", timeout=300_000)
+            assert sorted(page.locator("#docs li").evaluate_all("ls => ls.map(l => l.dataset.doc)")) == sorted(DOCUMENTS)
+            assert problems == []
+    assert not any(path.startswith("/v1/") for path, _ in seen)  # nothing went to the server's API
+
+
 def npm_pack(folder: Path, report) -> list[str]:
     out = subprocess.run(["npm", "pack", "--dry-run", "--json"], cwd=folder, capture_output=True, text=True, check=True)
     files = sorted(f["path"] for f in json.loads(out.stdout)[0]["files"])

@@ -62,7 +62,7 @@ export class PageSession {
         this.engine = await this.attachment.load(msg.options, (progress) =>
           this.send({ kind: "progress", id: msg.id, progress }),
         );
-        return null;
+        return this.engine.model;
       case "create": {
         const engine = this.loaded();
         const ctrl = new AbortController();

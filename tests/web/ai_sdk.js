@@ -1,6 +1,6 @@
 // Test page source for tests/test_ai_sdk_browser.py: the real `ai` package and zod, bundled by the test
 // with esbuild (the runtime's provider stays external: /runtime/ai-sdk.js, as `lantern serve` serves it).
-import { APICallError, generateText, jsonSchema, Output, stepCountIs, streamText, tool, UnsupportedFunctionalityError } from "ai";
+import { APICallError, cosineSimilarity, embed, embedMany, generateText, jsonSchema, Output, stepCountIs, streamText, tool, UnsupportedFunctionalityError } from "ai";
 import { z } from "zod";
 import { createLantern } from "/runtime/ai-sdk.js";
 
@@ -91,6 +91,23 @@ window.reasoningCase = async (req) => {
     if (part.type === "text-delta") text += part.text;
   }
   return { reasoning, text, parts, reasoningText: (await result.reasoningText) ?? "" };
+};
+
+// An embedding model through embedMany (cut into calls of the provider's maxEmbeddingsPerCall) and embed,
+// then embedMany aborted before it starts, and embed of a chat model's provider (`chat`: its settings).
+window.embedCase = async ({ values, chat }) => {
+  const model = provider.embeddingModel();
+  const many = await embedMany({ model, values, maxParallelCalls: 1 });
+  const direct = await (await provider.backend()).embeddings.create({ input: values });
+  const one = await embed({ model, value: values[1], providerOptions: { lantern: { route: "cloud" } } });
+  const ctrl = new AbortController();
+  ctrl.abort();
+  const aborted = await embedMany({ model, values, abortSignal: ctrl.signal }).then(() => null, (e) => e.name);
+  const wrong = await embed({ model: createLantern(chat).embeddingModel(), value: "hi", maxRetries: 0 }).then(
+    () => null, (e) => ({ name: e.name, status: e.statusCode ?? null, message: e.message }));
+  return { embeddings: many.embeddings, calls: many.responses.length, usage: many.usage, perCall: model.maxEmbeddingsPerCall,
+    metadata: many.providerMetadata?.lantern ?? null, cloudCosine: cosineSimilarity(one.embedding, many.embeddings[1]),
+    cloudRoute: one.providerMetadata?.lantern?.route ?? null, aborted, wrong, direct };
 };
 
 window.routerEvents = () => events;

@@ -2,6 +2,7 @@
 // specification `ai` 7 calls) that runs on Lantern's router, so on the local engine when it can and on
 // the cloud otherwise, with the router's failover. It translates the SDK's call options and prompt into
 // one OpenAI-style request, and the router's answers and chunks back into the SDK's content and parts.
+// For an embedding artifact, `.embeddingModel()` is an EmbeddingModelV4 (`embed`, `embedMany`).
 //
 // `ai` is a peer dependency of this entry point only. The SDK's error classes come from
 // `@ai-sdk/provider` and are bundled in (a few kB); the SDK recognises them by marker symbols, not by
@@ -10,7 +11,11 @@
 import {
   APICallError,
   InvalidPromptError,
+  TooManyEmbeddingValuesForCallError,
   UnsupportedFunctionalityError,
+  type EmbeddingModelV4,
+  type EmbeddingModelV4CallOptions,
+  type EmbeddingModelV4Result,
   type LanguageModelV4,
   type LanguageModelV4CallOptions,
   type LanguageModelV4Content,
@@ -32,6 +37,8 @@ import {
   type ChatCompletionRequest,
   type ChatMessage,
   type CreateChatCompletion,
+  type EmbeddingList,
+  type EmbeddingRequest,
   type EngineOptions,
   type FinishReason,
   type LanternEngine,
@@ -41,10 +48,14 @@ import {
   type RouterEvent,
   type Tool,
   type Usage,
+  MAX_EMBEDDING_INPUTS,
 } from "./index";
 
 /** The router, or the engine alone when there is no cloud: the same create (an engine ignores `route`). */
-type Backend = { chat: { completions: { create: CreateChatCompletion<{ signal?: AbortSignal; route?: Route }> } } };
+type Backend = {
+  chat: { completions: { create: CreateChatCompletion<{ signal?: AbortSignal; route?: Route }> } };
+  embeddings: { create(req: EmbeddingRequest, opts?: { signal?: AbortSignal; route?: Route }): Promise<EmbeddingList> };
+};
 
 export interface LanternProviderSettings {
   /** URL of the artifact folder (ends with "/"), as for createEngine. */
@@ -59,11 +70,17 @@ export interface LanternProviderSettings {
   choose?: (req: ChatCompletionRequest) => Route | undefined;
   localTimeoutMs?: number;
   onEvent?: (e: RouterEvent) => void;
+  /** embedMany's batch: the texts per embeddings call (default and most: request_rules.json's 2048). */
+  maxEmbeddingsPerCall?: number;
 }
 
 export interface LanternProvider {
   (modelId?: string): LanternLanguageModel;
   languageModel(modelId?: string): LanternLanguageModel;
+  /** The artifact as an embedding model, for `embed` and `embedMany` (it must be an embedding model). */
+  embeddingModel(modelId?: string): LanternEmbeddingModel;
+  /** The name earlier `ai` majors call (deprecated there): the same model. */
+  textEmbeddingModel(modelId?: string): LanternEmbeddingModel;
   /** The router (or, without a cloud, the engine) every model of this provider runs on; loads it once. */
   backend(): Promise<Router | LanternEngine>;
 }
@@ -91,7 +108,8 @@ export function createLantern(settings: LanternProviderSettings): LanternProvide
     return backend;
   };
   const make = (modelId?: string) => new LanternLanguageModel(modelId ?? modelName(settings.model), settings, load);
-  return Object.assign(make, { languageModel: make, backend: load });
+  const embedder = (modelId?: string) => new LanternEmbeddingModel(modelId ?? modelName(settings.model), settings, load);
+  return Object.assign(make, { languageModel: make, embeddingModel: embedder, textEmbeddingModel: embedder, backend: load });
 }
 
 /** The artifact folder's last path segment ("/models/smollm2/" -> "smollm2"). */
@@ -195,28 +213,91 @@ export class LanternLanguageModel implements LanguageModelV4 {
     return { stream, request: { body } };
   }
 
-  /**
-   * A Lantern error as the AI SDK's: an APICallError whose message keeps Lantern's class and text, with
-   * the HTTP status the server would give (400 for a bad request, the cloud's own status), and the
-   * original error as `cause`. The SDK's own errors and aborts pass unchanged.
-   */
   private sdkError(err: unknown, body: ChatCompletionRequest): unknown {
-    const e = err as Error & { status?: number };
-    if (e?.name === "AbortError" || e?.name === "TimeoutError" || APICallError.isInstance(err)) return err;
-    if (InvalidPromptError.isInstance(err) || UnsupportedFunctionalityError.isInstance(err)) return err;
-    const name = e?.name ?? "Error";
-    const status = name === "CloudError" ? e.status : name === "InvalidRequestError" ? 400 : undefined;
-    const onCloud = name === "CloudError" || (name === "NetworkError" && !!this.settings.cloud);
-    const url = onCloud ? `${this.settings.cloud!.baseURL.replace(/\/$/, "")}/chat/completions` : this.settings.model;
-    return new APICallError({
-      message: `${name}: ${e?.message ?? String(err)}`,
-      url,
-      requestBodyValues: body,
-      statusCode: status,
-      isRetryable: status !== undefined ? status === 408 || status === 429 || status >= 500 : name === "NetworkError",
-      data: { error: { type: name, message: e?.message ?? String(err) } },
-      cause: err,
-    });
+    return sdkError(err, body, this.settings, "/chat/completions");
+  }
+}
+
+/**
+ * A Lantern error as the AI SDK's: an APICallError whose message keeps Lantern's class and text, with
+ * the HTTP status the server would give (400 for a bad request, the cloud's own status), and the
+ * original error as `cause`. The SDK's own errors and aborts pass unchanged. ``path``: the cloud's
+ * endpoint the request would go to.
+ */
+function sdkError(err: unknown, body: object, settings: LanternProviderSettings, path: string): unknown {
+  const e = err as Error & { status?: number };
+  if (e?.name === "AbortError" || e?.name === "TimeoutError" || APICallError.isInstance(err)) return err;
+  if (InvalidPromptError.isInstance(err) || UnsupportedFunctionalityError.isInstance(err)) return err;
+  const name = e?.name ?? "Error";
+  const status =
+    name === "CloudError" ? e.status : ["InvalidRequestError", "ModelMismatchError"].includes(name) ? 400 : undefined;
+  const onCloud = name === "CloudError" || (name === "NetworkError" && !!settings.cloud);
+  const url = onCloud ? `${settings.cloud!.baseURL.replace(/\/$/, "")}${path}` : settings.model;
+  return new APICallError({
+    message: `${name}: ${e?.message ?? String(err)}`,
+    url,
+    requestBodyValues: body,
+    statusCode: status,
+    isRetryable: status !== undefined ? status === 408 || status === 429 || status >= 500 : name === "NetworkError",
+    data: { error: { type: name, message: e?.message ?? String(err) } },
+    cause: err,
+  });
+}
+
+/**
+ * An embedding artifact as the SDK's EmbeddingModelV4, on the same router (or engine) as the provider's
+ * language model: `embedMany` cuts its values into calls of ``maxEmbeddingsPerCall``, one after another
+ * (the engine answers one request at a time), and `abortSignal` stops the call.
+ */
+export class LanternEmbeddingModel implements EmbeddingModelV4 {
+  readonly specificationVersion = "v4" as const;
+  readonly provider = "lantern";
+  readonly supportsParallelCalls = false;
+  readonly maxEmbeddingsPerCall: number;
+
+  constructor(
+    readonly modelId: string,
+    private readonly settings: LanternProviderSettings,
+    private readonly backend: () => Promise<Router | LanternEngine>,
+  ) {
+    const most = settings.maxEmbeddingsPerCall ?? MAX_EMBEDDING_INPUTS;
+    if (!(Number.isInteger(most) && most >= 1 && most <= MAX_EMBEDDING_INPUTS)) {
+      throw new RangeError(`maxEmbeddingsPerCall must be an integer from 1 to ${MAX_EMBEDDING_INPUTS}, got ${most}`);
+    }
+    this.maxEmbeddingsPerCall = most;
+  }
+
+  async doEmbed(options: EmbeddingModelV4CallOptions): Promise<EmbeddingModelV4Result> {
+    const { values, dimensions, abortSignal } = options;
+    abortSignal?.throwIfAborted();
+    if (values.length > this.maxEmbeddingsPerCall) {
+      throw new TooManyEmbeddingValuesForCallError({
+        provider: this.provider,
+        modelId: this.modelId,
+        maxEmbeddingsPerCall: this.maxEmbeddingsPerCall,
+        values,
+      });
+    }
+    const extra = (options.providerOptions?.lantern ?? {}) as Record<string, unknown>;
+    const route = extra.route === "local" || extra.route === "cloud" ? extra.route : undefined;
+    const body: EmbeddingRequest = { input: values, model: this.modelId, ...(dimensions !== undefined ? { dimensions } : {}) };
+    let reply: EmbeddingList;
+    try {
+      const backend = (await this.backend()) as Backend;
+      reply = await backend.embeddings.create(body, { signal: abortSignal, ...(route ? { route } : {}) });
+    } catch (err) {
+      throw abortSignal?.aborted ? abortError(abortSignal) : sdkError(err, body, this.settings, "/embeddings");
+    }
+    const warnings: SharedV4Warning[] = Object.values(options.headers ?? {}).some((v) => v !== undefined)
+      ? [{ type: "unsupported", feature: "headers", details: "the router sends its own headers to the cloud" }]
+      : [];
+    return {
+      embeddings: reply.data.map((d) => d.embedding as number[]),
+      usage: { tokens: reply.usage.prompt_tokens },
+      providerMetadata: metadata(reply.lantern_route, reply.lantern_device, undefined, undefined),
+      response: { body: reply },
+      warnings,
+    };
   }
 }
 

@@ -16,6 +16,7 @@ import type {
   EngineOptions,
   EngineStats,
   LoadOptions,
+  ModelInfo,
   WorkerRequest,
   WorkerResponse,
 } from "./protocol";
@@ -53,6 +54,8 @@ export class WorkerEngine {
   private gate: Promise<void> | null = null;
   private linked = 0;
   private readonly ends: (() => void)[] = [];
+  /** The model the engine runs (Engine.model), known once it has loaded. */
+  model: ModelInfo | null = null;
   /** Why this page asked for a shared engine and runs a dedicated one (stats().host.fallback). */
   fallback: string | undefined;
   /** Across tabs (tabs.ts): whose worker runs the engine now, and how often it has moved. */
@@ -126,7 +129,8 @@ export class WorkerEngine {
         this.channel = line;
         holdCache(options.cache);
         await this.call({ kind: "hello", tab }, undefined, line);
-        await this.call({ kind: "load", options }, undefined, line);
+        const model = (await this.call({ kind: "load", options }, undefined, line)) as ModelInfo;
+        if (!superseded()) this.model = model;
         if (!superseded()) this.across = { kind, handovers: this.across ? this.across.handovers + 1 : 0 };
       } catch (err) {
         if (!superseded()) throw err; // a later link has taken over, and its outcome counts
@@ -190,7 +194,7 @@ export class WorkerEngine {
   private async load(options: EngineOptions): Promise<void> {
     holdCache(options.cache);
     const { onProgress: _p, worker: _w, ...plain } = options;
-    await this.call({ kind: "load", options: plain });
+    this.model = (await this.call({ kind: "load", options: plain })) as ModelInfo;
   }
 
   /** A message from the engine's worker. */
@@ -254,6 +258,7 @@ export class WorkerEngine {
   }
 
   private async embed(request: EmbeddingRequest, opts: CreateOptions = {}): Promise<EmbeddingList> {
+    opts.signal?.throwIfAborted();
     const call = this.call({ kind: "embed", request });
     const onAbort = () => {
       if (!this.crashed) this.post({ kind: "abort", id: this.nextId++, target: call.id });

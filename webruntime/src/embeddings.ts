@@ -2,16 +2,11 @@
 // vectors cut to `dimensions` and normalized, and OpenAI's answer shape with base64 encoding. The twin of
 // the server's Embedder (server/embeddings.py: tokens, embed) and its route (server/routes.py).
 import { InvalidRequestError } from "./errors";
-import type { EmbeddingList, EmbeddingRequest } from "./protocol";
+import { RULES } from "./request_rules";
+import type { EmbeddingFacts, EmbeddingList, EmbeddingRequest } from "./protocol";
 
-/** The manifest's `embedding` record (compiler/pipeline.py, embedding_facts). */
-export interface EmbeddingFacts {
-  dimensions: number;
-  pooling: string;
-  normalize: boolean;
-  max_tokens: number;
-  prompts: Record<string, string>;
-}
+/** The most inputs one embeddings request takes (request_rules.json's `embeddings.input.max_items`). */
+export const MAX_EMBEDDING_INPUTS: number = RULES.endpoints.embeddings.input.max_items!;
 
 /** The input as a list of texts or of token lists; token ids checked against the vocabulary. */
 export function embeddingInputs(input: EmbeddingRequest["input"], vocabSize: number): string[] | number[][] {

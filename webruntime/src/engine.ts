@@ -23,6 +23,7 @@ import type {
   DeviceName,
   EmbeddingList,
   EmbeddingRequest,
+  ModelInfo,
   EngineOptions,
   EngineStats,
   FinishReason,
@@ -233,12 +234,19 @@ export class Engine {
     return this.device;
   }
 
+  /** The model this engine runs: its name, kind and (an embedding model's) facts. */
+  get model(): ModelInfo {
+    const { name, kind } = this.manifest.model;
+    return { name, kind: kind ?? "chat", embedding: this.manifest.embedding ?? null };
+  }
+
   /** The device this engine runs on: "webgpu" or "wasm". */
   get deviceKind(): DeviceName {
     return this.loaded().kind;
   }
 
   private async embed(request: EmbeddingRequest, opts: CreateOptions = {}): Promise<EmbeddingList> {
+    opts.signal?.throwIfAborted();
     const device = this.loaded();
     const name = this.manifest.model.name;
     const facts = this.manifest.embedding;

@@ -57,6 +57,10 @@ export class CapabilityError extends LanternError {}
  * SharedWorker cannot start); createEngine then runs it in a dedicated worker. */
 export class SharedEngineUnavailableError extends LanternError {}
 
+/** Vectors of two different embedding models, which cannot be compared: the router's local and cloud models
+ * (their names differ), or an index and the vectors offered to it. The message names both models. */
+export class ModelMismatchError extends LanternError {}
+
 const KNOWN = {
   LanternError,
   IntegrityError,
@@ -71,6 +75,7 @@ const KNOWN = {
   WorkerCrashedError,
   SharedEngineUnavailableError,
   CapabilityError,
+  ModelMismatchError,
 } as const;
 
 export function serializeError(err: unknown): SerializedError {

@@ -15,3 +15,6 @@ export { CloudError, createRouter, Router, type Policy, type RouterEvent, type R
 // The sampler and its seeded generator, the contract the Python server's sampler follows.
 export { GENERATION_FIELDS, Rng, Sampler, samplingParams } from "./sampler";
 export { deleteModelFromCache, listCachedModels } from "./storage";
+// Retrieval in the page: chunks, their vectors in IndexedDB, the nearest by cosine.
+export { chunkText, openIndex, VectorIndex, type Chunk, type Document, type Embedder, type Hit } from "./retrieval";
+export { MAX_EMBEDDING_INPUTS } from "./embeddings";

@@ -1,9 +1,8 @@
 // Fetches an artifact's files: every byte is checked against lantern.json (size + sha256)
 // before use, verified files are cached, downloads run a few at a time with retries, and a
 // transfer cut mid-file resumes with an HTTP Range request where the server allows it.
-import type { EmbeddingFacts } from "./embeddings";
 import { ArtifactError, IntegrityError, NetworkError } from "./errors";
-import type { LoadProgress } from "./protocol";
+import type { EmbeddingFacts, LoadProgress } from "./protocol";
 import type { GenerationDefaults } from "./sampler";
 import { checkRoom, type FileStore } from "./storage";
 

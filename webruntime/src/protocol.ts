@@ -99,6 +99,23 @@ export interface EmbeddingRequest {
   truncate?: boolean;
 }
 
+/** The manifest's `embedding` record (compiler/pipeline.py, embedding_facts). */
+export interface EmbeddingFacts {
+  dimensions: number;
+  pooling: string;
+  normalize: boolean;
+  max_tokens: number;
+  prompts: Record<string, string>;
+}
+
+/** What a loaded engine runs (Engine.model, WorkerEngine.model): the manifest's name and kind, and an
+ * embedding model's facts (dimensions, pooling, normalize, max tokens, query and document prompts). */
+export interface ModelInfo {
+  name: string;
+  kind: "chat" | "embedding";
+  embedding: EmbeddingFacts | null;
+}
+
 export interface EmbeddingList {
   lantern_route?: Route;
   lantern_device?: DeviceName;

@@ -1,14 +1,26 @@
 // The hybrid router: one chat.completions.create that runs on the local engine when the device
 // can, and on any OpenAI-compatible endpoint otherwise, or when the local path fails. A stream
-// that fails locally is continued on the cloud from the text already streamed.
+// that fails locally is continued on the cloud from the text already streamed. `embeddings.create` routes
+// the same way, and never mixes two models' vectors: with a local model loaded, the cloud is used only
+// when it names the same model.
 import type { CreateOptions, PromptPlan } from "./engine";
-import { LanternError, NetworkError, WebGPUUnavailableError } from "./errors";
+import { LanternError, ModelMismatchError, NetworkError, WebGPUUnavailableError } from "./errors";
 import { createEngine, type LanternEngine } from "./create";
 import { ReasoningSplitter } from "./reasoning";
 import { tokenLimit } from "./request_rules";
 import { callsTools } from "./structured";
 import { chatNamespace } from "./protocol";
-import type { ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, EngineOptions, FinishReason, Route } from "./protocol";
+import type {
+  ChatCompletion,
+  ChatCompletionChunk,
+  ChatCompletionRequest,
+  EmbeddingList,
+  EmbeddingRequest,
+  EngineOptions,
+  FinishReason,
+  ModelInfo,
+  Route,
+} from "./protocol";
 
 export type Policy = "auto" | "local" | "cloud";
 
@@ -121,6 +133,11 @@ class Cloud {
     return resp;
   }
 
+  async embed(req: EmbeddingRequest, signal?: AbortSignal): Promise<EmbeddingList> {
+    const resp = await this.post("/embeddings", req, signal);
+    return { ...(await resp.json()), lantern_route: "cloud" };
+  }
+
   async chat(req: ChatCompletionRequest, signal?: AbortSignal): Promise<ChatCompletion> {
     const resp = await this.post("/chat/completions", { ...req, stream: false }, signal);
     return { ...(await resp.json()), lantern_route: "cloud" };
@@ -158,10 +175,14 @@ class Cloud {
 
 export class Router {
   readonly chat = chatNamespace<RouterCreateOptions>((req, opts) => this.create(req, opts));
+  /** An embedding model's vectors, from the local engine or the cloud (the same model on both). */
+  readonly embeddings = { create: (req: EmbeddingRequest, opts?: RouterCreateOptions) => this.embed(req, opts) };
 
   private readonly cloud: Cloud;
   /** Why the local engine is not used, or null when it is loaded. */
   localUnavailable: string | null = "not loaded";
+  /** The local model once it has loaded (kept after a fallback drops the engine). */
+  private localModel: ModelInfo | null = null;
 
   private constructor(
     private readonly opts: RouterOptions,
@@ -181,6 +202,7 @@ export class Router {
     try {
       router.local = await createEngine(opts.local);
       router.localUnavailable = null;
+      router.localModel = router.local.model;
     } catch (err) {
       if (policy === "local") throw err;
       router.localUnavailable =
@@ -189,6 +211,11 @@ export class Router {
           : `load-failed:${(err as Error).name}: ${(err as Error).message}`;
     }
     return router;
+  }
+
+  /** The local model (its name, kind and embedding facts), or null where it never loaded. */
+  get model(): ModelInfo | null {
+    return this.localModel;
   }
 
   private emit(e: RouterEvent): void {
@@ -227,6 +254,42 @@ export class Router {
       if (!this.fallbackWorthy(err)) throw err;
       this.fallback(err, false);
       return this.cloud.chat(req, opts.signal);
+    }
+  }
+
+  private async embed(req: EmbeddingRequest, opts: RouterCreateOptions = {}): Promise<EmbeddingList> {
+    opts.signal?.throwIfAborted();
+    let route: Route = opts.route ?? "local";
+    let reason = opts.route ? "request override" : "local engine ready";
+    if (route === "local" && !this.local) {
+      route = "cloud";
+      reason = this.localUnavailable ?? "local engine unavailable";
+    }
+    this.emit({ type: "route", route, reason });
+    if (route === "local") {
+      try {
+        const reply = await this.withTimeout((signal) => this.local!.embeddings.create(req, { signal }), opts.signal);
+        return { ...reply, lantern_route: "local" };
+      } catch (err) {
+        if (!this.fallbackWorthy(err) || opts.signal?.aborted) throw err;
+        this.sameModelOnCloud(`the local engine failed (${(err as Error)?.name}: ${(err as Error)?.message})`);
+        this.fallback(err, false);
+      }
+    } else {
+      this.sameModelOnCloud("the request goes to the cloud");
+    }
+    return this.cloud.embed(req, opts.signal);
+  }
+
+  /** Vectors of the cloud's model may join the local model's only where both are the same model. */
+  private sameModelOnCloud(why: string): void {
+    const cloud = this.opts.cloud.model;
+    const local = this.localModel?.name;
+    if (local !== undefined && local !== cloud) {
+      throw new ModelMismatchError(
+        `${why}, but the cloud model ${JSON.stringify(cloud)} is not the local model ${JSON.stringify(local)}: ` +
+          "vectors of two models cannot share an index (serve the same artifact under that name and set cloud.model to it)",
+      );
     }
   }
 

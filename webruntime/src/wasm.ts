@@ -295,7 +295,7 @@ export class WasmDevice implements Device {
     // one text per call: llama.cpp's server in wasm gives an input longer than a micro-batch an error of its
     // own, which names the text here
     for (const [i, input] of inputs.entries()) {
-      if (signal?.aborted) throw new LanternError("the embeddings request was aborted");
+      signal?.throwIfAborted(); // an AbortError, as fetch's
       let res: Awaited<ReturnType<Wllama["createEmbedding"]>>;
       try {
         res = await wllama.createEmbedding({ input: [input] as string[] | number[][], embd_normalize: -1 });
