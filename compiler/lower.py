@@ -84,7 +84,7 @@ def schedules(choice: str) -> tuple[str, ...]:
 
 
 def _phases(
-    target: tvm.target.Target, quantized: bool, schedule_profile: str = "gpu"
+    target: tvm.target.Target, quantized: bool, schedule_profile: str = "gpu", encoder: bool = False
 ) -> list[tuple[str, list[tvm.transform.Pass]]]:
     from tvm.s_tir import dlight as dl
 
@@ -104,7 +104,12 @@ def _phases(
         gemv = [dl.cpu.GEMV()] if quantized else []
         schedule = [emulated.rewrite_cpu_pass, dl.ApplyDefaultSchedule(*gemv, dl.cpu.Reduction(), ParallelSpatial())]
     elif schedule_profile == "cpu-emulated":
-        schedule = [emulated.rewrite_pass, dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.Fallback())]
+        # An encoder's matmuls have dynamic texts and tokens, where dlight's Matmul rule writes 50-120 KB
+        # shaders that SwiftShader compiled for over 5 minutes and then lost the device (flattening them
+        # to one dynamic dimension left them as big); one thread per output element (Fallback) is a short
+        # loop it compiles at once, and runs slowly (~6 tokens/s for all-MiniLM-L6-v2).
+        rules = [dl.gpu.Fallback()] if encoder else [dl.gpu.Matmul(), dl.gpu.Fallback()]
+        schedule = [emulated.rewrite_pass, dl.ApplyDefaultSchedule(*rules)]
     else:
         schedule = [
             dl.ApplyDefaultSchedule(
@@ -135,6 +140,7 @@ def compile_module(
     *,
     quantized: bool = False,
     schedule_profile: str = "gpu",
+    encoder: bool = False,
     dump_dir: Path | None = None,
     on_phase: Callable[[str], None] = lambda _: None,
 ) -> tuple[relax.Executable, int, int]:
@@ -144,7 +150,7 @@ def compile_module(
     (WGSL bytes for webgpu, TIR script bytes for cpu).
     """
     with target:
-        for i, (name, passes) in enumerate(_phases(target, quantized, schedule_profile), start=1):
+        for i, (name, passes) in enumerate(_phases(target, quantized, schedule_profile, encoder), start=1):
             on_phase(name)
             mod = tvm.transform.Sequential(passes, name=name)(mod)
             if dump_dir is not None:

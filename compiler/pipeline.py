@@ -393,15 +393,22 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
         return BuildResult(out, manifest, meter.seconds, False, reused, meter.peak_bytes)
 
 
-def embedding_facts(config) -> dict:
+def embedding_facts(config, tokenizer_json: str) -> dict:
     """The manifest's ``embedding`` record: the vector size, the pooling the library applies, whether the
-    runtimes normalize its output, the longest text in tokens, and the folder's prompts."""
+    runtimes normalize its output, the longest text in tokens, the folder's prompts, and the special
+    tokens around a text (the page's tokenizer adds none: the webgpu device puts these around a text)."""
+    from tokenizers import Tokenizer
+
+    from .runtime.artifact import special_around
+
+    before, after = special_around(Tokenizer.from_str(tokenizer_json))
     return {
         "dimensions": config.hidden_size,
         "pooling": config.pooling,
         "normalize": config.normalize,
         "max_tokens": config.context_window_size,
         "prompts": {k: v for k, v in (("query", config.query_prompt), ("document", config.document_prompt)) if v},
+        "special_tokens": {"before": before, "after": after},
     }
 
 
@@ -515,6 +522,7 @@ def _build_into(
                 target,
                 quantized=lib_spec.quantized,
                 schedule_profile=schedule or "gpu",
+                encoder=src.family.kind == "embedding",
                 dump_dir=opts.dump_dir / stem if opts.dump_dir else None,
                 on_phase=lambda p, s=stem: reporter.advance(0, f"{s}: {p}"),  # type: ignore[misc]  # mypy#15459
             )
@@ -599,7 +607,7 @@ def _build_into(
                 "kind": src.family.kind,  # "chat", or "embedding" (see "embedding")
             },
             # an embedding model's vectors: what the runtimes do after the library's pooled output
-            "embedding": embedding_facts(config) if src.family.kind == "embedding" else None,
+            "embedding": embedding_facts(config, src.tokenizer.tokenizer_json) if src.family.kind == "embedding" else None,
             "quantization": spec.name,
             "calibration": calibration.manifest() if calibrated and calibration is not None else None,
             "source": {
@@ -658,7 +666,13 @@ def _write_tokenizer_and_configs(
     tmp: Path, src: SourceModel, name: str, config, spec: QuantSpec, libraries: list[package.Library], reporter: ProgressSink
 ) -> tuple[int | None, int | None]:
     tok = src.tokenizer
-    (tmp / "tokenizer.json").write_text(tok.tokenizer_json)
+    tokenizer_json = json.loads(tok.tokenizer_json)
+    if tokenizer_json.get("padding") or tokenizer_json.get("truncation"):
+        # a text's length is the runtimes' business (refused, or cut when a request asks): sentence-transformers
+        # exports pad and cut every text to 128 tokens, which the page's tokenizer would do too
+        (tmp / "tokenizer.json").write_text(json.dumps({**tokenizer_json, "padding": None, "truncation": None}))
+    else:
+        (tmp / "tokenizer.json").write_text(tok.tokenizer_json)
     (tmp / "tokenizer_config.json").write_text(
         json.dumps(
             {

@@ -93,6 +93,7 @@ def test_vectors_match_transformers(engine, quant, minilm, minilm_f32, texts, re
             "normalize": True,
             "max_tokens": 256,
             "prompts": {},
+            "special_tokens": {"before": [101], "after": [102]},  # [CLS] and [SEP], as the tokenizer adds them
         }
         vectors = embedder.embed(embedder.tokens(texts))
     finally:

@@ -12,6 +12,15 @@ from ..errors import LanternError
 from ..package import MANIFEST, choose_library, sha256_file
 
 
+def special_around(tokenizer) -> tuple[list[int], list[int]]:
+    """The tokens tokenizer.json's post-processor puts before and after a text ([CLS] and [SEP] for
+    BERT, <bos> for Gemma, none for SmolLM2): what transformers' and llama.cpp's tokenizers add."""
+    encoded = (tokenizer.encode("a", add_special_tokens=special) for special in (False, True))
+    plain, full = ([t for t, real in zip(e.ids, e.attention_mask) if real] for e in encoded)  # padding dropped
+    start = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
+    return full[:start], full[start + len(plain) :]
+
+
 class PromptTokens:
     """Prompt text to token ids, the one way every path that reads an artifact makes them: a rendered
     chat as written (its template writes the special tokens it wants, given ``bos`` and ``eos``), a
@@ -23,10 +32,9 @@ class PromptTokens:
         self.tokenizer = tokenizer
         # the artifact's tokenizer_config.json holds them as plain strings (pipeline.py writes it)
         self.bos, self.eos = config.get("bos_token") or "", config.get("eos_token") or ""
-        plain, full = (tokenizer.encode("a", add_special_tokens=special).ids for special in (False, True))
-        start = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
+        before, _ = special_around(tokenizer)
         bos_id = tokenizer.token_to_id(self.bos) if self.bos else None
-        self.raw_prefix: list[int] = full[:start] or ([bos_id] if config.get("add_bos_token") and bos_id is not None else [])
+        self.raw_prefix: list[int] = before or ([bos_id] if config.get("add_bos_token") and bos_id is not None else [])
 
     def encode(self, text: str, raw: bool = False) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -149,7 +149,7 @@ async function openDevice(
 
 export class Engine {
   readonly chat = chatNamespace<CreateOptions>((req, opts) => this.create(req, opts));
-  /** An embedding model's vectors, in OpenAI's shape (`embeddings.create`); the wasm device computes them. */
+  /** An embedding model's vectors, in OpenAI's shape (`embeddings.create`), on either device. */
   readonly embeddings = { create: (req: EmbeddingRequest, opts?: CreateOptions) => this.embed(req, opts) };
 
   private device: Device | null;
@@ -195,11 +195,6 @@ export class Engine {
     const stops = stopTokenIds(chatConfig);
     const embedding = manifest.model.kind === "embedding";
     if (!stops.size && !embedding) throw new ArtifactError("mlc-chat-config.json names no eos_token_id");
-    if (embedding && options.device === "webgpu") {
-      throw new InvalidRequestError(
-        `${manifest.model.name} is an embedding model: those run on the wasm device for now (device "wasm" or "auto")`,
-      );
-    }
     const grammars = new LazyGrammars(
       small.get("tokenizer.json")!,
       chatConfig.tokenizer_info?.token_postproc_method ?? "raw",
@@ -208,7 +203,7 @@ export class Engine {
     );
 
     const device = await openDevice(
-      embedding ? "wasm" : (options.device ?? "auto"),
+      options.device ?? "auto",
       {
         webgpu: async (gpu) =>
           WebGpuDevice.open({

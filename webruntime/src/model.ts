@@ -1,5 +1,6 @@
 // A Lantern model library on WebGPU through tvmjs: weights on the GPU, one paged KV cache,
-// and a forward step that appends tokens to a sequence and returns the last position's logits.
+// and a forward step that appends tokens to a sequence and returns the last position's logits. An
+// embedding model's library has one function instead, `embed` (pooled vectors of a padded batch).
 import * as tvmjs from "@mlc-ai/web-runtime";
 import { ArtifactError, DeviceLostError, OutOfMemoryError } from "./errors";
 import type { Gpu } from "./device";
@@ -44,7 +45,7 @@ export class TvmModel {
   private lostReason: string | null = null;
   private readonly fn: Record<string, tvmjs.PackedFunc> = {};
   private readonly builtin: Record<string, tvmjs.PackedFunc> = {};
-  private kv!: tvmjs.TVMObject;
+  private kv: tvmjs.TVMObject | null = null;
   readonly totalPages: number;
   readonly contextWindow: number;
   readonly prefillChunk: number;
@@ -57,6 +58,7 @@ export class TvmModel {
     readonly metadata: LibraryMetadata,
     private readonly gpu: Gpu,
     contextWindow: number,
+    readonly embedding: boolean,
   ) {
     this.contextWindow = contextWindow;
     this.prefillChunk = Math.min(metadata.prefill_chunk_size, contextWindow);
@@ -64,8 +66,14 @@ export class TvmModel {
       this.lostReason = info.message || info.reason || "unknown";
     });
     tvm.beginScope();
-    for (const name of ["embed", "prefill", "decode", "batch_prefill", "create_tir_paged_kv_cache"]) {
+    const entries = embedding ? ["embed"] : ["embed", "prefill", "decode", "batch_prefill", "create_tir_paged_kv_cache"];
+    for (const name of entries) {
       this.fn[name] = tvm.detachFromCurrentScope(vm.getFunction(name));
+    }
+    if (embedding) {
+      tvm.endScope();
+      this.totalPages = 0;
+      return;
     }
     for (const name of [
       "kv_state_add_sequence",
@@ -100,7 +108,12 @@ export class TvmModel {
     gpu: Gpu,
     index: TensorCacheIndex,
     fetchShards: (upload: (name: string, bytes: ArrayBuffer) => void) => Promise<void>,
-    opts: { upcast: boolean; contextWindow?: number; onCompile: (done: number, total: number) => void },
+    opts: {
+      upcast: boolean;
+      contextWindow?: number;
+      embedding?: boolean;
+      onCompile: (done: number, total: number) => void;
+    },
   ): Promise<TvmModel> {
     const tvm = await tvmjs.instantiate(wasm, tvmjs.createPolyfillWASI(), () => {});
     tvm.initWebGPU(gpu.device);
@@ -151,6 +164,7 @@ export class TvmModel {
       metadata,
       gpu,
       Math.min(opts.contextWindow ?? metadata.context_window_size, metadata.context_window_size),
+      opts.embedding ?? false,
     );
     await tvm.webgpu().sync();
     const oom = await gpu.device.popErrorScope();
@@ -168,7 +182,7 @@ export class TvmModel {
   }
 
   availablePages(): number {
-    return Number(this.builtin.attention_kv_cache_get_num_available_pages(this.kv));
+    return this.kv ? Number(this.builtin.attention_kv_cache_get_num_available_pages(this.kv)) : 0;
   }
 
   get sequenceCount(): number {
@@ -231,6 +245,39 @@ export class TvmModel {
         }
       }
       return nll;
+    });
+  }
+
+  /**
+   * An embedding library's pooled vectors (before normalization) of ``batch``: right-padded to its
+   * longest, with an attention mask of 1 on tokens and 0 on padding, in one call.
+   */
+  encode(batch: number[][]): Promise<Float32Array[]> {
+    return this.guarded(async () => {
+      const { tvm } = this;
+      const n = Math.max(...batch.map((t) => t.length));
+      const ids = new Int32Array(batch.length * n);
+      const mask = new Int32Array(batch.length * n);
+      for (const [i, tokens] of batch.entries()) {
+        ids.set(tokens, i * n);
+        mask.fill(1, i * n, i * n + tokens.length);
+      }
+      tvm.beginScope();
+      try {
+        const gpuIds = tvm.empty([batch.length, n], "int32", tvm.webgpu());
+        gpuIds.copyFrom(ids);
+        const gpuMask = tvm.empty([batch.length, n], "int32", tvm.webgpu());
+        gpuMask.copyFrom(mask);
+        const out = this.fn.embed(gpuIds, gpuMask, this.params);
+        const host = tvm.empty(out.shape, out.dtype, tvm.cpu());
+        host.copyFrom(out);
+        await tvm.webgpu().sync();
+        const all = host.toArray() as Float32Array;
+        const width = out.shape[1];
+        return batch.map((_, i) => all.slice(i * width, (i + 1) * width));
+      } finally {
+        tvm.endScope();
+      }
     });
   }
 

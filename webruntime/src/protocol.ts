@@ -106,6 +106,8 @@ export interface EmbeddingFacts {
   normalize: boolean;
   max_tokens: number;
   prompts: Record<string, string>;
+  // the tokens around a text (BERT's [CLS] and [SEP]); absent in artifacts built before the webgpu device embedded
+  special_tokens?: { before: number[]; after: number[] };
 }
 
 /** What a loaded engine runs (Engine.model, WorkerEngine.model): the manifest's name and kind, and an

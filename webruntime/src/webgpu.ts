@@ -1,9 +1,10 @@
 // The `webgpu` device: the artifact's TVM library on a WebGPU adapter (model.ts), Lantern's own
-// sampler (sampler.ts) and xgrammar token masks (structured.ts), one KV sequence reused across turns.
+// sampler (sampler.ts) and xgrammar token masks (structured.ts), one KV sequence reused across turns;
+// for an embedding model, the library's pooled vectors of batches of texts.
 import type { CompiledGrammar } from "@mlc-ai/web-xgrammar";
 import { checkFits, type Gpu } from "./device";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
-import { EngineNotLoadedError } from "./errors";
+import { ArtifactError, EngineNotLoadedError, InvalidRequestError } from "./errors";
 import { chooseLibrary, deviceLabel } from "./library";
 import { fetchEach, fetchFiles, type Manifest } from "./loader";
 import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
@@ -16,6 +17,8 @@ import { StreamingDetokenizer, type TextCodec } from "./text";
 
 // The one sequence the device keeps: the last finished conversation, for reuse by the next turn.
 const SEQ = 0;
+// An embedding call's padded tokens (texts x longest): a few MB of activations, as lantern serve's tvm engine.
+const EMBED_BATCH_TOKENS = 8192;
 
 function commonPrefix(a: number[], b: number[]): number {
   let n = 0;
@@ -104,6 +107,7 @@ export class WebGpuDevice implements Device {
       {
         upcast,
         contextWindow: options.contextWindow,
+        embedding: manifest.model.kind === "embedding",
         onCompile: (done, n) =>
           report({ phase: "pipeline-compile", loadedBytes: done, totalBytes: n, progress: 0.95 + (0.05 * done) / n }),
       },
@@ -123,6 +127,50 @@ export class WebGpuDevice implements Device {
 
   private grammarCompiler(): Promise<GrammarCompiler> {
     return this.load.grammars.compiler();
+  }
+
+  /**
+   * Pooled vectors of texts (the tokenizer's own tokens between the special tokens the manifest names,
+   * as transformers and llama.cpp put them) or token lists, computed in batches of similar lengths.
+   */
+  async embed(inputs: string[] | number[][], signal?: AbortSignal): Promise<{ vectors: number[][]; tokens: number }> {
+    const model = this.loaded();
+    const { manifest, codec } = this.load;
+    const facts = manifest.embedding;
+    if (!facts?.special_tokens) {
+      throw new ArtifactError(`${manifest.model.name}'s manifest names no special tokens for the webgpu device: rebuild it`);
+    }
+    const { before, after } = facts.special_tokens;
+    const lists = inputs.map((item, i) => {
+      const tokens = typeof item === "string" ? [...before, ...codec.encode(item), ...after] : item;
+      if (!tokens.length) throw new InvalidRequestError(`input[${i}] is empty`);
+      if (tokens.length > facts.max_tokens) {
+        throw new InvalidRequestError(
+          `input[${i}] is ${tokens.length} tokens; ${manifest.model.name} takes at most ${facts.max_tokens}`,
+        );
+      }
+      return tokens;
+    });
+    // longest first; a batch takes the next text while its padding stays under a fifth of what it computes
+    // (every text runs at the batch's longest length); the answer keeps the inputs' order
+    const order = [...lists.keys()].sort((a, b) => lists[b].length - lists[a].length);
+    const vectors: number[][] = new Array(lists.length);
+    for (let at = 0; at < order.length; ) {
+      signal?.throwIfAborted();
+      const longest = lists[order[at]].length;
+      let end = at + 1;
+      let real = longest;
+      while (end < order.length) {
+        const padded = (end - at + 1) * longest;
+        if (padded > EMBED_BATCH_TOKENS || padded > 1.25 * (real + lists[order[end]].length)) break;
+        real += lists[order[end++]].length;
+      }
+      const part = order.slice(at, end);
+      const pooled = await model.encode(part.map((i) => lists[i]));
+      for (const [j, i] of part.entries()) vectors[i] = Array.from(pooled[j]);
+      at += part.length;
+    }
+    return { vectors, tokens: lists.reduce((n, t) => n + t.length, 0) };
   }
 
   async prepare(spec: GrammarSpec): Promise<CompiledGrammar> {
