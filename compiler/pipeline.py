@@ -399,7 +399,7 @@ def embedding_facts(config, tokenizer_json: str) -> dict:
     tokens around a text (the page's tokenizer adds none: the webgpu device puts these around a text)."""
     from tokenizers import Tokenizer
 
-    from .runtime.artifact import special_around
+    from .importer import special_around
 
     before, after = special_around(Tokenizer.from_str(tokenizer_json))
     return {

@@ -9,16 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import LanternError
+from ..importer import special_around
 from ..package import MANIFEST, choose_library, sha256_file
-
-
-def special_around(tokenizer) -> tuple[list[int], list[int]]:
-    """The tokens tokenizer.json's post-processor puts before and after a text ([CLS] and [SEP] for
-    BERT, <bos> for Gemma, none for SmolLM2): what transformers' and llama.cpp's tokenizers add."""
-    encoded = (tokenizer.encode("a", add_special_tokens=special) for special in (False, True))
-    plain, full = ([t for t, real in zip(e.ids, e.attention_mask) if real] for e in encoded)  # padding dropped
-    start = next((i for i in range(len(full)) if full[i : i + len(plain)] == plain), 0)
-    return full[:start], full[start + len(plain) :]
 
 
 class PromptTokens:
