@@ -69,10 +69,17 @@ async function load() {
   try {
     const options = { device: "auto", ...(threads ? { threads } : {}) };
     const embedder = await createEngine({ ...options, model: $("embed-model").value, onProgress: progress("embedding model") });
-    chat = await createEngine({ ...options, model: $("chat-model").value, onProgress: progress("chat model") });
+    // the chat model in the embedding model's worker: one worker, one weights cache
+    chat = await createEngine({
+      ...options,
+      model: $("chat-model").value,
+      alongside: embedder,
+      onProgress: progress("chat model"),
+    });
     index = await openIndex("site-documents", embedder);
     const stats = await chat.stats();
     setStatus("ready", `local · ${stats.deviceLabel}`);
+    $("status").dataset.models = String(stats.host.models); // loaded in this worker: both
     $("progress-text").textContent = `Ready. The index holds ${index.size} passages from ${index.model ?? "no model yet"}.`;
     $("add-doc").disabled = false;
     showDocs();

@@ -216,7 +216,7 @@ DOCUMENTS = {
 
 def test_the_retrieval_page_answers_from_pasted_documents_with_a_citation(smollm2, minilm, tmp_path, playwright, report):
     """site/rag.html, as a person uses it, with everything local: load a chat model (SmolLM2) and an
-    embedding model (all-MiniLM-L6-v2) on the CPU, paste three documents, ask. The passage about the
+    embedding model (all-MiniLM-L6-v2) on the CPU, in one worker, paste three documents, ask. The passage about the
     question is the nearest (real vectors), the answer cites shown passages (its grammar allows no
     other), and the documents are still there after a reload (IndexedDB)."""
     link = tmp_path / "minilm"
@@ -231,6 +231,7 @@ def test_the_retrieval_page_answers_from_pasted_documents_with_a_citation(smollm
             assert page.locator("#embed-model option").all_inner_texts() == ["minilm"]
             page.get_by_role("button", name="Load").click()
             page.wait_for_function("document.getElementById('status').dataset.state === 'ready'", timeout=300_000)
+            assert page.locator("#status").get_attribute("data-models") == "2"  # both models in one worker
             for title, text in DOCUMENTS.items():
                 page.locator("#doc-title").fill(title)
                 page.locator("#doc-text").fill(text)

@@ -1,7 +1,7 @@
 // The page side of an engine that runs in a Web Worker: same API as Engine, every call is a
 // message (protocol.ts). Streamed chunks arrive as they are made, without acknowledgements.
 import type { CreateOptions, PromptPlan } from "./engine";
-import { deserializeError, WorkerCrashedError } from "./errors";
+import { deserializeError, EngineNotLoadedError, WorkerCrashedError } from "./errors";
 import { holdCache } from "./storage";
 import { PushStream } from "./stream";
 import { chatNamespace } from "./protocol";
@@ -60,6 +60,8 @@ export class WorkerEngine {
   fallback: string | undefined;
   /** Across tabs (tabs.ts): whose worker runs the engine now, and how often it has moved. */
   private across: { kind: "dedicated" | "tab"; handovers: number } | null = null;
+  /** Whether the origin's SharedWorker runs this engine (startShared). */
+  private shared = false;
 
   private constructor(private readonly onProgress: EngineOptions["onProgress"]) {}
 
@@ -161,6 +163,7 @@ export class WorkerEngine {
    */
   static async startShared(options: EngineOptions, workerUrl: URL): Promise<WorkerEngine> {
     const engine = new WorkerEngine(options.onProgress);
+    engine.shared = true;
     const tab = `lantern-tab-${crypto.randomUUID()}`;
     const release = await holdLock(tab);
     // extendedLifetime (Chromium): the worker outlives a navigation between two pages of the origin
@@ -250,6 +253,33 @@ export class WorkerEngine {
         () => {},
       );
     else this.channel?.post(msg, transfer);
+  }
+
+  /**
+   * Another model in the worker that runs this engine (createEngine's ``alongside``): a line of its own
+   * (a MessagePort the worker serves as it serves another tab), so the two share the worker, its weights
+   * cache and, across tabs, its host. In the SharedWorker every engine of the origin is in one worker
+   * already: there it is loaded as any shared engine is.
+   */
+  async startAlongside(options: EngineOptions, sharedWorkerUrl: URL): Promise<WorkerEngine> {
+    if (this.shared) return WorkerEngine.startShared(options, sharedWorkerUrl);
+    await this.gate;
+    if (!this.channel || this.crashed) throw new EngineNotLoadedError("the engine to load alongside has no worker any more");
+    const { port1, port2 } = new MessageChannel();
+    await this.attach(port2, this.channel);
+    const engine = new WorkerEngine(options.onProgress);
+    engine.channel = {
+      post: (msg, transfer) => port1.postMessage(msg, transfer ?? []),
+      close: () => port1.close(),
+    };
+    port1.onmessage = (ev: MessageEvent<WorkerResponse>) => engine.receive(ev.data);
+    try {
+      await engine.load(options);
+    } catch (err) {
+      engine.end();
+      throw err;
+    }
+    return engine;
   }
 
   /** The worker on ``line`` (this tab's, which runs the engine) serves another tab too, through ``port`` (tabs.ts). */

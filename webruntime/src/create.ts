@@ -1,15 +1,34 @@
 // createEngine: the engine in the origin's SharedWorker (default where it exists), in one tab's
 // dedicated worker for every tab (where the SharedWorker cannot run it: tabs.ts), in a dedicated Web
-// Worker of this page, or in the page.
+// Worker of this page, or in the page; with ``alongside``, in the worker of an engine already made.
 import { WorkerEngine } from "./client";
 import { Engine } from "./engine";
+import { InvalidRequestError } from "./errors";
 import { wasmFeatures } from "./llama-builds";
 import type { EngineOptions } from "./protocol";
 import { canShareAcrossTabs, startAcrossTabs } from "./tabs";
 
 export type LanternEngine = Engine | WorkerEngine;
 
-export async function createEngine(options: EngineOptions): Promise<LanternEngine> {
+export interface CreateEngineOptions extends EngineOptions {
+  /** Load this model in the worker that runs ``alongside`` (a chat model and an embedding model in one
+   * worker): a second engine with its own requests, sharing the worker, its cache and its host. */
+  alongside?: LanternEngine;
+}
+
+export async function createEngine(options: CreateEngineOptions): Promise<LanternEngine> {
+  const { alongside, ...engineOptions } = options;
+  if (alongside) {
+    if (!(alongside instanceof WorkerEngine)) {
+      throw new InvalidRequestError("alongside: that engine runs in the page (worker: false), not in a worker to share");
+    }
+    const model = new URL(options.model, location.href).href;
+    return alongside.startAlongside({ ...engineOptions, model }, new URL("./shared-worker.js", import.meta.url));
+  }
+  return createOwnEngine(engineOptions);
+}
+
+async function createOwnEngine(options: EngineOptions): Promise<LanternEngine> {
   if (options.worker === false) return Engine.load(options);
   // The worker bundles sit next to this module (/runtime/worker.js beside /runtime/lantern.js).
   const model = new URL(options.model, location.href).href;

@@ -2,7 +2,7 @@
 // requests on WebGPU or, without a usable GPU, on the CPU (llama.cpp in wasm), in a Web Worker by
 // default; `createRouter` adds the cloud fallback.
 export { WorkerEngine } from "./client";
-export { createEngine, type LanternEngine } from "./create";
+export { createEngine, type CreateEngineOptions, type LanternEngine } from "./create";
 export { checkLibraryPipelines, type PipelineCheck } from "./checks";
 export { autoDevice, chooseLibrary, deviceLabel, isSoftwareAdapter, SCHEDULES } from "./library";
 export { Engine } from "./engine";

@@ -5,7 +5,7 @@
 // when it names the same model.
 import type { CreateOptions, PromptPlan } from "./engine";
 import { LanternError, ModelMismatchError, NetworkError, WebGPUUnavailableError } from "./errors";
-import { createEngine, type LanternEngine } from "./create";
+import { type CreateEngineOptions, createEngine, type LanternEngine } from "./create";
 import { ReasoningSplitter } from "./reasoning";
 import { tokenLimit } from "./request_rules";
 import { callsTools } from "./structured";
@@ -16,7 +16,6 @@ import type {
   ChatCompletionRequest,
   EmbeddingList,
   EmbeddingRequest,
-  EngineOptions,
   FinishReason,
   ModelInfo,
   Route,
@@ -35,7 +34,7 @@ export type RouterEvent =
   | { type: "fallback"; reason: string; error: string; midStream: boolean };
 
 export interface RouterOptions {
-  local: EngineOptions;
+  local: CreateEngineOptions;
   cloud: CloudOptions;
   policy?: Policy;
   // Task hook: return a route for this request (e.g. long prompts or tools to the cloud).
