@@ -305,6 +305,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import CannotRun, ValidateOptions, validate, write_junit
 
     _at_least_one("--threads", args.threads)
+    _at_least_one("--texts", args.texts)
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
     opts = ValidateOptions(
         artifact=Path(args.artifact),
@@ -316,6 +317,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         text=Path(args.text) if args.text else None,
         browsers=_browsers(args.browser),
         threads=args.threads,
+        texts=args.texts,
     )
     try:
         if console.is_terminal:
@@ -499,8 +501,9 @@ def make_parser() -> argparse.ArgumentParser:
         "(load cold and cached, TTFT, prefill and decode tokens/s), size and GPU memory, and that "
         "every kernel compiles as a WebGPU pipeline. In Firefox and WebKitGTK (--browser), which "
         "have no WebGPU here, the GGUF runs on the wasm device: greedy tokens, speed, loads and "
-        "structured answers. Exit 0 within budget, 1 a budget was breached, 2 the validation could "
-        "not run. Budget file format: see ci/budget.toml.",
+        "structured answers. An embedding model's vectors of held-out texts are compared with its CPU "
+        "library's (cosine), with embeddings/s, loads and sizes. Exit 0 within budget, 1 a budget was "
+        "breached, 2 the validation could not run. Budget file format: see ci/budget.toml.",
     )
     v.add_argument("artifact", help="artifact folder built by `lantern build` (with the cpu target)")
     v.add_argument("--budget", help="TOML file of limits (absolute, or relative to --baseline)")
@@ -512,7 +515,15 @@ def make_parser() -> argparse.ArgumentParser:
     v.add_argument("--junit", help="write the checks as JUnit XML here")
     v.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     v.add_argument("--ppl-tokens", type=int, default=256, help="held-out text tokens for perplexity (default 256)")
-    v.add_argument("--text", help="held-out text file for perplexity (default: a built-in passage)")
+    v.add_argument(
+        "--text", help="held-out text file for perplexity, or an embedding model's texts (default: a built-in passage)"
+    )
+    v.add_argument(
+        "--texts",
+        type=int,
+        default=32,
+        help="an embedding model's held-out texts (4 to 48 words, cut from --text), embedded in one call (default 32)",
+    )
     v.add_argument(
         "--browser",
         default="chromium",

@@ -122,7 +122,7 @@ def test_gguf_tokenizes_as_transformers(minilm, texts):
 
 def test_embeddings_api(minilm, tiny_q4):
     """/v1/embeddings through the openai SDK: a text, texts, token ids, dimensions, base64; and the
-    refusals, each a 400 naming what was wrong."""
+    refusals, each a 400 naming what was wrong; LangChain's OpenAIEmbeddings gets the same vectors."""
     with lantern_server([minilm, tiny_q4.path], engine="llamacpp") as (base, _):
         wait_until_ready(base)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
@@ -175,6 +175,19 @@ def test_embeddings_api(minilm, tiny_q4):
 
         cut_long = client.embeddings.create(model=name, input=long_text, extra_body={"truncate": True})
         assert cut_long.usage.prompt_tokens == 256
+
+        # LangChain's OpenAIEmbeddings with the one option any server but OpenAI's needs: without it LangChain
+        # sends tiktoken's token ids (OpenAI's vocabulary, not this model's) instead of the texts
+        from langchain_openai import OpenAIEmbeddings
+
+        lc = OpenAIEmbeddings(model=name, base_url=f"{base}/v1", api_key="none", check_embedding_ctx_length=False, max_retries=0)
+        docs = lc.embed_documents(["hello", "The capital of France is Paris."])
+        assert np.allclose(docs[1], full, atol=1e-5) and np.allclose(docs[0], many.data[0].embedding, atol=1e-5)
+        assert np.allclose(lc.embed_query("The capital of France is Paris."), full, atol=1e-5)
+        lc64 = OpenAIEmbeddings(
+            model=name, base_url=f"{base}/v1", api_key="none", check_embedding_ctx_length=False, dimensions=64
+        )
+        assert np.allclose(lc64.embed_query("The capital of France is Paris."), cut, atol=1e-5)
 
         with pytest.raises(openai.BadRequestError, match="is an embedding model: it answers /v1/embeddings"):
             client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}])
@@ -248,10 +261,3 @@ def test_build_refuses_four_bit_encoders(cache_dir, tmp_path):
     with pytest.raises(LanternError, match="embedding models are built q0f32 or q0f16"):
         build(BuildOptions(source=MODEL, out=tmp_path / "out", quant="q4f32_1", targets=("cpu",), cache_dir=cache_dir))
     assert not (tmp_path / "out").exists()
-
-
-def test_validate_says_it_checks_chat_models_only(minilm):
-    from lantern.validate import CannotRun, ValidateOptions, measure
-
-    with pytest.raises(CannotRun, match="is an embedding model: lantern validate checks chat models only for now"):
-        measure(ValidateOptions(artifact=minilm), lambda _: None)

@@ -7,6 +7,10 @@ build's WebGPU library on SwiftShader against transformers; the router and the r
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,15 +47,24 @@ def served(minilm, tmp_path_factory, playwright):
             browser.close()
 
 
-def test_the_webgpu_device_embeds_as_transformers(build_artifact, cache_dir, shakespeare_text, browser, report):
-    """The unquantized build's WebGPU library (the cpu-emulated schedule SwiftShader runs), against
-    transformers' BertModel with the folder's mean pooling: texts of 1 to 20 words of prose, accents
-    and CJK, computed in padded batches of similar lengths."""
+@pytest.fixture(scope="module")
+def minilm_web(build_artifact) -> Path:
+    """The unquantized build with the WebGPU library SwiftShader runs (cpu-emulated: the `gpu` one's
+    matmul shaders take SwiftShader minutes to compile) and the CPU library (the reference)."""
+    from test_embeddings import MODEL
+
+    return build_artifact(MODEL, "q0f32", targets=("webgpu", "cpu"), webgpu_schedule="cpu-emulated")
+
+
+def test_the_webgpu_device_embeds_as_transformers(minilm_web, cache_dir, shakespeare_text, browser, report):
+    """The unquantized build's WebGPU library (the cpu-emulated schedule SwiftShader runs) in the
+    origin's SharedWorker, against transformers' BertModel with the folder's mean pooling: texts of 1
+    to 20 words of prose, accents and CJK, computed in padded batches of similar lengths."""
     from test_embeddings import MODEL, transformers_vectors
 
     from lantern.importer import bundled_path
 
-    art = build_artifact(MODEL, "q0f32", targets=("webgpu", "cpu"))
+    art = minilm_web
     words = shakespeare_text.split()
     # short texts: SwiftShader runs this library's kernels slowly (~6 tokens/s; one of 250 tokens took 44 s)
     inputs = [" ".join(words[i * 50 : i * 50 + n]) for i, n in enumerate([1, 3, 9])] + TEXTS[:5]
@@ -60,11 +73,12 @@ def test_the_webgpu_device_embeds_as_transformers(build_artifact, cache_dir, sha
         context = browser.new_context()
         try:
             page = open_page(context, base)
-            stats = page.evaluate("(m) => load(m, { device: 'webgpu' })", f"/models/{art.name}/")
+            # in the origin's SharedWorker, as a page gets it by default where WebGPU runs
+            stats = page.evaluate("(m) => load(m, { device: 'webgpu', shared: true })", f"/models/{art.name}/")
             out = page.evaluate("(req) => engine.embeddings.create(req)", {"input": inputs})
         finally:
             context.close()
-    assert stats["device"] == "webgpu" and out["lantern_device"] == "webgpu"
+    assert stats["device"] == "webgpu" and out["lantern_device"] == "webgpu" and stats["host"]["kind"] == "shared"
     vectors = np.array([d["embedding"] for d in out["data"]])
     cos = (vectors * reference).sum(1)
     assert cos.min() >= 0.9999, cos
@@ -191,4 +205,45 @@ def test_the_router_and_the_retrieval_index(served, report):
     report(
         f"router: local vs cloud cosine min {cos.min():.6f} (128 dimensions); index: {got['size']} chunks, "
         f"the long one cut in {len(got['long'])}, top hit {got['hits'][0]['score']:.3f} vs {got['hits'][1]['score']:.3f}"
+    )
+
+
+def test_lantern_validate_checks_an_embedding_model(minilm_web, tmp_path, report):
+    """`lantern validate` on an embedding artifact, as CI runs it: Chromium's webgpu vectors of held-out
+    texts against the CPU library's, embeddings per second, loads and pipelines, against a budget whose
+    cosine floor holds and whose speed floor cannot (exit 1, naming it)."""
+    budget = tmp_path / "budget.toml"
+    budget.write_text("[correctness]\nmin_cosine = 0.9999\n[speed]\nmin_embed_texts_per_s = 100000\nmax_load_s_cold = 300\n")
+    out = tmp_path / "report.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lantern.cli",
+            "validate",
+            str(minilm_web),
+            "--texts",
+            "2",
+            "--budget",
+            str(budget),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "budget breached: speed.min_embed_texts_per_s" in run.stderr
+    result = json.loads(out.read_text())
+    checks = {c["name"]: c["status"] for c in result["checks"]}
+    metrics = result["metrics"]
+    assert checks["correctness.min_cosine"] == "pass" and checks["speed.max_load_s_cold"] == "pass"
+    assert checks["speed.min_embed_texts_per_s"] == "fail"
+    assert all(status == "pass" for name, status in checks.items() if name.startswith("pipelines:")), checks
+    assert sum(name.startswith("pipelines:") for name in checks) == 1  # the WebGPU library compiled
+    assert metrics["min_cosine"] >= 0.9999 and metrics["embed_texts_per_s"] > 0 and "greedy" not in metrics
+    report(
+        f"lantern validate (all-MiniLM-L6-v2 q0f32, SwiftShader): min cosine {metrics['min_cosine']:.6f}, "
+        f"{metrics['embed_texts_per_s']:.2f} texts/s, cold load {metrics['load_s_cold']:.1f} s"
     )

@@ -19,11 +19,17 @@ Measurements (one run):
   structured   greedy answers under a few JSON schemas (data/schemas.json): the share
                that parse and validate (ajv, in the page)
 
+An embedding artifact is measured on held-out texts (--texts of 4 to 48 words): the browser's vectors
+against its CPU library's (lowest and mean cosine), embeddings and tokens per second, loads, size and
+pipelines; its budgets are correctness.min_cosine and speed.min_embed_texts_per_s beside the loads and
+sizes (a chat budget's other keys are "not checked" for it).
+
 Exit status: 0 within budget, 1 a budget was breached, 2 the validation could not run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -56,6 +62,8 @@ BUDGETS: dict[str, tuple[str, str, bool]] = {
     "correctness.max_perplexity_gap_pct": ("perplexity_gap_pct", "max", False),
     "correctness.min_baseline_token_match": ("baseline_token_match", "min", False),
     "correctness.min_structured_valid": ("structured_valid", "min", False),
+    "correctness.min_cosine": ("min_cosine", "min", False),  # an embedding model's vectors vs its CPU library's
+    "speed.min_embed_texts_per_s": ("embed_texts_per_s", "min", False),
     "speed.min_decode_tokens_per_s": ("decode_tokens_per_s", "min", False),
     "speed.min_prefill_tokens_per_s": ("prefill_tokens_per_s", "min", False),
     "speed.max_ttft_s": ("ttft_s", "max", False),
@@ -92,6 +100,7 @@ class ValidateOptions:
     text: Path | None = None
     browsers: tuple[str, ...] = ("chromium",)
     threads: int | None = None  # llama.cpp's threads on the wasm device (None: the runtime's choice)
+    texts: int = 32  # an embedding model's held-out texts
 
 
 @dataclass
@@ -219,10 +228,10 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         art = Artifact.open(opts.artifact)
     except LanternError as err:
         raise CannotRun(str(err)) from None
-    if art.manifest["model"].get("kind") == "embedding":
-        raise CannotRun(f"{art.path.name} is an embedding model: lantern validate checks chat models only for now")
     if not any(lib["target"] == "cpu" for lib in art.manifest["libraries"]):
         raise CannotRun(f"{art.path.name} has no cpu library: build it with --targets webgpu,cpu to validate")
+    if art.manifest["model"].get("kind") == "embedding":
+        return _measure_embedding(opts, art, step)
     prompts = load_prompts(opts.prompts)
     text = (opts.text or DATA / "heldout.txt").read_text()
     cfg = art.tokenizer_config()
@@ -250,32 +259,13 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
     lse = np.log(np.exp(all_logits - all_logits.max(1, keepdims=True)).sum(1)) + all_logits.max(1)
     cpu_nll = (lse[:-1] - all_logits[np.arange(len(text_ids) - 1), text_ids[1:]]).tolist()
 
-    m = art.manifest
-    webgpu = [lib for lib in m["libraries"] if lib["target"] == "webgpu"]
-    wasm_bytes = sum((art.path / lib["file"]).stat().st_size for lib in webgpu)
-    metrics: dict = {
-        "artifact_bytes": sum(f["size"] for f in m["files"].values()),
-        "weight_bytes": m["weights"]["bytes"],
-        "bytes_per_param": m["weights"]["bytes_per_param"],
-        "wasm_bytes": wasm_bytes,
-        # what each browser device fetches: its own files only (package.device_files)
-        "download_bytes_webgpu": package.download_bytes(m, "webgpu"),
-        "download_bytes_wasm": package.download_bytes(m, "wasm"),
-        "kernels": max((lib["kernels"] for lib in webgpu), default=0),
-        "largest_kernel_bytes": max((lib["largest_kernel_bytes"] for lib in webgpu), default=0),
-    }
-    from ..browsers import once_more_if_firefox_hangs
-
-    runs = {}
-    for name in opts.browsers:
-        say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))  # type: ignore[misc]  # mypy#15459
-        timeout = FIREFOX_HANG_S if name == "firefox" else 600
-        data = once_more_if_firefox_hangs(
-            name,
-            lambda: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout, opts.threads),  # noqa: B023 (run now)
-            FIREFOX_HANG_S,
-            say,
-        )
+    metrics = _size_metrics(art)
+    runs = _each_browser(
+        opts,
+        step,
+        lambda say, name, timeout: _run_browser(art, prompt_ids, text_ids, opts.max_tokens, say, name, timeout, opts.threads),
+    )
+    for name, data in runs.items():
         runs[name] = (data, _browser_metrics(data, prompts, text_ids, cpu_greedy, cpu_logits, cpu_nll))
     data, (first_metrics, greedy) = runs[opts.browsers[0]]
     metrics.update(first_metrics)
@@ -283,6 +273,74 @@ def measure(opts: ValidateOptions, step: Callable[[str], None]) -> Report:
         metrics["browsers"] = {name: engine_metrics for name, (_, (engine_metrics, _)) in runs.items()}
     pipelines = [p for data, _ in runs.values() for p in data["pipelines"]]
     return Report(str(art.path), metrics, greedy=greedy, pipelines=pipelines, structured=data["structured"])
+
+
+def _size_metrics(art: Artifact) -> dict:
+    """Bytes on disk, bytes each browser device downloads, kernels and the largest WGSL kernel."""
+    m = art.manifest
+    webgpu = [lib for lib in m["libraries"] if lib["target"] == "webgpu"]
+    return {
+        "artifact_bytes": sum(f["size"] for f in m["files"].values()),
+        "weight_bytes": m["weights"]["bytes"],
+        "bytes_per_param": m["weights"]["bytes_per_param"],
+        "wasm_bytes": sum((art.path / lib["file"]).stat().st_size for lib in webgpu),
+        # what each browser device fetches: its own files only (package.device_files)
+        "download_bytes_webgpu": package.download_bytes(m, "webgpu"),
+        "download_bytes_wasm": package.download_bytes(m, "wasm"),
+        "kernels": max((lib["kernels"] for lib in webgpu), default=0),
+        "largest_kernel_bytes": max((lib["largest_kernel_bytes"] for lib in webgpu), default=0),
+    }
+
+
+def _each_browser(opts: ValidateOptions, step: Callable[[str], None], run: Callable) -> dict:
+    """``run(say, name, timeout)`` in each browser of ``opts`` (a hung Firefox is given one more try)."""
+    from ..browsers import once_more_if_firefox_hangs
+
+    runs: dict = {}
+    for name in opts.browsers:
+        say = step if len(opts.browsers) == 1 else (lambda s, n=name: step(f"{n}: {s}"))  # type: ignore[misc]  # mypy#15459
+        timeout = FIREFOX_HANG_S if name == "firefox" else 600
+        runs[name] = once_more_if_firefox_hangs(name, lambda: run(say, name, timeout), FIREFOX_HANG_S, say)  # noqa: B023 (run now)
+    return runs
+
+
+def held_out_texts(text: str, count: int) -> list[str]:
+    """``count`` texts of 4 to 48 words, cut one after another from ``text`` (from its start again if it runs out)."""
+    words = text.split()
+    if not words:
+        raise CannotRun("the held-out text is empty")
+    sizes = np.random.default_rng(0).integers(4, 49, size=count)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return [" ".join(words[(int(at) + i) % len(words)] for i in range(int(n))) for at, n in zip(starts, sizes)]
+
+
+def _measure_embedding(opts: ValidateOptions, art: Artifact, step: Callable[[str], None]) -> Report:
+    """An embedding model: each browser's vectors of held-out texts against the CPU library's."""
+    from ..server.embeddings import Embedder
+
+    if opts.texts < 1:
+        raise CannotRun(f"--texts must be at least 1, got {opts.texts}")
+    texts = held_out_texts((opts.text or DATA / "heldout.txt").read_text(), opts.texts)
+    step("CPU reference")
+    embedder = Embedder(art.path, "tvm")
+    try:
+        tokens = embedder.tokens(texts, truncate=True)
+        reference = embedder.embed(tokens)
+    finally:
+        embedder.close()
+    reference /= np.linalg.norm(reference, axis=1, keepdims=True)
+    metrics = _size_metrics(art)
+    runs = _each_browser(opts, step, lambda say, name, timeout: _run_embedding(art, texts, say, name, timeout, opts.threads))
+    per_browser = {}
+    for name, data in runs.items():
+        vectors = np.asarray(data.pop("vectors"), dtype=np.float64)
+        cos = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True) * reference).sum(1)
+        per_browser[name] = {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean()), **data["metrics"]}
+    metrics.update(per_browser[opts.browsers[0]])
+    if len(runs) > 1:
+        metrics["browsers"] = per_browser
+    pipelines = [p for data in runs.values() for p in data["pipelines"]]
+    return Report(str(art.path), metrics, pipelines=pipelines)
 
 
 def _browser_metrics(
@@ -341,30 +399,11 @@ def _run_browser(
 ) -> dict:
     """The browser-side measurements in ``name``: Chromium on the webgpu device; an engine without
     WebGPU here (Firefox, WebKitGTK) on the wasm device, which measures no logits, perplexity or pipelines."""
-    from ..browsers import BrowserError, open_browser
-    from ..server.app import create_app
-    from ..server.config import ServerConfig
-    from ..server.background import serve_in_thread
-
     device = "webgpu" if name == "chromium" else "wasm"
-    app = create_app(ServerConfig([art.path], site=PAGE, api=False))
     model_url = f"/models/{art.path.name}/"
     out: dict = {"metrics": {}, "pipelines": [], "logits": None, "nll": None}
-    with serve_in_thread(app) as base, open_browser(name, timeout=timeout) as browser:
-
-        def open_page():
-            page = browser.new_page()
-            page.goto(base + "/index.html")
-            page.wait_for("document.getElementById('status').textContent === 'ready'")
-            return page
-
-        page = open_page()
-
-        def call(expr: str, arg=None):
-            try:
-                return page.evaluate(expr, arg)
-            except BrowserError as err:  # the page's error, e.g. WebGPUUnavailableError
-                raise CannotRun(f"the {name} run failed: {err}") from None
+    with _validate_page(art, name, timeout) as session:
+        call = session.call
 
         step("browser: cold load")
         call("(m) => lanternValidate.clearCache(m)", model_url)
@@ -401,21 +440,100 @@ def _run_browser(
         out["metrics"]["peak_gpu_bytes"] = call("() => lanternValidate.stats()")["peakGpuBytes"]
         call("() => lanternValidate.unload()")
         step("browser: cached load")
-        page = open_page()  # a second visit: weights from the cache
+        session.reopen()  # a second visit: weights from the cache
         cached = call("([m, d, t]) => lanternValidate.load(m, d, t)", [model_url, device, threads])
         out["metrics"]["load_s_cached"] = cached["seconds"]
         call("() => lanternValidate.unload()")
         if device == "webgpu":
             step("browser: pipelines")
-            for lib in art.manifest["libraries"]:
-                if lib["target"] == "webgpu":
-                    out["pipelines"].append(
-                        call(
-                            "([m, f, r]) => lanternValidate.pipelines(m, f, r)",
-                            [model_url, lib["file"], lib["required_features"]],
-                        )
-                    )
+            out["pipelines"] = _pipelines(art, call)
     return out
+
+
+class _Session:
+    """The validate page in a browser: ``call`` evaluates in it, ``reopen`` visits it again."""
+
+    def __init__(self, browser, base: str, name: str):
+        self.browser, self.base, self.name = browser, base, name
+        self.reopen()
+
+    def reopen(self) -> None:
+        self.page = self.browser.new_page()
+        self.page.goto(self.base + "/index.html")
+        self.page.wait_for("document.getElementById('status').textContent === 'ready'")
+
+    def call(self, expr: str, arg=None):
+        from ..browsers import BrowserError
+
+        try:
+            return self.page.evaluate(expr, arg)
+        except BrowserError as err:  # the page's error, e.g. WebGPUUnavailableError
+            raise CannotRun(f"the {self.name} run failed: {err}") from None
+
+
+@contextlib.contextmanager
+def _validate_page(art: Artifact, name: str, timeout: float):
+    """The artifact and the validate page served on a free port (no API), open in browser ``name``."""
+    from ..browsers import open_browser
+    from ..server.app import create_app
+    from ..server.background import serve_in_thread
+    from ..server.config import ServerConfig
+
+    app = create_app(ServerConfig([art.path], site=PAGE, api=False))
+    with serve_in_thread(app) as base, open_browser(name, timeout=timeout) as browser:
+        yield _Session(browser, base, name)
+
+
+def _pipelines(art: Artifact, call: Callable) -> list[dict]:
+    """Every webgpu library's kernels compiled as WebGPU pipelines on the page's adapter."""
+    return [
+        call(
+            "([m, f, r]) => lanternValidate.pipelines(m, f, r)",
+            [f"/models/{art.path.name}/", lib["file"], lib["required_features"]],
+        )
+        for lib in art.manifest["libraries"]
+        if lib["target"] == "webgpu"
+    ]
+
+
+def _run_embedding(
+    art: Artifact, texts: list[str], step: Callable[[str], None], name: str, timeout: float, threads: int | None
+) -> dict:
+    """An embedding model in browser ``name`` (Chromium: webgpu; the others: wasm): loads cold and cached,
+    the vectors of ``texts`` in one call, its speed, and (webgpu) the pipelines."""
+    device = "webgpu" if name == "chromium" else "wasm"
+    model_url = f"/models/{art.path.name}/"
+    with _validate_page(art, name, timeout) as session:
+        call = session.call
+        step("browser: cold load")
+        call("(m) => lanternValidate.clearCache(m)", model_url)
+        cold = call("([m, d, t]) => lanternValidate.load(m, d, t)", [model_url, device, threads])
+        step(f"browser: {len(texts)} texts")
+        got = call("(req) => lanternValidate.embed(req)", {"input": texts})
+        stats = call("() => lanternValidate.stats()")
+        call("() => lanternValidate.unload()")
+        step("browser: cached load")
+        session.reopen()
+        cached = call("([m, d, t]) => lanternValidate.load(m, d, t)", [model_url, device, threads])
+        call("() => lanternValidate.unload()")
+        pipelines = []
+        if device == "webgpu":
+            step("browser: pipelines")
+            pipelines = _pipelines(art, call)
+    return {
+        "vectors": got["vectors"],
+        "pipelines": pipelines,
+        "metrics": {
+            "embed_texts_per_s": len(texts) / got["seconds"],
+            "embed_tokens_per_s": got["tokens"] / got["seconds"],
+            "load_s_cold": cold["seconds"],
+            "load_s_cached": cached["seconds"],
+            "peak_gpu_bytes": stats["peakGpuBytes"],
+            "library": cold["stats"]["library"],
+            "adapter": cold["stats"]["adapter"],
+            "device": cold["stats"]["deviceLabel"],
+        },
+    }
 
 
 def _structured(call) -> list[dict]:
