@@ -132,8 +132,10 @@ export class WorkerEngine {
         holdCache(options.cache);
         await this.call({ kind: "hello", tab }, undefined, line);
         const model = (await this.call({ kind: "load", options }, undefined, line)) as ModelInfo;
-        if (!superseded()) this.model = model;
-        if (!superseded()) this.across = { kind, handovers: this.across ? this.across.handovers + 1 : 0 };
+        if (!superseded()) {
+          this.model = model;
+          this.across = { kind, handovers: this.across ? this.across.handovers + 1 : 0 };
+        }
       } catch (err) {
         if (!superseded()) throw err; // a later link has taken over, and its outcome counts
       }
