@@ -325,11 +325,29 @@ def write(
         writer.add_add_space_prefix(tok["add_space_prefix"])
         if tok["unk"] is not None:
             writer.add_unk_token_id(tok["unk"])
+    add_eos = False
+    if family.kind == "embedding" and tok["model"] != "bert":
+        # llama.cpp tokenizing a text (the page's wasm device) adds what the model's tokenizer.json puts
+        # around it: EmbeddingGemma's <bos> ... <eos>, Qwen3-Embedding's final <|endoftext|> it pools on
+        from tokenizers import Tokenizer
+
+        from .importer import special_around
+
+        before, after = special_around(Tokenizer.from_str(tokenizer_json))
+        if len(before) > 1 or len(after) > 1:
+            raise LanternError(f"tokenizer.json puts {before} before and {after} after a text: llama.cpp adds one token each")
+        add_bos, add_eos = bool(before), bool(after)
+        if before:
+            bos_id = before[0]
+        if after:
+            eos_id = after[0]
     if bos_id is not None:
         writer.add_bos_token_id(bos_id)
     if eos_id is not None:
         writer.add_eos_token_id(eos_id)
     writer.add_add_bos_token(add_bos)
+    if add_eos:
+        writer.add_add_eos_token(True)
     if chat_template:
         writer.add_chat_template(chat_template)
 

@@ -147,7 +147,7 @@ def _special_token(value) -> str | None:
 def import_hf_folder(folder: Path, name: str | None = None) -> SourceModel:
     config = _read_json(folder / "config.json")
     arch = (config.get("architectures") or [config.get("model_type", "?")])[0]
-    family = models.family_for_architecture(arch)
+    family = models.family_for_architecture(arch, embedding=(folder / "modules.json").exists())
     weight_files = read_index(folder) or sorted(folder.glob("*.safetensors"))
     if not weight_files:
         raise LanternError(f"no *.safetensors weights in {folder} (PyTorch .bin checkpoints are not supported)")
@@ -166,17 +166,23 @@ def import_hf_folder(folder: Path, name: str | None = None) -> SourceModel:
     )  # small and already parsed: no point deferring it
     hashed = [folder / "config.json", folder / "tokenizer.json", *weight_files]
     hashed += [p for p in (folder / "tokenizer_config.json", folder / "chat_template.jinja") if p.exists()]
+    dense: list[dict] = []
     if family.kind == "embedding":
         config = dict(config, lantern_embedding=sentence_transformers(folder, config))
+        dense = config["lantern_embedding"].get("dense", [])
         hashed += [p for p in _sentence_transformers_files(folder) if p.exists()]
+        hashed += [folder / d["path"] / n for d in dense for n in ("config.json", "model.safetensors")]
 
-    checkpoint_tensors(weight_files)  # a damaged file fails the import, before any stage runs
+    def load() -> Tensors:
+        return _with_dense(checkpoint_tensors(weight_files), folder, dense)
+
+    load()  # a damaged file fails the import, before any stage runs
     return SourceModel(
         name or folder.name,
         family,
         config,
         _hash_files(hashed),
-        lambda: checkpoint_tensors(weight_files),
+        load,
         lambda: tokenizer,
         generation=_generation_config(folder / "generation_config.json"),
         generation_source=str(folder / "generation_config.json"),
@@ -189,13 +195,36 @@ def _sentence_transformers_files(folder: Path) -> list[Path]:
     )
 
 
-# sentence-transformers modules an encoder folder may list, besides the transformer itself
-_ST_MODULES = {"Pooling", "Normalize", "Transformer"}
+# sentence-transformers modules an embedding folder may list, besides the transformer itself
+_ST_MODULES = {"Pooling", "Normalize", "Transformer", "Dense"}
+_IDENTITY = "torch.nn.modules.linear.Identity"  # the one Dense activation implemented (EmbeddingGemma's)
+
+
+def _with_dense(tensors: Tensors, folder: Path, dense: list[dict]) -> Tensors:
+    """The checkpoint's tensors and each Dense module's (``<path>/model.safetensors``) as ``dense.<i>.weight``
+    and ``dense.<i>.bias``, in the order modules.json lists them."""
+    loaders, shapes = {}, {}
+    for i, module in enumerate(dense):
+        path = folder / module["path"] / "model.safetensors"
+        if not path.exists():
+            raise LanternError(f"missing file: {path} (the Dense module's weights; .bin is not supported)")
+        own = safetensors_tensors(path)
+        for kind in ("weight", "bias") if module["bias"] else ("weight",):
+            if f"linear.{kind}" not in own:
+                raise LanternError(f"{module['path']}/model.safetensors has no tensor 'linear.{kind}'")
+            loaders[f"dense.{i}.{kind}"], shapes[f"dense.{i}.{kind}"] = own.loader(f"linear.{kind}"), own.shape(f"linear.{kind}")
+        if shapes[f"dense.{i}.weight"] != (module["out"], module["in"]):
+            raise LanternError(
+                f"{module['path']}/model.safetensors: linear.weight has shape {list(shapes[f'dense.{i}.weight'])}, "
+                f"its config.json implies {[module['out'], module['in']]}"
+            )
+    return tensors.replaced(loaders, shapes) if loaders else tensors
 
 
 def sentence_transformers(folder: Path, config: dict) -> dict:
     """What a sentence-transformers folder says about its vectors: ``pooling`` (mean, cls or last),
-    ``normalize``, ``max_seq_length`` and the ``query_prompt`` / ``document_prompt``. A folder without
+    ``normalize``, its ``dense`` layers (path, in, out, bias), ``max_seq_length`` and the ``query_prompt`` /
+    ``document_prompt``. A folder without
     modules.json is read as transformers' default for the family (CLS pooling, no normalization)."""
     out: dict = {}
     modules_path = folder / "modules.json"
@@ -206,6 +235,21 @@ def sentence_transformers(folder: Path, config: dict) -> dict:
             raise LanternError(f"modules.json: the sentence-transformers module {module.get('type')!r} is not implemented")
         if kind == "Normalize":
             out["normalize"] = True
+        if kind == "Dense":
+            dense = _read_json(folder / module.get("path", "") / "config.json")
+            activation = dense.get("activation_function", _IDENTITY)
+            if activation != _IDENTITY:
+                raise LanternError(
+                    f"{module.get('path')}/config.json: activation_function {activation!r} is not implemented (only Identity)"
+                )
+            out.setdefault("dense", []).append(
+                {
+                    "path": module.get("path", ""),
+                    "in": int(dense["in_features"]),
+                    "out": int(dense["out_features"]),
+                    "bias": bool(dense.get("bias", True)),
+                }
+            )
         if kind == "Pooling":
             pooling = _read_json(folder / module.get("path", "") / "config.json")
             modes = [

@@ -42,7 +42,9 @@ def export(family, config, spec: QuantSpec, target: tvm.target.Target, metadata:
     mod, named = model.export_tvm(spec=model.get_default_spec())
     if target.kind.name != "llvm":
         mod = replace_racy_kernels(mod, spec.model_dtype)
-    if config.attention_softcap or config.windowed:  # TVM's attention kernels can do neither: Lantern's can
+    # TVM's KV-cache attention kernels can do neither: Lantern's can (an embedder has no KV cache: its
+    # attention, window included, is plain relax, models/llama/embedder.py)
+    if family.kind == "chat" and (config.attention_softcap or config.windowed):
         mod = emulated.custom_attention(
             mod, config.attention_softcap, config.sliding_window if config.windowed else 0, gpu=target.kind.name != "llvm"
         )

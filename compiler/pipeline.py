@@ -403,7 +403,7 @@ def embedding_facts(config, tokenizer_json: str) -> dict:
 
     before, after = special_around(Tokenizer.from_str(tokenizer_json))
     return {
-        "dimensions": config.hidden_size,
+        "dimensions": config.dimensions,
         "pooling": config.pooling,
         "normalize": config.normalize,
         "max_tokens": config.context_window_size,

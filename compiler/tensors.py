@@ -89,6 +89,14 @@ class Tensors(Mapping[str, np.ndarray]):
         known.update(shapes or {})
         return Tensors(merged, known, {k: v for k, v in self._origins.items() if k not in drop})
 
+    def renamed(self, fn: Callable[[str], str]) -> "Tensors":
+        """These tensors under the names ``fn`` gives."""
+        return Tensors(
+            {fn(k): v for k, v in self._loaders.items()},
+            {fn(k): v for k, v in self._shapes.items()},
+            {fn(k): v for k, v in self._origins.items()},
+        )
+
     def transformed(self, names, fn: Callable[[np.ndarray], np.ndarray]) -> "Tensors":
         """These tensors with ``fn`` applied to each of ``names`` when it is made (``fn`` keeps the shape)."""
         made = {k: (lambda load=self._loaders[k]: fn(load())) for k in names}

@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -196,6 +197,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 HELD_OUT_CHARS = 20000
+
+
+def cut_words(words: list[str], count: int, lo: int, hi: int, seed: int) -> list[str]:
+    """``count`` consecutive pieces of ``words``, each of ``lo`` to ``hi`` words (a seeded draw)."""
+    rng = np.random.default_rng(seed)
+    out, at = [], 0
+    for n in rng.integers(lo, hi + 1, size=count):
+        out.append(" ".join(words[at : at + n]))
+        at += int(n)
+    return out
 
 
 @pytest.fixture(scope="session")

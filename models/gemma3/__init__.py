@@ -1,4 +1,5 @@
-"""Gemma 3 text (Gemma3ForCausalLM: 270M, 1B), from HF folders and from llama.cpp's ``gemma3`` GGUFs.
+"""Gemma 3 text (Gemma3ForCausalLM: 270M, 1B), from HF folders and from llama.cpp's ``gemma3`` GGUFs;
+``EMBEDDING`` is EmbeddingGemma, the same decoder attending both ways and pooled (``llama/embedder.py``).
 
 The network and its config (two RoPE bases, the local/global layer pattern, ``query_pre_attn_scalar``)
 are ``model.py``; this file maps checkpoint names, folds Gemma's (1 + w) norms into plain RMSNorm
@@ -22,6 +23,7 @@ from typing import Mapping
 import numpy as np
 
 from lantern.errors import LanternError
+from lantern.models.embedding import GGUF_POOLING, no_gguf_import
 from lantern.models.family import Family, GGUFLayout, GGUFTensor, Observe
 from lantern.models.llama import to_lantern as llama_to_lantern
 from lantern.models.llama.calibration import (
@@ -32,6 +34,13 @@ from lantern.models.llama.calibration import (
     observed_attention,
     observed_head,
     observed_mlp,
+)
+from lantern.models.llama.embedder import (
+    embedder_gguf_tensors,
+    embedder_of,
+    embedder_to_lantern,
+    embedding_config,
+    gguf_dense_unsupported,
 )
 from lantern.models.llama.loader import gguf_metadata, hf_config_from_gguf, hf_names_from_gguf
 from lantern.models.llama.loader import gguf_tensors as llama_gguf_tensors
@@ -233,4 +242,53 @@ FAMILY = Family(
     to_lantern=to_lantern,
     gguf=GGUF,
     calibration_forward=calibration_forward,
+)
+
+
+# --------------------------------------------------------------------------- EmbeddingGemma
+
+Gemma3EmbeddingConfig = embedding_config(Gemma3Config)
+
+
+def _embedding_unsupported(cfg) -> str | None:
+    """What llama.cpp's gemma-embedding fixes that a config could set otherwise."""
+    if cfg.query_pre_attn_scalar != cfg.head_dim:
+        return (
+            f"llama.cpp's gemma-embedding scales scores by head_dim ** -0.5, the model by {cfg.query_pre_attn_scalar:g} ** -0.5"
+        )
+    if list(cfg.sliding_layers) != [i % PATTERN < PATTERN - 1 for i in range(cfg.num_hidden_layers)]:
+        return f"llama.cpp's gemma-embedding has a global layer every {PATTERN}th, the config's layer_types differ"
+    if cfg.rope_local_theta != 10000.0:
+        return f"llama.cpp's gemma-embedding rotates local layers with base 10000, the config with {cfg.rope_local_theta:g}"
+    if not cfg.bidirectional:
+        return "llama.cpp's gemma-embedding attends both ways; the config is causal"
+    return gguf_dense_unsupported(cfg)
+
+
+def _embedding_metadata(cfg) -> dict:
+    a = "gemma-embedding"
+    meta = {**gguf_metadata_of(cfg, a), f"{a}.pooling_type": GGUF_POOLING[cfg.pooling]}
+    for i, (features_in, features_out, _) in enumerate(cfg.dense):
+        meta[f"{a}.dense_{i + 2}_feat_in"], meta[f"{a}.dense_{i + 2}_feat_out"] = features_in, features_out
+    return meta
+
+
+# EmbeddingGemma (Gemma3TextModel with use_bidirectional_attention): the decoder attending both ways
+# (the local layers within |query - key| <= sliding_window / 2), mean-pooled, then two Dense layers.
+EMBEDDING = Family(
+    name="gemma-embedding",
+    architectures=("Gemma3TextModel",),
+    config=Gemma3EmbeddingConfig,
+    model=embedder_of(Gemma3ForCausalLM, embedding_scale=True),
+    to_lantern=embedder_to_lantern(to_lantern),
+    gguf=GGUFLayout(
+        architecture="gemma-embedding",
+        tensors=embedder_gguf_tensors(gguf_tensors),
+        metadata=_embedding_metadata,
+        unsupported=_embedding_unsupported,
+        config_from_metadata=no_gguf_import,
+        names_from_gguf=no_gguf_import,
+        windows=True,
+    ),
+    kind="embedding",
 )

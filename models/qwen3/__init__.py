@@ -3,14 +3,20 @@ a ``head_dim`` of its own (not hidden / heads), and optional q/k/v biases.
 
 Only the config reading is Qwen3's own; the network, the loader and the calibration pass are the
 Llama folder's with ``qk_norm`` on. llama.cpp calls the architecture ``qwen3`` (q/k rows unpermuted).
+``EMBEDDING`` is Qwen3-Embedding, the same decoder pooled (``llama/embedder.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from lantern.models.llama import decoder_family
-from lantern.models.llama.model import LlamaConfig, decoder_fields
+from lantern.models.embedding import GGUF_POOLING, no_gguf_import
+from lantern.models.family import Family
+from lantern.models.llama import decoder_family, to_lantern
+from lantern.models.llama.embedder import embedder_gguf_tensors, embedder_of, embedder_to_lantern, embedding_config
+from lantern.models.llama.loader import gguf_layout, gguf_metadata, gguf_tensors, gguf_unsupported
+from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM, decoder_fields
 
 
 class Qwen3Config(LlamaConfig):
@@ -20,3 +26,34 @@ class Qwen3Config(LlamaConfig):
 
 
 FAMILY = decoder_family("qwen3", ("Qwen3ForCausalLM",), Qwen3Config, "qwen3", rope_permuted=False)
+
+
+# --------------------------------------------------------------------------- Qwen3-Embedding
+
+Qwen3EmbeddingConfig = embedding_config(Qwen3Config)
+
+
+def _embedding_metadata(cfg) -> dict:
+    return {**gguf_metadata(cfg, "qwen3"), "qwen3.pooling_type": GGUF_POOLING[cfg.pooling]}
+
+
+# Qwen3-Embedding (config.json says Qwen3ForCausalLM; its weights are a Qwen3Model's): the decoder with
+# causal attention, pooled on the last token. llama.cpp runs it as `qwen3` with a pooling type.
+EMBEDDING = Family(
+    name="qwen3-embedding",
+    architectures=("Qwen3ForCausalLM", "Qwen3Model"),
+    config=Qwen3EmbeddingConfig,
+    model=embedder_of(LlamaForCausalLM),
+    to_lantern=embedder_to_lantern(to_lantern),
+    gguf=dataclasses.replace(
+        gguf_layout("qwen3", "Qwen3ForCausalLM", rope_permuted=False),
+        metadata=_embedding_metadata,
+        tensors=embedder_gguf_tensors(lambda cfg: gguf_tensors(cfg, rope_permuted=False)),
+        unsupported=lambda cfg: (
+            "llama.cpp's qwen3 runs no Dense layers after the pooling" if cfg.dense else gguf_unsupported(cfg, "qwen3")
+        ),
+        config_from_metadata=no_gguf_import,
+        names_from_gguf=no_gguf_import,
+    ),
+    kind="embedding",
+)
