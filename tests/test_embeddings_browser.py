@@ -2,7 +2,8 @@
 browser's `wasm` device (llama.cpp in wasm, wllama's embeddings), through `engine.embeddings.create` in a
 dedicated worker, in real Chromium without WebGPU: the same vectors as `lantern serve`'s llamacpp engine
 on the same GGUF, OpenAI's shape (token ids, `dimensions`, base64), and the same refusals; its float32
-build's WebGPU library on SwiftShader against transformers; the router and the retrieval index."""
+build's WebGPU library on SwiftShader against transformers; the wasm device in Firefox and WebKit; the
+router and the retrieval index."""
 
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def test_the_wasm_device_embeds_as_the_server(minilm, served, report):
     try:
         tokens = server.tokens(TEXTS)
         reference = server.embed(tokens)
+        long_count = len(server.tokenizer.encode(LONG).ids)
+        long_reference = server.embed(server.tokens([LONG], truncate=True))[0]
     finally:
         server.close()
     base, page, _ = served
@@ -128,9 +131,42 @@ def test_the_wasm_device_embeds_as_the_server(minilm, served, report):
     # the page names a model by its manifest (the server by its folder)
     assert error({"input": "x", "dimensions": 385})["message"] == "dimensions must be at most 384 for all-minilm-l6-v2, got 385"
     assert "outside the vocabulary (0..30521)" in error({"input": [[101, 40000]]})["message"]
+    # a text longer than the model takes: refused as the server refuses it, or cut as the server cuts it
+    assert long_count > 256
+    assert error({"input": LONG})["message"] == (
+        f"input[0] is {long_count} tokens; all-minilm-l6-v2 takes at most 256 (send truncate: true to cut it)"
+    )
+    cut_long = page.evaluate("(req) => engine.embeddings.create(req)", {"input": LONG, "truncate": True})
+    assert cut_long["usage"]["prompt_tokens"] == 256
+    assert (np.array(cut_long["data"][0]["embedding"]) @ long_reference) >= 0.9999
     chat = page.evaluate("() => errorOf(() => engine.chat.completions.create({ messages: [{ role: 'user', content: 'hi' }] }))")
     assert "is an embedding model: it answers embeddings.create, not text" in chat["message"]
     report(f"all-MiniLM-L6-v2 on the wasm device (1 thread): cosine to lantern serve's llamacpp min {cos.min():.6f}")
+
+
+@pytest.mark.parametrize("name", ["firefox", "webkit"])
+def test_the_wasm_device_embeds_in_firefox_and_webkit(name, minilm, served, report):
+    """Gecko and WebKit (JavaScriptCore: llama.cpp's compat build) give the vectors Chromium's wasm device
+    and `lantern serve` give, as the server tokenizes (tests/test_browsers.py runs chat there)."""
+    from test_browsers import engine_page, in_browser
+
+    server = Embedder(minilm, "llamacpp")
+    try:
+        reference = server.embed(server.tokens(TEXTS))
+    finally:
+        server.close()
+    base, _, _ = served
+
+    def run(browser) -> tuple[dict, dict]:
+        page = engine_page(browser, base)
+        stats = page.evaluate("(m) => load(m, { device: 'auto', threads: 1 })", "/models/all-minilm-l6-v2/")
+        return stats, page.evaluate("(req) => engine.embeddings.create(req)", {"input": TEXTS})
+
+    stats, out = in_browser(name, run)
+    assert stats["device"] == "wasm" and out["lantern_device"] == "wasm"
+    cos = (np.array([d["embedding"] for d in out["data"]]) * reference).sum(1)
+    assert cos.min() >= 0.9999, (name, cos)
+    report(f"all-MiniLM-L6-v2 on the wasm device in {name}: cosine to lantern serve's llamacpp min {cos.min():.6f}")
 
 
 ZARNIA = (
@@ -150,13 +186,26 @@ def test_the_router_and_the_retrieval_index(served, report):
     cloud = {"baseURL": base + "/v1", "model": "all-minilm-l6-v2"}
     out = page.evaluate(
         """async ({ local, cloud, texts }) => {
-            window.router = await lantern.createRouter({ local, cloud });
+            const events = [];
+            window.router = await lantern.createRouter({ local, cloud, onEvent: (e) => events.push(e) });
             const here = await router.embeddings.create({ input: texts });
             const there = await router.embeddings.create({ input: texts, dimensions: 128 }, { route: "cloud" });
             const other = await lantern.createRouter({ local, cloud: { ...cloud, model: "another-model" } });
             const refused = await errorOf(() => other.embeddings.create({ input: texts }, { route: "cloud" }));
             await other.local.unload();
-            return { here, there, refused };
+            // a signal aborted before the call: an AbortError, and neither the local engine nor the cloud runs
+            const ctrl = new AbortController();
+            ctrl.abort();
+            const gone = ctrl.signal;
+            const chat = { messages: [{ role: "user", content: "hi" }], max_tokens: 4 };
+            const aborted = [
+                await errorOf(() => router.embeddings.create({ input: texts }, { signal: gone })),
+                await errorOf(() => router.chat.completions.create(chat, { signal: gone })),
+                await errorOf(async () => {
+                    for await (const _ of await router.chat.completions.create({ ...chat, stream: true }, { signal: gone }));
+                }),
+            ];
+            return { here, there, refused, aborted, fallbacks: events.filter((e) => e.type === "fallback") };
         }""",
         {"local": local, "cloud": cloud, "texts": TEXTS},
     )
@@ -167,6 +216,8 @@ def test_the_router_and_the_retrieval_index(served, report):
     cos = (a / np.linalg.norm(a, axis=1, keepdims=True) * b).sum(1)
     assert b.shape == (len(TEXTS), 128) and cos.min() >= 0.9999, cos
     assert ("/v1/embeddings", None) in seen
+    assert [e["name"] for e in out["aborted"]] == ["AbortError"] * 3 and out["fallbacks"] == []
+    assert not any(path.startswith("/v1/chat") for path, _ in seen)
     assert out["refused"]["name"] == "ModelMismatchError"
     assert 'the cloud model "another-model" is not the local model "all-minilm-l6-v2"' in out["refused"]["message"]
 

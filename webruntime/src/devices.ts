@@ -49,10 +49,11 @@ export interface Device {
   start(req: GenerationRequest): Promise<Generation>;
   stats(): DeviceStats;
   /**
-   * An embedding model's pooled vectors (not normalized) of texts (the tokenizer's special tokens added)
-   * or token lists (as given), with the tokens they held; absent where the device cannot embed.
+   * An embedding model's pooled vectors (not normalized) of token lists (the engine made them:
+   * `embeddingTokens`, special tokens included, each within the model's length); absent where the device
+   * cannot embed.
    */
-  embed?(inputs: string[] | number[][], signal?: AbortSignal): Promise<{ vectors: number[][]; tokens: number }>;
+  embed?(inputs: number[][], signal?: AbortSignal): Promise<number[][]>;
   /** Measurements on raw token ids for `lantern validate` (webgpu: all; wasm: greedy only). */
   debug(req: DebugOp): Promise<DebugResult>;
   dispose(): Promise<void>;

@@ -1,7 +1,7 @@
 // An embedding model's answers in the page (Engine.embeddings.create): the request's inputs as a list, the
 // vectors cut to `dimensions` and normalized, and OpenAI's answer shape with base64 encoding. The twin of
 // the server's Embedder (server/embeddings.py: tokens, embed) and its route (server/routes.py).
-import { InvalidRequestError } from "./errors";
+import { ArtifactError, InvalidRequestError } from "./errors";
 import { RULES } from "./request_rules";
 import type { EmbeddingFacts, EmbeddingList, EmbeddingRequest } from "./protocol";
 
@@ -23,6 +23,42 @@ export function embeddingInputs(input: EmbeddingRequest["input"], vocabSize: num
       throw new InvalidRequestError(`input[${i}] holds token ${bad}, outside the vocabulary (0..${vocabSize - 1})`);
   });
   return list;
+}
+
+/**
+ * Each input's tokens, as lantern serve's `Embedder.tokens` makes them: a text as the model's tokenizer
+ * splits it (`encode`, the page's tokenizer.json), between the special tokens the manifest names (the ones its
+ * post-processor adds: [CLS] and [SEP], <bos> ... <eos>, Qwen3-Embedding's final <|endoftext|>); token ids as
+ * sent. An empty input, or one longer than the model takes, is refused naming it, unless `truncate` asks to
+ * cut it (a text keeps its special tokens).
+ */
+export function embeddingTokens(
+  inputs: string[] | number[][],
+  encode: (text: string) => number[],
+  facts: EmbeddingFacts,
+  model: string,
+  truncate = false,
+): number[][] {
+  if (!facts.special_tokens) throw new ArtifactError(`${model}'s manifest names no special tokens for its texts: rebuild it`);
+  const { before, after } = facts.special_tokens;
+  const max = facts.max_tokens;
+  return inputs.map((item, i) => {
+    let tokens: number[];
+    if (typeof item === "string") {
+      const words = encode(item);
+      const room = max - before.length - after.length;
+      tokens = [...before, ...(truncate && words.length > room ? words.slice(0, room) : words), ...after];
+    } else {
+      tokens = truncate ? item.slice(0, max) : item;
+    }
+    if (!tokens.length) throw new InvalidRequestError(`input[${i}] is empty`);
+    if (tokens.length > max) {
+      throw new InvalidRequestError(
+        `input[${i}] is ${tokens.length} tokens; ${model} takes at most ${max} (send truncate: true to cut it)`,
+      );
+    }
+    return tokens;
+  });
 }
 
 /** `dimensions` checked against the model's size (undefined: all of it). */

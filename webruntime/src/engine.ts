@@ -48,7 +48,7 @@ import { Closer, closesCutAnswers, HOLD } from "./closing";
 import { LazyGrammars } from "./grammars";
 import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type GrammarSpec } from "./structured";
 import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
-import { checkDimensions, embeddingInputs, embeddingList, finishVectors } from "./embeddings";
+import { checkDimensions, embeddingInputs, embeddingList, embeddingTokens, finishVectors } from "./embeddings";
 import { WasmDevice } from "./wasm";
 import { WebGpuDevice } from "./webgpu";
 
@@ -250,17 +250,18 @@ export class Engine {
     }
     const req = checkRequest(request, "embeddings") as unknown as EmbeddingRequest;
     const dimensions = checkDimensions(req.dimensions, facts, name);
-    if (req.truncate) throw new InvalidRequestError("truncate is not supported in the browser yet (lantern serve takes it)");
     const inputs = embeddingInputs(req.input, this.manifest.model.vocab_size);
+    const tokens = embeddingTokens(inputs, (text) => this.codec.encode(text), facts, name, req.truncate);
     const embed = device.embed.bind(device);
     // in turn with chat requests: one device, one request at a time
-    const turn = this.tail.then(() => embed(inputs, opts.signal));
+    const turn = this.tail.then(() => embed(tokens, opts.signal));
     this.tail = turn.then(
       () => {},
       () => {},
     );
-    const { vectors, tokens } = await turn;
-    const list = embeddingList(finishVectors(vectors, dimensions, facts), req.encoding_format ?? "float", name, tokens);
+    const vectors = await turn;
+    const count = tokens.reduce((n, t) => n + t.length, 0);
+    const list = embeddingList(finishVectors(vectors, dimensions, facts), req.encoding_format ?? "float", name, count);
     return { ...list, lantern_device: device.kind };
   }
 

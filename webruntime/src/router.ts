@@ -250,7 +250,7 @@ export class Router {
       );
       return { ...reply, lantern_route: "local" };
     } catch (err) {
-      if (!this.fallbackWorthy(err)) throw err;
+      if (!this.fallbackWorthy(err) || opts.signal?.aborted) throw err;
       this.fallback(err, false);
       return this.cloud.chat(req, opts.signal);
     }
@@ -294,6 +294,7 @@ export class Router {
 
   /** Run ``work`` with an abort signal that fires on the caller's abort or on the local timeout. */
   private async withTimeout<T>(work: (signal: AbortSignal) => Promise<T>, outer?: AbortSignal): Promise<T> {
+    outer?.throwIfAborted(); // a listener added now would never fire
     const ctrl = new AbortController();
     outer?.addEventListener("abort", () => ctrl.abort());
     let timer: ReturnType<typeof setTimeout> | undefined;
@@ -332,6 +333,7 @@ export class Router {
     const self = this;
     return {
       [Symbol.asyncIterator]: async function* () {
+        opts.signal?.throwIfAborted(); // aborted before the first chunk was asked for: neither engine runs
         const local = self.local!;
         let text = ""; // the raw answer so far (reasoning and content)
         let tokens = 0;

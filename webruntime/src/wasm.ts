@@ -288,28 +288,21 @@ export class WasmDevice implements Device {
     return this.wllama;
   }
 
-  async embed(inputs: string[] | number[][], signal?: AbortSignal): Promise<{ vectors: number[][]; tokens: number }> {
+  async embed(lists: number[][], signal?: AbortSignal): Promise<number[][]> {
     const wllama = this.loaded();
     const vectors: number[][] = [];
-    let tokens = 0;
-    // one text per call: llama.cpp's server in wasm gives an input longer than a micro-batch an error of its
-    // own, which names the text here
-    for (const [i, input] of inputs.entries()) {
+    // one text per call: llama.cpp pools each call's sequence (the engine checked every length)
+    for (const [i, tokens] of lists.entries()) {
       signal?.throwIfAborted(); // an AbortError, as fetch's
       let res: Awaited<ReturnType<Wllama["createEmbedding"]>>;
       try {
-        res = await wllama.createEmbedding({ input: [input] as string[] | number[][], embd_normalize: -1 });
+        res = await wllama.createEmbedding({ input: [tokens], embd_normalize: -1 });
       } catch (err) {
-        const why = err instanceof Error ? err.message : String(err);
-        if (/too large|exceed/i.test(why)) {
-          throw new InvalidRequestError(`input[${i}] is longer than the ${this.contextWindow} tokens this model takes`);
-        }
-        throw new LanternError(`llama.cpp could not embed input[${i}]: ${why}`);
+        throw new LanternError(`llama.cpp could not embed input[${i}]: ${err instanceof Error ? err.message : String(err)}`);
       }
       vectors.push(res.data[0].embedding as number[]);
-      tokens += res.usage?.prompt_tokens ?? 0;
     }
-    return { vectors, tokens };
+    return vectors;
   }
 
   async prepare(spec: GrammarSpec): Promise<LlamaGrammar> {

@@ -4,7 +4,7 @@
 import type { CompiledGrammar } from "@mlc-ai/web-xgrammar";
 import { checkFits, type Gpu } from "./device";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
-import { ArtifactError, EngineNotLoadedError, InvalidRequestError } from "./errors";
+import { EngineNotLoadedError } from "./errors";
 import { chooseLibrary, deviceLabel } from "./library";
 import { fetchEach, fetchFiles, type Manifest } from "./loader";
 import { largestTensorBytes, TvmModel, type TensorCacheIndex } from "./model";
@@ -129,28 +129,9 @@ export class WebGpuDevice implements Device {
     return this.load.grammars.compiler();
   }
 
-  /**
-   * Pooled vectors of texts (the tokenizer's own tokens between the special tokens the manifest names,
-   * as transformers and llama.cpp put them) or token lists, computed in batches of similar lengths.
-   */
-  async embed(inputs: string[] | number[][], signal?: AbortSignal): Promise<{ vectors: number[][]; tokens: number }> {
+  /** Pooled vectors of token lists, computed in padded batches of similar lengths. */
+  async embed(lists: number[][], signal?: AbortSignal): Promise<number[][]> {
     const model = this.loaded();
-    const { manifest, codec } = this.load;
-    const facts = manifest.embedding;
-    if (!facts?.special_tokens) {
-      throw new ArtifactError(`${manifest.model.name}'s manifest names no special tokens for the webgpu device: rebuild it`);
-    }
-    const { before, after } = facts.special_tokens;
-    const lists = inputs.map((item, i) => {
-      const tokens = typeof item === "string" ? [...before, ...codec.encode(item), ...after] : item;
-      if (!tokens.length) throw new InvalidRequestError(`input[${i}] is empty`);
-      if (tokens.length > facts.max_tokens) {
-        throw new InvalidRequestError(
-          `input[${i}] is ${tokens.length} tokens; ${manifest.model.name} takes at most ${facts.max_tokens}`,
-        );
-      }
-      return tokens;
-    });
     // longest first; a batch takes the next text while its padding stays under a fifth of what it computes
     // (every text runs at the batch's longest length); the answer keeps the inputs' order
     const order = [...lists.keys()].sort((a, b) => lists[b].length - lists[a].length);
@@ -170,7 +151,7 @@ export class WebGpuDevice implements Device {
       for (const [j, i] of part.entries()) vectors[i] = Array.from(pooled[j]);
       at += part.length;
     }
-    return { vectors, tokens: lists.reduce((n, t) => n + t.length, 0) };
+    return vectors;
   }
 
   async prepare(spec: GrammarSpec): Promise<CompiledGrammar> {
