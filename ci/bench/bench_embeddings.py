@@ -18,18 +18,34 @@ as checkpoints ship) with their families' real tokenizers: `lantern build --quan
 pooling and Dense layers, on both server engines (with ``--webgpu-texts N``, also N short texts on the
 page's webgpu device, SwiftShader).
 
+``page``: in one headless Chromium, Lantern's page (`engine.embeddings.create`, the engine in its worker)
+against transformers.js 4 (npm @huggingface/transformers, installed into the cache) on an ONNX export of
+the same folder made here by ``torch.onnx.export`` (``onnx`` installed into the cache, not the project):
+embeddings per second of one call of ``--texts`` texts of Tiny Shakespeare of at most ``--tokens``
+tokens, after one warm-up call, the median of ``--runs`` calls. Lantern's `wasm` device (llama.cpp) on
+the default build's GGUF (q0f16) and on the q0f32 build's, against ONNX Runtime's wasm backend with the
+same threads (the page is cross-origin isolated); its `webgpu` device on the q0f32 build's cpu-emulated
+library against ONNX Runtime's WebGPU backend. Here WebGPU is SwiftShader, on the CPU, where a call of 64
+such texts takes minutes on each side: ``--webgpu-texts 8 --webgpu-runs 1`` keeps it to a few. Also the
+cosine of each side's vectors to the other's and to transformers' (PyTorch). A side that fails is
+reported and the others go on.
+
     .venv/bin/python ci/bench/bench_embeddings.py quality [--tvm-texts 200]
     .venv/bin/python ci/bench/bench_embeddings.py throughput [--texts 256]
     .venv/bin/python ci/bench/bench_embeddings.py decoders [--models qwen3-embedding-0.6b] [--texts 100]
+    .venv/bin/python ci/bench/bench_embeddings.py page [--texts 64] [--tokens 64] [--runs 3] [--threads 2]
+        [--devices wasm,webgpu] [--webgpu-texts 64] [--webgpu-runs 3] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
-import socket
 import shutil
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +60,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "ci" / "bench")]
 
+from browser import chromium, lantern_server  # noqa: E402
 from conftest import cut_words as cut  # noqa: E402
 from test_embeddings import transformers_vectors  # noqa: E402
 from tiny_models import embedder_reference  # noqa: E402
@@ -298,6 +315,228 @@ def decoders(args) -> None:
             )
 
 
+# ---- page: Lantern's page against transformers.js, in one Chromium --------------------------------------
+
+TJS_PACKAGE = "@huggingface/transformers@4"
+ONNX_PACKAGE = "onnx==1.23.2"  # torch.onnx.export's TorchScript exporter needs it; not a project dependency
+
+
+def token_texts(folder: Path, words: list[str], count: int, tokens: int) -> tuple[list[str], list[int]]:
+    """``count`` passages in a row, each the most words whose encoding ([CLS] and [SEP] included) is at
+    most ``tokens`` tokens; and their token counts."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()  # the folder's tokenizer.json pads to 128
+    out, at = [], 0
+    for _ in range(count):
+        n = 1
+        while len(tok.encode(" ".join(words[at : at + n + 1])).ids) <= tokens:
+            n += 1
+        out.append(" ".join(words[at : at + n]))
+        at += n
+    return out, [len(tok.encode(text).ids) for text in out]
+
+
+def onnx_export(folder: Path, root: Path) -> Path:
+    """transformers.js's layout of ``folder`` (config and tokenizer files, ``onnx/model.onnx``: inputs
+    input_ids, attention_mask, token_type_ids and the output last_hidden_state, batch and sequence
+    dynamic), exported by ``torch.onnx.export`` once per weights; returns the folder that holds it."""
+    import torch
+
+    digest = hashlib.sha256((folder / "model.safetensors").read_bytes() + (folder / "config.json").read_bytes())
+    models = root / f"onnx-{digest.hexdigest()[:12]}-torch{torch.__version__}"
+    out = models / MODEL
+    if (out / "onnx" / "model.onnx").exists():
+        return models
+    target = root / "python"
+    if not (target / "onnx").exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), ONNX_PACKAGE], check=True)
+    sys.path.append(str(target))  # after the project's packages: its numpy stays the one imported
+    from transformers import AutoModel
+
+    class Hidden(torch.nn.Module):
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+
+    bert = AutoModel.from_pretrained(str(folder), attn_implementation="eager").eval()
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root)) / MODEL
+    (staging / "onnx").mkdir(parents=True)
+    ids = torch.ones(2, 16, dtype=torch.long)
+    names = ["input_ids", "attention_mask", "token_type_ids", "last_hidden_state"]
+    torch.onnx.export(
+        Hidden(bert),
+        (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+        str(staging / "onnx" / "model.onnx"),
+        input_names=names[:3],
+        output_names=names[3:],
+        dynamic_axes={n: {0: "batch", 1: "sequence"} for n in names},
+        opset_version=17,
+        dynamo=False,
+    )
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (folder / name).exists():
+            shutil.copy(folder / name, staging / name)
+    models.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    shutil.rmtree(staging.parent)
+    return models
+
+
+def transformers_js(root: Path) -> Path:
+    """``npm install``s transformers.js into the cache once (no install scripts: onnxruntime-node's would
+    download binaries, and the page needs only the browser files); returns its node_modules."""
+    prefix = root / "npm"
+    if not (prefix / "node_modules" / "@huggingface" / "transformers" / "dist" / "transformers.js").exists():
+        prefix.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--ignore-scripts", TJS_PACKAGE],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    return prefix / "node_modules"
+
+
+def also_serve(routes: dict[str, Path]):
+    """A ``customize`` for lantern_server: each ``{url prefix: folder}`` served with the server's own
+    headers (the page stays cross-origin isolated, so both sides' wasm may run threads)."""
+    from starlette.responses import FileResponse, Response
+
+    from lantern.server.static import HEADERS
+
+    def customize(app) -> None:
+        @app.middleware("http")
+        async def files(request, call_next):
+            for prefix, root in routes.items():
+                if request.url.path.startswith(prefix):
+                    target = (root / request.url.path[len(prefix) :]).resolve()
+                    if root.resolve() in target.parents and target.is_file():
+                        return FileResponse(target, headers=HEADERS)
+                    return Response(status_code=404)
+            return await call_next(request)
+
+    return customize
+
+
+def page_artifacts(args, cache: Path) -> dict[str, Path]:
+    """The builds Lantern's devices run: the default (q0f16, as `lantern build` makes it) for `wasm`, and
+    the q0f32 one, whose GGUF `wasm` runs too and whose cpu-emulated WebGPU library `webgpu` runs
+    (SwiftShader has no shader-f16, and lost the device compiling the `gpu` schedule's matmuls)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-embeddings-"))
+    arts = {"q0f32": args.f32_artifact or work / f"{MODEL}-q0f32"}
+    if "wasm" in args.devices:
+        arts["default"] = args.wasm_artifact or artifact(None, cache, work)
+    if args.f32_artifact is None:
+        targets = ("gguf", "webgpu") if "webgpu" in args.devices else ("gguf",)
+        options = BuildOptions(
+            source=MODEL, out=arts["q0f32"], quant="q0f32", targets=targets, webgpu_schedule="cpu-emulated", cache_dir=cache
+        )
+        build(options)
+    return arts
+
+
+def unit(vectors) -> np.ndarray:
+    v = np.array(vectors, dtype=np.float64)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def page_bench(args) -> None:
+    from playwright.sync_api import Error as PlaywrightError
+
+    cache = default_cache_dir()
+    folder = bundled_path(MODEL, cache).with_suffix("")
+    texts, counts = token_texts(folder, shakespeare(cache).split(), args.texts, args.tokens)
+    root = cache / "bench" / "transformers-js"
+    t = time.perf_counter()
+    models = onnx_export(folder, root)
+    modules = transformers_js(root)
+    version = json.loads((modules / "@huggingface" / "transformers" / "package.json").read_text())["version"]
+    print(f"ONNX export and transformers.js {version} ready in {time.perf_counter() - t:.0f} s ({root})")
+    arts = page_artifacts(args, cache)
+    reference = transformers_vectors(folder, texts)
+    # (row, side, device, build): each side of each device; Lantern's wasm device on both builds' GGUFs
+    runs = []
+    if "wasm" in args.devices:
+        runs += [
+            ("wasm", "lantern", "wasm", "default"),
+            ("wasm q0f32", "lantern", "wasm", "q0f32"),
+            ("wasm", "tjs", "wasm", None),
+        ]
+    if "webgpu" in args.devices:
+        runs += [("webgpu", "lantern", "webgpu", "q0f32"), ("webgpu", "tjs", "webgpu", None)]
+    routes = {
+        "/tjs/": modules / "@huggingface" / "transformers" / "dist",
+        "/ort/": modules / "onnxruntime-web" / "dist",
+        "/onnx-models/": models,
+    }
+    print(f"{len(texts)} texts of {min(counts)} to {max(counts)} tokens (mean {np.mean(counts):.1f}), all in one call")
+    print(
+        f"on webgpu (SwiftShader: Chromium's WebGPU on the CPU) the first {args.webgpu_texts} of them, {args.webgpu_runs} run(s)"
+    )
+    print(f"each: one warm-up call, then the median of the timed calls ({args.runs} on wasm)")
+    results: dict[tuple[str, str], dict] = {}
+    with lantern_server(list(arts.values()), customize=also_serve(routes)) as (base, _), chromium() as browser:
+        for row, side, device, build_name in runs:
+            batch = texts if device == "wasm" else texts[: args.webgpu_texts]
+            count = args.runs if device == "wasm" else args.webgpu_runs
+            name = f"{'transformers.js' if side == 'tjs' else 'lantern'} {row}"
+            tab = browser.new_page()
+            try:
+                tab.goto(base + "/embeddings_race.html")
+                tab.wait_for_function("document.getElementById('status').textContent === 'ready'")
+                if side == "lantern":
+                    call, model = "([m, d, t, x, r]) => lanternEmbed(m, d, t, x, r)", f"/models/{arts[build_name].name}/"
+                else:
+                    call, model = "([m, d, t, x, r]) => tjsEmbed(m, d, t, x, r)", MODEL
+                out = tab.evaluate(call, [model, device, args.threads, batch, count])
+            except PlaywrightError as e:
+                print(f"{name}: failed: {str(e).splitlines()[0]}")
+                continue
+            finally:
+                tab.close()
+            out["vectors"] = unit(out["vectors"])
+            out["per_s"] = len(batch) / statistics.median(out["seconds"])
+            out["best_per_s"] = len(batch) / min(out["seconds"])
+            out["cosine_to_transformers"] = float((out["vectors"] * reference[: len(batch)]).sum(1).min())
+            results[(row, side)] = out
+            print(
+                f"{name}: {out['per_s']:.2f} embeddings/s (best {out['best_per_s']:.2f}), load {out['load_s']:.1f} s, "
+                f"threads {out['threads']}, {out['backend']}; cosine to transformers min {out['cosine_to_transformers']:.6f}"
+            )
+    print()
+    print(
+        "| Lantern device (build) | Lantern emb/s | transformers.js emb/s | Lantern / transformers.js "
+        "| wasm threads (Lantern, ORT) | cosine min |"
+    )
+    print("| --- | ---: | ---: | ---: | --- | ---: |")
+    summary = {"texts": len(texts), "tokens": counts, "transformers_js": version, "rows": {}}
+    labels = {"wasm": "wasm (q0f16 GGUF, the default build)", "wasm q0f32": "wasm (q0f32 GGUF)", "webgpu": "webgpu (q0f32)"}
+    for row in dict.fromkeys(r[0] for r in runs):
+        ours, theirs = results.get((row, "lantern")), results.get((row.split()[0], "tjs"))
+        entry = {"lantern": ours and strip(ours), "transformers_js": theirs and strip(theirs)}
+        cells = [f"{ours['per_s']:.2f}" if ours else "failed", f"{theirs['per_s']:.2f}" if theirs else "failed", "-", "-", "-"]
+        if ours and theirs:
+            entry["ratio"] = ours["per_s"] / theirs["per_s"]
+            entry["cosine_min"] = float((ours["vectors"] * theirs["vectors"]).sum(1).min())
+            flag = "" if entry["cosine_min"] >= 0.999 else " (below 0.999)"
+            cells[2:] = [f"{entry['ratio']:.2f}x", f"{ours['threads']}, {theirs['threads']}", f"{entry['cosine_min']:.6f}{flag}"]
+        summary["rows"][row] = entry
+        print(f"| {labels[row]} | {' | '.join(cells)} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+
+
+def strip(result: dict) -> dict:
+    """A side's result without its vectors, for --json."""
+    return {k: v for k, v in result.items() if k != "vectors"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -317,8 +556,19 @@ def main() -> None:
         help="also build the webgpu target and compare this many short texts on SwiftShader",
     )
     d.add_argument("--work", default=str(ROOT / ".lantern-cache" / "bench-embeddings"), help="models and artifacts go here")
+    p = sub.add_parser("page")
+    p.add_argument("--texts", type=int, default=64, help="texts in each call")
+    p.add_argument("--tokens", type=int, default=64, help="tokens of each text at most ([CLS] and [SEP] included)")
+    p.add_argument("--runs", type=int, default=3, help="timed calls after the warm-up one")
+    p.add_argument("--threads", type=int, default=2, help="wasm threads of both sides")
+    p.add_argument("--devices", type=lambda s: s.split(","), default=["wasm", "webgpu"])
+    p.add_argument("--webgpu-texts", type=int, default=64, help="the first N texts on webgpu (SwiftShader: ~5-10 tokens/s)")
+    p.add_argument("--webgpu-runs", type=int, default=3, help="timed calls on webgpu")
+    p.add_argument("--wasm-artifact", type=Path, help="the default build's folder (its GGUF), instead of building it")
+    p.add_argument("--f32-artifact", type=Path, help="a q0f32 folder (GGUF, cpu-emulated webgpu library), instead of building it")
+    p.add_argument("--json", help="write the numbers (without vectors) to this file")
     args = parser.parse_args()
-    {"quality": quality, "throughput": throughput, "decoders": decoders}[args.mode](args)
+    {"quality": quality, "throughput": throughput, "decoders": decoders, "page": page_bench}[args.mode](args)
 
 
 if __name__ == "__main__":
