@@ -29,6 +29,7 @@ from .importer import SourceModel, import_source
 from .lora import adapter_hash, merge_lora
 from .quantize import QuantSpec, get_quantization, quantize_params
 from .tensors import Tensors, peak_rss_bytes, reset_peak_rss
+from .wheels import default_cache_dir  # noqa: F401 - where the CLI, tests and benchmarks read it
 
 STAGES = ("import", "quantize", "compile", "link", "write")
 
@@ -134,10 +135,6 @@ def library_config(config, dtype: str, schedule: str | None):
     if not config.windowed or dtype == "float32" and (schedule != "gpu" or config.attention_softcap):
         return config
     return _with_context(config, config.sliding_window)
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("LANTERN_CACHE", Path.home() / ".cache" / "lantern"))
 
 
 def toolchain_versions() -> dict[str, str | None]:

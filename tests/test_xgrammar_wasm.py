@@ -7,12 +7,14 @@ still holds the grammar goes on."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from lantern.errors import LanternError
+from lantern.server import xgrammar_core
 from lantern.server.grammars import GrammarCompiler
 from lantern.server.structured import StructuredOutputError, request_spec, response_format_spec
 from lantern.server.xgrammar_wasm import build_name
@@ -123,3 +125,20 @@ def test_the_build_is_chosen_by_rule(monkeypatch):
         build_name()
     monkeypatch.delenv("LANTERN_XGRAMMAR")
     assert build_name() == "native"  # the test environment has the package
+
+
+def test_the_native_core_comes_from_the_package_index_without_torch(tmp_path, monkeypatch):
+    """Where xgrammar is not installed, its bindings come from its wheel on the package index (pip
+    download, no dependencies), kept in the cache: the very file the package installs. Where pip cannot
+    fetch it, the reason is an error the server states before running the wasm build."""
+    installed = xgrammar_core._installed()
+    assert installed is not None  # the test environment has the package
+    fetched = xgrammar_core._cached(tmp_path)
+    assert fetched.parent == tmp_path / "wheels" / f"xgrammar-{xgrammar_core.VERSION}"
+    assert fetched.read_bytes() == installed.read_bytes() and not list(fetched.parent.glob("*.whl"))
+    assert xgrammar_core._cached(tmp_path) == fetched  # kept: not fetched again
+
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no index, no links: nothing to download from
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    with pytest.raises(LanternError, match=r"could not download xgrammar==0\.1\.27 \(the grammar engine's core\)"):
+        xgrammar_core._cached(tmp_path / "offline")

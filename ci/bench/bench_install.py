@@ -14,6 +14,10 @@ instances of each; prints p50/p99 and the ratio, and checks that every mask is t
 
     .venv/bin/python ci/bench/bench_install.py install ARTIFACT [--checkout DIR] [--extras llamacpp]
     .venv/bin/python ci/bench/bench_install.py grammars ARTIFACT [--schemas 40]
+    .venv/bin/python ci/bench/bench_install.py core ARTIFACT [--schemas 40]
+
+``core``: the native core as `lantern serve` loads it without torch (server/xgrammar_core.py) against the
+xgrammar package's own compiler, on the same grammars: compile p50/p99 and the ratio.
 """
 
 from __future__ import annotations
@@ -180,6 +184,61 @@ def grammars(artifact: Path, schemas: int) -> None:
     generator.close()
 
 
+def core(artifact: Path, schemas: int) -> None:
+    """Compile time of the native core as lantern serve loads it (server/xgrammar_core.py, without torch)
+    against the xgrammar package's own GrammarCompiler (what the server called before), on the same
+    grammars: each schema three times per side, alternating which goes first, its median kept."""
+    import jsonschemabench as jb
+    import xgrammar
+
+    from lantern.server import xgrammar_core
+    from lantern.server.engine import Generator
+    from lantern.server.grammars import compiled_text
+    from lantern.server.protocol import ChatCompletionRequest
+    from lantern.server.structured import StructuredOutputError, response_format_spec
+
+    generator = Generator(artifact, "tvm")
+    tokenizer_json = json.loads((artifact / "tokenizer.json").read_text())
+    vocab = [""] * generator.vocab_size
+    for token, i in tokenizer_json["model"]["vocab"].items():
+        vocab[i] = token
+    for t in tokenizer_json.get("added_tokens", []):
+        vocab[t["id"]] = t["content"]
+    stops = sorted(generator.stop_ids)
+    vocab_type = {"byte_level": xgrammar.VocabType.BYTE_LEVEL, "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(
+        generator.token_postproc, xgrammar.VocabType.RAW
+    )
+    info = xgrammar.TokenizerInfo(vocab, vocab_type, vocab_size=generator.vocab_size, stop_token_ids=stops)
+    sides = {
+        "core": xgrammar_core.Compiler(vocab, generator.token_postproc, generator.vocab_size, stops).grammar,
+        "package": xgrammar.GrammarCompiler(info, cache_enabled=False).compile_grammar,
+    }
+    rows = jb.load(ROOT.parent / "shared" / "jsonschemabench")
+    times: dict[str, list[float]] = {"core": [], "package": []}
+    for row in rows[:: max(1, len(rows) // schemas)][:schemas]:
+        try:
+            req = ChatCompletionRequest(**jb.request_for(row["schema"]))
+            text = compiled_text(
+                response_format_spec(req.response_format.model_dump(exclude_none=True), req.schema_defaults.model_dump())
+            )
+        except StructuredOutputError:
+            continue
+        each: dict[str, list[float]] = {"core": [], "package": []}
+        for r in range(3):
+            for name in ("core", "package") if r % 2 else ("package", "core"):
+                start = time.perf_counter()
+                sides[name](text)
+                each[name].append(time.perf_counter() - start)
+        for name, values in each.items():
+            times[name].append(statistics.median(values))
+    generator.close()
+    p50, p99 = ({k: float(np.percentile(v, q)) for k, v in times.items()} for q in (50, 99))
+    print(f"{artifact.name}: {len(times['core'])} schemas, each compiled 3 times per side (its median)")
+    for name in times:
+        print(f"  {name}: compile p50 {p50[name] * 1000:.0f} ms, p99 {p99[name] * 1000:.0f} ms")
+    print(f"  core / package: p50 {p50['core'] / p50['package']:.2f}x, p99 {p99['core'] / p99['package']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -193,11 +252,14 @@ def main() -> None:
     two = sub.add_parser("grammars")
     two.add_argument("artifact", type=Path)
     two.add_argument("--schemas", type=int, default=40)
+    three = sub.add_parser("core")
+    three.add_argument("artifact", type=Path)
+    three.add_argument("--schemas", type=int, default=40)
     args = parser.parse_args()
     if args.what == "install":
         install(args.artifact.resolve(), args.checkout.resolve(), args.extras, args.find_links)
     else:
-        grammars(args.artifact, args.schemas)
+        {"grammars": grammars, "core": core}[args.what](args.artifact, args.schemas)
 
 
 if __name__ == "__main__":
