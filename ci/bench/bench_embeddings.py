@@ -433,7 +433,7 @@ def page_artifacts(args, cache: Path) -> dict[str, Path]:
     if "wasm" in args.devices:
         arts["default"] = args.wasm_artifact or artifact(None, cache, work)
     if args.f32_artifact is None:
-        targets = ("gguf", "webgpu") if "webgpu" in args.devices else ("gguf",)
+        targets = ("gguf", "webgpu") if "webgpu" in args.devices else ("cpu", "gguf")  # gguf needs a library beside it
         options = BuildOptions(
             source=MODEL, out=arts["q0f32"], quant="q0f32", targets=targets, webgpu_schedule="cpu-emulated", cache_dir=cache
         )
