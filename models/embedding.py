@@ -15,6 +15,7 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from lantern.errors import LanternError
+from lantern.models.family import GGUFLayout
 
 POOLINGS = ("mean", "cls", "last")  # the sentence-transformers pooling modes implemented
 GGUF_POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama.cpp's pooling_type values (llama.h: LLAMA_POOLING_TYPE_*)
@@ -23,6 +24,12 @@ GGUF_POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama.cpp's pooling_type valu
 def no_gguf_import(*_args) -> Any:
     """An embedding family's GGUF reader: embedding GGUFs are written, not read back."""
     raise LanternError("reading an embedding model's GGUF back is not supported: build from its sentence-transformers folder")
+
+
+def embedding_gguf(architecture: str, tensors, metadata, unsupported=lambda cfg: None, windows: bool = False) -> GGUFLayout:
+    """How an embedding family is written as llama.cpp's ``architecture`` (GGUFLayout's fields in order; such a
+    GGUF is not read back)."""
+    return GGUFLayout(architecture, tensors, metadata, unsupported, no_gguf_import, no_gguf_import, windows=windows)
 
 
 def pool(x: nn.Tensor, mask: nn.Tensor, pooling: str) -> nn.Tensor:

@@ -224,28 +224,19 @@ EMBEDDER_CLASSES = {
         ["<eos>"],
     ),
 }
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def embedder_shape(*dims: int, **more) -> dict:
+    """config.json fields of a decoder embedder's shape: SHAPE_FIELDS in order, then ``more``."""
+    return {**dict(zip(SHAPE_FIELDS, dims, strict=True)), "rms_norm_eps": 1e-6, **more}
+
+
 TINY_EMBEDDERS = {  # shapes for tests: the GQA, q/k norms, windows and Dense layers of the real ones
-    "qwen3-embedding": dict(
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=32,
-        rope_theta=1000000.0,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-    ),
-    "gemma-embedding": dict(  # five local layers and a global one, as llama.cpp's gemma-embedding fixes
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=6,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        query_pre_attn_scalar=32,
-        sliding_window=16,  # keys within 8 tokens either side on the local layers
-        max_position_embeddings=256,
+    "qwen3-embedding": embedder_shape(64, 96, 2, 4, 1, 32, rope_theta=1e6, max_position_embeddings=256, tie_word_embeddings=True),
+    # five local layers and a global one, as llama.cpp's gemma-embedding fixes; keys within 8 tokens either side
+    "gemma-embedding": embedder_shape(
+        64, 96, 6, 2, 1, 32, query_pre_attn_scalar=32, sliding_window=16, max_position_embeddings=256
     ),
 }
 

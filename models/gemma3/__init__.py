@@ -23,7 +23,7 @@ from typing import Mapping
 import numpy as np
 
 from lantern.errors import LanternError
-from lantern.models.embedding import GGUF_POOLING, no_gguf_import
+from lantern.models.embedding import GGUF_POOLING, embedding_gguf
 from lantern.models.family import Family, GGUFLayout, GGUFTensor, Observe
 from lantern.models.llama import to_lantern as llama_to_lantern
 from lantern.models.llama.calibration import (
@@ -281,14 +281,8 @@ EMBEDDING = Family(
     config=Gemma3EmbeddingConfig,
     model=embedder_of(Gemma3ForCausalLM, embedding_scale=True),
     to_lantern=embedder_to_lantern(to_lantern),
-    gguf=GGUFLayout(
-        architecture="gemma-embedding",
-        tensors=embedder_gguf_tensors(gguf_tensors),
-        metadata=_embedding_metadata,
-        unsupported=_embedding_unsupported,
-        config_from_metadata=no_gguf_import,
-        names_from_gguf=no_gguf_import,
-        windows=True,
+    gguf=embedding_gguf(
+        "gemma-embedding", embedder_gguf_tensors(gguf_tensors), _embedding_metadata, _embedding_unsupported, windows=True
     ),
     kind="embedding",
 )

@@ -8,14 +8,13 @@ Llama folder's with ``qk_norm`` on. llama.cpp calls the architecture ``qwen3`` (
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from lantern.models.embedding import GGUF_POOLING, no_gguf_import
+from lantern.models.embedding import GGUF_POOLING, embedding_gguf
 from lantern.models.family import Family
 from lantern.models.llama import decoder_family, to_lantern
 from lantern.models.llama.embedder import embedder_gguf_tensors, embedder_of, embedder_to_lantern, embedding_config
-from lantern.models.llama.loader import gguf_layout, gguf_metadata, gguf_tensors, gguf_unsupported
+from lantern.models.llama.loader import gguf_metadata, gguf_tensors, gguf_unsupported
 from lantern.models.llama.model import LlamaConfig, LlamaForCausalLM, decoder_fields
 
 
@@ -37,6 +36,10 @@ def _embedding_metadata(cfg) -> dict:
     return {**gguf_metadata(cfg, "qwen3"), "qwen3.pooling_type": GGUF_POOLING[cfg.pooling]}
 
 
+def _unsupported(cfg) -> str | None:
+    return "llama.cpp's qwen3 runs no Dense layers after the pooling" if cfg.dense else gguf_unsupported(cfg, "qwen3")
+
+
 # Qwen3-Embedding (config.json says Qwen3ForCausalLM; its weights are a Qwen3Model's): the decoder with
 # causal attention, pooled on the last token. llama.cpp runs it as `qwen3` with a pooling type.
 EMBEDDING = Family(
@@ -45,15 +48,8 @@ EMBEDDING = Family(
     config=Qwen3EmbeddingConfig,
     model=embedder_of(LlamaForCausalLM),
     to_lantern=embedder_to_lantern(to_lantern),
-    gguf=dataclasses.replace(
-        gguf_layout("qwen3", "Qwen3ForCausalLM", rope_permuted=False),
-        metadata=_embedding_metadata,
-        tensors=embedder_gguf_tensors(lambda cfg: gguf_tensors(cfg, rope_permuted=False)),
-        unsupported=lambda cfg: (
-            "llama.cpp's qwen3 runs no Dense layers after the pooling" if cfg.dense else gguf_unsupported(cfg, "qwen3")
-        ),
-        config_from_metadata=no_gguf_import,
-        names_from_gguf=no_gguf_import,
+    gguf=embedding_gguf(
+        "qwen3", embedder_gguf_tensors(lambda cfg: gguf_tensors(cfg, rope_permuted=False)), _embedding_metadata, _unsupported
     ),
     kind="embedding",
 )
