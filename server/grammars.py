@@ -88,6 +88,17 @@ def compiled_text(spec: GrammarSpec) -> str:
     return spec.source if spec.kind == "ebnf" else tight_structural_tag(spec.source)
 
 
+def vocabulary(tokenizer_json: dict, vocab_size: int) -> list[str]:
+    """Each token id's text as tokenizer.json stores it (added tokens included; "" where the model's rows
+    outnumber the tokenizer's): what xgrammar's TokenizerInfo reads."""
+    vocab = [""] * vocab_size
+    for token, i in tokenizer_json["model"]["vocab"].items():
+        vocab[i] = token
+    for t in tokenizer_json.get("added_tokens", []):
+        vocab[t["id"]] = t["content"]
+    return vocab
+
+
 class GrammarCompiler:
     """One per model: the vocabulary for xgrammar and a cache of compiled grammars by spec.
 
@@ -119,12 +130,7 @@ class GrammarCompiler:
         if self.build == "wasm":
             self._wasm = WasmXgrammar(tokenizer_json, token_postproc, vocab_size, stop_ids)
             return
-        vocab = [""] * vocab_size
-        for token, i in tokenizer_json["model"]["vocab"].items():
-            vocab[i] = token
-        for t in tokenizer_json.get("added_tokens", []):
-            vocab[t["id"]] = t["content"]
-        self._compiler = xgrammar_core.Compiler(vocab, token_postproc, vocab_size, stop_ids)
+        self._compiler = xgrammar_core.Compiler(vocabulary(tokenizer_json, vocab_size), token_postproc, vocab_size, stop_ids)
 
     def _cached(self, spec: GrammarSpec):
         with self._lock:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cache_lock import cache_lock
 from ..errors import LanternError
 from ..wheels import default_cache_dir, pip_download
 
@@ -50,18 +51,19 @@ def _installed() -> Path | None:
 def _cached(cache: Path) -> Path:
     """The bindings from the xgrammar wheel in the cache, fetched (once) when missing."""
     folder = cache / "wheels" / f"xgrammar-{VERSION}"
-    found = sorted(folder.glob(f"{MODULE}*.so"))
-    if found:
-        return found[0]
-    folder.mkdir(parents=True, exist_ok=True)
-    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    [wheel] = pip_download(f"xgrammar=={VERSION}", folder, f"xgrammar-{VERSION}-{tag}-*.whl", "(the grammar engine's core)")
-    with zipfile.ZipFile(wheel) as zf:
-        [name] = [n for n in zf.namelist() if n.startswith(f"xgrammar/{MODULE}") and n.endswith(".so")]
-        tmp = folder / f".{Path(name).name}.tmp"
-        tmp.write_bytes(zf.read(name))
-    wheel.unlink()
-    return tmp.rename(folder / Path(name).name)
+    with cache_lock(folder.with_name(f"{folder.name}.lock")):  # servers sharing a cache fetch it once
+        found = sorted(folder.glob(f"{MODULE}*.so"))
+        if found:
+            return found[0]
+        folder.mkdir(parents=True, exist_ok=True)
+        tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+        [wheel] = pip_download(f"xgrammar=={VERSION}", folder, f"xgrammar-{VERSION}-{tag}-*.whl", "(the grammar engine's core)")
+        with zipfile.ZipFile(wheel) as zf:
+            [name] = [n for n in zf.namelist() if n.startswith(f"xgrammar/{MODULE}") and n.endswith(".so")]
+            tmp = folder / f".{Path(name).name}.tmp"
+            tmp.write_bytes(zf.read(name))
+        wheel.unlink()
+        return tmp.rename(folder / Path(name).name)
 
 
 @functools.cache

@@ -193,17 +193,13 @@ def core(artifact: Path, schemas: int) -> None:
 
     from lantern.server import xgrammar_core
     from lantern.server.engine import Generator
-    from lantern.server.grammars import compiled_text
+    from lantern.server.grammars import compiled_text, vocabulary
     from lantern.server.protocol import ChatCompletionRequest
     from lantern.server.structured import StructuredOutputError, response_format_spec
 
     generator = Generator(artifact, "tvm")
     tokenizer_json = json.loads((artifact / "tokenizer.json").read_text())
-    vocab = [""] * generator.vocab_size
-    for token, i in tokenizer_json["model"]["vocab"].items():
-        vocab[i] = token
-    for t in tokenizer_json.get("added_tokens", []):
-        vocab[t["id"]] = t["content"]
+    vocab = vocabulary(tokenizer_json, generator.vocab_size)
     stops = sorted(generator.stop_ids)
     vocab_type = {"byte_level": xgrammar.VocabType.BYTE_LEVEL, "byte_fallback": xgrammar.VocabType.BYTE_FALLBACK}.get(
         generator.token_postproc, xgrammar.VocabType.RAW
