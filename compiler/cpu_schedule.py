@@ -96,7 +96,7 @@ def q4_gemv(k: int, residual: bool) -> tirx.PrimFunc:
     return q4_gemv_func(k, residual, body)
 
 
-def _gelu(v):
+def exact_gelu(v):
     """Exact GELU, as transformers' "gelu" (erf, not the tanh approximation)."""
     return T.float32(0.5) * v * (T.float32(1) + T.erf(v * T.float32(0.7071067811865476)))
 
@@ -109,7 +109,7 @@ def _tile_out(acc, resf, outf, m, n, row, tile, bias, gelu):
         if tile * TOKENS + t < m:
             if bias is not None:
                 if gelu:
-                    outf[(tile * TOKENS + t) * n + row] = _gelu(
+                    outf[(tile * TOKENS + t) * n + row] = exact_gelu(
                         bias[row] + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
                     )
                 elif resf is None:

@@ -32,7 +32,7 @@ from tvm.script import tirx as T
 
 from . import cpu_schedule
 from .errors import LanternError
-from .kernels import GROUP, SCHEDULED, loops, nibble as _nibble, q4_gemv_func, q4_matmul_func
+from .kernels import GROUP, SCHEDULED, f32_matmul_func, loops, nibble as _nibble, q4_gemv_func, q4_matmul_func
 
 LOG2E = math.log2(math.e)
 PAGE = 16  # KV-cache page size used by the runtimes
@@ -43,6 +43,7 @@ MAX_CHUNKS = 4
 MATMUL_THREADS = 32
 MATMUL_ROWS = 4  # output rows per thread: each activation gather feeds 4 rows
 MATMUL_TOKENS = 4  # tokens per thread: each weight word feeds 4 tokens
+F32_TOKENS = 4  # tokens per thread of the float32 matmul
 ATTN_THREADS = 8
 
 
@@ -153,6 +154,68 @@ def q4_matmul(k: int, residual: bool, gpu: bool = True) -> tirx.PrimFunc:
                                             outf[(tok0 + t) * n + row0 + r] = resf[(tok0 + t) * n + row0 + r] + acc[r * toks + t]
 
     return q4_matmul_func(k, residual, body)
+
+
+def f32_matmul(k: int, residual: bool, bias: bool = False, gelu: bool = False, gpu: bool = True) -> tirx.PrimFunc:
+    """``out[b, s, :] = W @ x[b, s, :] (+ residual)`` for a float32 ``W[n, k]`` (q0f32), any number of
+    tokens; an encoder's linears add their ``bias`` and then apply ``gelu`` or add the residual.
+
+    q4_matmul's tiling without the dequantization: each thread owns MATMUL_ROWS rows x F32_TOKENS
+    tokens and walks ``k`` four inputs at a time, gathering the tile's activations and weights once
+    per step; every gathered value feeds F32_TOKENS (or MATMUL_ROWS) multiply-adds, where one thread
+    per output (dlight's rule) gathers two values for each one.
+    """
+    rows, toks = MATMUL_ROWS, F32_TOKENS
+    block, thread = loops(gpu)
+    token_blocks = (lambda n: T.thread_binding(n, thread="blockIdx.y")) if gpu else T.serial
+
+    @T.macro
+    def body(xf, w, resf, outf, m, n, b=None):
+        for by in token_blocks((m + toks - 1) // toks):
+            for bx in block((n + rows * MATMUL_THREADS - 1) // (rows * MATMUL_THREADS)):
+                for tx in thread(MATMUL_THREADS):
+                    with T.sblock("matmul"):
+                        acc = T.sblock_alloc_buffer((rows * toks,), "float32", scope="local")
+                        xs = T.sblock_alloc_buffer((toks * 4,), "float32", scope="local")
+                        ws = T.sblock_alloc_buffer((rows * 4,), "float32", scope="local")
+                        row0: T.let[T.int32] = (bx * MATMUL_THREADS + tx) * rows
+                        tok0: T.let[T.int32] = by * toks
+                        if row0 < n:
+                            for i in T.unroll(rows * toks):
+                                acc[i] = T.float32(0)
+                            for c in T.serial(k // 4):
+                                for t in T.unroll(toks):
+                                    for v in T.vectorized(4):
+                                        xs[t * 4 + v] = xf[T.min(tok0 + t, m - 1) * k + c * 4 + v]
+                                for r in T.unroll(rows):
+                                    for v in T.vectorized(4):
+                                        ws[r * 4 + v] = w[T.min(row0 + r, n - 1), c * 4 + v]
+                                for r in T.unroll(rows):
+                                    for t in T.unroll(toks):
+                                        for v in T.unroll(4):
+                                            acc[r * toks + t] = acc[r * toks + t] + ws[r * 4 + v] * xs[t * 4 + v]
+                            for r in T.unroll(rows):
+                                for t in T.unroll(toks):
+                                    if row0 + r < n and tok0 + t < m:
+                                        _f32_out(acc[r * toks + t], resf, outf, (tok0 + t) * n + row0 + r, row0 + r, b, gelu)
+
+    return f32_matmul_func(k, residual, body, bias)
+
+
+@T.macro
+def _f32_out(total, resf, outf, at, row, b, gelu):
+    """One output of f32_matmul: ``total`` (+ the row's bias, then GELU) (+ the residual)."""
+    if b is None:
+        if resf is None:
+            outf[at] = total
+        else:
+            outf[at] = resf[at] + total
+    elif gelu:
+        outf[at] = cpu_schedule.exact_gelu(b[row] + total)
+    elif resf is None:
+        outf[at] = b[row] + total
+    else:
+        outf[at] = resf[at] + (b[row] + total)
 
 
 # --------------------------------------------------------------------------- attention
@@ -523,9 +586,10 @@ _BIAS_GELU = {"matmul", "T_add", "T_multiply", "compute", "T_multiply_1", "T_add
 _BIAS_RESIDUAL = {"matmul", "T_add", "T_add1"}
 
 
-def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
-    """(key, kernel) for quantize.py's plain float32 ``linear`` (q0f32), for the CPU library only: alone,
-    plus a residual (a decoder's), or plus a bias and then GELU or a residual (an encoder's)."""
+def _f32_linear(func: tirx.PrimFunc, gpu: bool = False) -> tuple | None:
+    """(key, kernel) for quantize.py's plain float32 ``linear`` (q0f32): alone, plus a residual (a
+    decoder's), or plus a bias and then GELU or a residual (an encoder's). The CPU library gets
+    cpu_schedule.py's kernels; a WebGPU library gets f32_matmul for many tokens (dlight keeps the GEMV)."""
     try:
         blocks = _blocks(func)
     except tvm.TVMError:
@@ -558,6 +622,8 @@ def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
         if not (gelu or residual or plain) or int(k) % cpu_schedule.LANES:
             return None
         epilogue = "bias_gelu" if gelu else "bias_res" if residual else "bias"
+        if gpu:
+            return ("f32_matmul", f"k{int(k)}", epilogue), lambda g: f32_matmul(int(k), residual, bias=True, gelu=gelu, gpu=g)
         return ("f32_matmul", f"k{int(k)}", epilogue), lambda _: cpu_schedule.f32_matmul(int(k), residual, bias=True, gelu=gelu)
     if not {"matmul"} <= names <= {"matmul", "T_add"}:
         return None
@@ -567,8 +633,10 @@ def _f32_linear(func: tirx.PrimFunc) -> tuple | None:
     if residual and (not any(r.source.same_as(params[2]) for r in blocks["T_add"].reads) or len(params[2].shape) != 3):
         return None
     decode = _ints(x.shape[:2]) == [1, 1]
-    if int(k) % (cpu_schedule.WIDE if decode else cpu_schedule.LANES):
+    if int(k) % (cpu_schedule.WIDE if decode else cpu_schedule.LANES) or (gpu and decode):
         return None
+    if gpu:
+        return ("f32_matmul", f"k{int(k)}", "res" if residual else "plain"), lambda g: f32_matmul(int(k), residual, gpu=g)
     build = cpu_schedule.f32_gemv if decode else cpu_schedule.f32_matmul
     return (build.__name__, f"k{int(k)}", "res" if residual else "plain"), lambda _: build(int(k), residual)
 
@@ -628,7 +696,8 @@ def rewrite(mod: tvm.IRModule, gpu: bool = True) -> tvm.IRModule:
     """Swap this module's kernels in for the functions they implement; others are untouched
     (dlight schedules them). Runs after fusion, before scheduling. For the CPU library
     (``gpu=False``), RMSNorm (dlight's CPU reduction rule spent ~0.4 ms on one 576-wide row), the
-    float32 q4 linears and the plain float32 ones, which get cpu_schedule.py's kernels.
+    float32 q4 linears and the plain float32 ones, which get cpu_schedule.py's kernels. For WebGPU,
+    the plain float32 linears of many tokens get f32_matmul.
 
     Functions that get the same kernel (prefill's and batch_decode's matmul of one weight shape,
     the head's GEMV in prefill and decode) call one copy: every kernel is a pipeline the browser
@@ -644,7 +713,7 @@ def rewrite(mod: tvm.IRModule, gpu: bool = True) -> tvm.IRModule:
         if attention is not None:  # called by the KV cache under its own name
             builder.update_func(gv, attention[1](gpu).with_attr("global_symbol", gv.name_hint))
             continue
-        match = _q4_linear(func, gpu) or (None if gpu else _f32_linear(func)) or _rms_norm(func)
+        match = _q4_linear(func, gpu) or _f32_linear(func, gpu) or _rms_norm(func)
         if match is None:
             continue
         key, build = match

@@ -108,8 +108,9 @@ def _phases(
     elif schedule_profile == "cpu-emulated":
         # An encoder's matmuls have dynamic texts and tokens, where dlight's Matmul rule writes 50-120 KB
         # shaders that SwiftShader compiled for over 5 minutes and then lost the device (flattening them
-        # to one dynamic dimension left them as big); one thread per output element (Fallback) is a short
-        # loop it compiles at once, and runs slowly (~6 tokens/s for all-MiniLM-L6-v2).
+        # to one dynamic dimension left them as big). Its linears get emulated.f32_matmul (rewrite_pass);
+        # the rest (attention's batched matmuls) one thread per output element (Fallback), a short loop
+        # SwiftShader compiles at once.
         rules = [dl.gpu.Fallback()] if encoder else [dl.gpu.Matmul(), dl.gpu.Fallback()]
         schedule = [emulated.rewrite_pass, dl.ApplyDefaultSchedule(*rules)]
     else:

@@ -1,8 +1,11 @@
 """The cpu-emulated schedule's kernels (compiler/emulated.py) on WebGPU (SwiftShader) against the CPU
 build of the same TIR and against numpy, at shapes with ragged edges: rows and tokens that do not fill
-a tile, a GEMV long enough to run in chunks, GQA, several sequences, causal and not, sliding windows."""
+a tile, a GEMV long enough to run in chunks, float32 matmuls with each epilogue, GQA, several
+sequences, causal and not, sliding windows."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -50,6 +53,24 @@ def linear_case(kind: str, n: int, k: int, tokens: int, residual: bool):
         args,
         [len(args) - 1],
         [expected],
+    )
+
+
+def f32_linear_case(n: int, k: int, tokens: int, residual: bool, bias: bool = False, gelu: bool = False):
+    """q0f32's matmul: plain or + residual (a decoder's), + bias then GELU or + residual (an encoder's)."""
+    x, w, b, res = normal(1, tokens, k), normal(n, k), normal(n), normal(1, tokens, n)
+    expected = x @ w.T + (b if bias else 0)
+    if gelu:
+        expected = 0.5 * expected * (1 + np.vectorize(math.erf)(expected / np.sqrt(2)))
+    expected = expected + (res if residual else 0)
+    args = [x, w] + ([b] if bias else []) + ([res] if residual else []) + [np.zeros((1, tokens, n), np.float32)]
+    tail = ("_bias" if bias else "") + ("_gelu" if gelu else "") + ("_res" if residual else "")
+    return (
+        f"f32_matmul_{n}x{k}_t{tokens}{tail}",
+        lambda gpu: emulated.f32_matmul(k, residual, bias, gelu, gpu),
+        args,
+        [len(args) - 1],
+        [expected.astype(np.float32)],
     )
 
 
@@ -164,6 +185,11 @@ CASES = [
     linear_case("matmul", 37, 64, 5, False),
     linear_case("matmul", 130, 96, 9, True),
     linear_case("matmul", 20, 32, 1, True),
+    f32_linear_case(37, 64, 5, False),
+    f32_linear_case(130, 96, 9, True),
+    f32_linear_case(50, 48, 7, False, bias=True, gelu=True),
+    f32_linear_case(9, 16, 3, True, bias=True),
+    f32_linear_case(20, 32, 1, False, bias=True),
     rms_norm_case(1),
     rms_norm_case(7),
     decode_case(),
