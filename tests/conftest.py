@@ -235,18 +235,6 @@ def shakespeare_text(tiny_shakespeare) -> str:
     return tiny_shakespeare.read_text()[-HELD_OUT_CHARS:]
 
 
-@pytest.fixture(scope="session")
-def shakespeare_calibration(tiny_shakespeare, cache_dir) -> Path:
-    """Calibration text from the same corpus, disjoint from the held-out part: its first 40,000 characters."""
-    text = tiny_shakespeare.read_text()
-    assert len(text) > 40000 + HELD_OUT_CHARS
-    target = cache_dir / "data" / "tiny_shakespeare_calibration.txt"
-    with cache_lock(target.with_suffix(".lock")):
-        if not target.exists() or target.read_text() != text[:40000]:
-            target.write_text(text[:40000])
-    return target
-
-
 _MEASURED: list[str] = []
 
 

@@ -117,30 +117,19 @@ def weights_perplexity(weights: dict[str, np.ndarray], cfg: dict, tokens: list[i
     return float(np.exp(-logp[np.arange(len(tokens) - 1), tokens[1:]].mean()))
 
 
-@pytest.fixture(scope="module")
-def q4_in_domain(build_artifact, shakespeare_calibration):
-    """q4f32_1 calibrated on the head of Tiny Shakespeare, disjoint from the held-out tail."""
-    return Artifact.open(build_artifact("smollm2", "q4f32_1", calibration=shakespeare_calibration))
-
-
 # The bundled checkpoint is itself llama.cpp Q4_1 (q0f32 here is its exact dequantization), so
 # q4f32_1 quantizes a second time, onto a symmetric grid. Measured on these 384 tokens (q0f32 41.2):
-# rounding to nearest 51.1 (+24%), GPTQ on the built-in mixed text 49.9 (+21%), GPTQ on text like
-# the held-out one 44.7 (+8.5%). Calibration text like the user's is what brings 4-bit within 10%.
-IN_DOMAIN_BOUND = 1.10
+# rounding to nearest 51.1 (+24%), GPTQ on the built-in mixed text 49.9 (+21%). GPTQ on text like the
+# held-out one (44.7, +8.5%) is a second calibration pass: ci/bench/bench_calibration.py measures it.
 DEFAULT_BOUND = 1.25
 
 
-def test_q4_perplexity_close_to_q0(q0, q4, q4_in_domain, shakespeare_text, report):
+def test_q4_perplexity_close_to_q0(q0, q4, shakespeare_text, report):
     assert q4.manifest["calibration"]["text"] == "mixed_english.txt"
-    assert q4_in_domain.manifest["calibration"]["tokens"] == 4096
     tokens = q0.tokenizer().encode(shakespeare_text, add_special_tokens=False).ids[:384]
-    ppl_q0 = perplexity(q0, tokens)
-    ppl_default, ppl_in_domain = perplexity(q4, tokens), perplexity(q4_in_domain, tokens)
+    ppl_q0, ppl_default = perplexity(q0, tokens), perplexity(q4, tokens)
     report(
         f"SmolLM2 perplexity on {len(tokens)} held-out tokens of Tiny Shakespeare: q0f32 {ppl_q0:.3f}; "
-        f"q4f32_1 GPTQ on the built-in text {ppl_default:.3f} (+{100 * (ppl_default / ppl_q0 - 1):.1f}%), "
-        f"on Tiny Shakespeare's head {ppl_in_domain:.3f} (+{100 * (ppl_in_domain / ppl_q0 - 1):.1f}%)"
+        f"q4f32_1 GPTQ on the built-in text {ppl_default:.3f} (+{100 * (ppl_default / ppl_q0 - 1):.1f}%)"
     )
-    assert ppl_in_domain <= IN_DOMAIN_BOUND * ppl_q0
     assert ppl_default <= DEFAULT_BOUND * ppl_q0
