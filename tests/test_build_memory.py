@@ -67,14 +67,13 @@ def wide_vocab_model(qwen3_tokenizer_dir, tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("encoder", ["rtn", "gptq"])
+@pytest.mark.parametrize("encoder", ["gptq"])  # GPTQ holds the most (Hessians, layer cache); RTN: 2.4x when last run here
 def test_peak_memory_is_a_few_times_the_largest_tensor(encoder, wide_vocab_model, tmp_path_factory, cache_dir, report):
     folder = wide_vocab_model
-    flags = ["--no-calibration"]
-    if encoder == "gptq":  # a short text: the same Hessians, layer cache and job budget, a cheaper forward
-        text = tmp_path_factory.mktemp("calibration") / "short.txt"
-        text.write_text(DEFAULT_CALIBRATION.read_text()[:2000])
-        flags = ["--calibration", str(text)]
+    # a short text: the same Hessians, layer cache and job budget, a cheaper forward
+    text = tmp_path_factory.mktemp("calibration") / "short.txt"
+    text.write_text(DEFAULT_CALIBRATION.read_text()[:2000])
+    flags = ["--calibration", str(text)]
     peak, result = build_peak(folder, tmp_path_factory.mktemp("out") / encoder, cache_dir, *flags)
     vocab = result["manifest"]["model"]["vocab_size"]
     largest = vocab * HIDDEN * 4  # the embedding (and the head) as float32: 621 MB

@@ -55,11 +55,13 @@ def chat(page, *requests: dict) -> list[dict]:
 
 
 def test_every_schema_validates_in_the_browser_and_answers_as_the_cpu(page, smollm2_q4, report):
-    """Every schema with the first seed (test_structured.py runs both seeds on the CPU), and the first
-    schema again with the second seed: a repeated schema is not compiled again."""
+    """Every other schema with the first seed (test_structured.py runs every schema with both seeds on the
+    CPU, and the parity test compiles every one with the browser's bundle), and the first schema again
+    with the second seed: a repeated schema is not compiled again. SmolLM2 decodes at a few tokens a
+    second on SwiftShader, so half the schemas halve the test."""
     cpu = cases.cpu_runs(smollm2_q4.path, "tvm")  # the same key as test_structured.py: computed once
-    first = next(iter(cases.SCHEMAS))
-    runs = {name: [cases.SEEDS[0]] for name in cases.SCHEMAS} | {first: list(cases.SEEDS)}
+    names = list(cases.SCHEMAS)[::2]
+    runs = {name: [cases.SEEDS[0]] for name in names} | {names[0]: list(cases.SEEDS)}
     same, total, tokens, tok_s = 0, 0, 0, []
     for name, seeds in runs.items():
         schema = cases.SCHEMAS[name]
@@ -76,12 +78,12 @@ def test_every_schema_validates_in_the_browser_and_answers_as_the_cpu(page, smol
     # Same seed, same sampler, logits within ~1e-4 of the CPU's: the answers agree but for rare near-ties.
     assert same >= 0.8 * total, f"{same}/{total} answers equal the CPU engine's"
     report(
-        f"structured (browser): {total} generations over {len(cases.SCHEMAS)} schemas, 100% valid (ajv); "
+        f"structured (browser): {total} generations over {len(names)} schemas, 100% valid (ajv); "
         f"{same}/{total} identical to the CPU engine's for the same seed; {tokens / total:.1f} tokens per answer, "
         f"decode {sorted(tok_s)[len(tok_s) // 2]:.2f} tok/s (median)"
     )
     stats = page.evaluate("engine.stats()")
-    assert stats["grammarCache"]["entries"] == len(cases.SCHEMAS)
+    assert stats["grammarCache"]["entries"] == len(names)
     assert stats["grammarCache"]["hits"] >= len(cases.SEEDS) - 1  # the repeated schema was not compiled again
 
 
