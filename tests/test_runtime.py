@@ -150,10 +150,13 @@ def test_emulated_decode_keeps_its_share_of_the_adapters_gemv_roofline(session, 
     assert share >= MIN_ROOFLINE_SHARE
 
 
-def test_greedy_tokens_equal_the_cpu_library_on_five_prompts(session, report):
+def test_greedy_tokens_equal_the_cpu_library_on_three_prompts(session, report):
+    """Three of the prompts (32 tokens each at SwiftShader's few tokens a second); the streaming test
+    below runs the last one, and tests/test_webgpu.py compares the library's logits with the CPU's."""
     page, art = session["page"], session["art"]
-    replies = chat(page, *[{"messages": user(p), "max_tokens": 32, "temperature": 0} for p in PROMPTS])
-    for prompt, reply in zip(PROMPTS, replies):
+    prompts = PROMPTS[:3]
+    replies = chat(page, *[{"messages": user(p), "max_tokens": 32, "temperature": 0} for p in prompts])
+    for prompt, reply in zip(prompts, replies):
         assert_cpu_greedy(art, user(prompt), 32, reply["choices"][0]["message"]["content"])
     assert "Paris" in replies[0]["choices"][0]["message"]["content"]
     usage = replies[0]["usage"]
