@@ -20,7 +20,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
-from .kernels import GROUP, f32_gemv_func, f32_matmul_func, nibble, q4_gemv_func, q4_matmul_func
+from .kernels import GROUP, f32_gemv_func, f32_matmul_func, linear_out, nibble, q4_gemv_func, q4_matmul_func
 
 
 class ParallelSpatial(CPUScheduleRule):
@@ -96,34 +96,20 @@ def q4_gemv(k: int, residual: bool) -> tirx.PrimFunc:
     return q4_gemv_func(k, residual, body)
 
 
-def exact_gelu(v):
-    """Exact GELU, as transformers' "gelu" (erf, not the tanh approximation)."""
-    return T.float32(0.5) * v * (T.float32(1) + T.erf(v * T.float32(0.7071067811865476)))
-
-
 @T.macro
 def _tile_out(acc, resf, outf, m, n, row, tile, bias, gelu):
-    """The tile's TOKENS sums (each the total of its 4 lanes) into ``outf`` (+ ``resf``); with a
-    ``bias`` (an encoder's linears), the row's bias first, then GELU if ``gelu``, then ``resf``."""
+    """The tile's TOKENS sums (each the total of its 4 lanes) into ``outf`` through ``linear_out``."""
     for t in T.unroll(TOKENS):
         if tile * TOKENS + t < m:
-            if bias is not None:
-                if gelu:
-                    outf[(tile * TOKENS + t) * n + row] = exact_gelu(
-                        bias[row] + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
-                    )
-                elif resf is None:
-                    outf[(tile * TOKENS + t) * n + row] = bias[row] + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
-                else:
-                    outf[(tile * TOKENS + t) * n + row] = resf[(tile * TOKENS + t) * n + row] + (
-                        bias[row] + _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
-                    )
-            elif resf is None:
-                outf[(tile * TOKENS + t) * n + row] = _tree_sum([acc[t * LANES + lane] for lane in range(LANES)])
-            else:
-                outf[(tile * TOKENS + t) * n + row] = resf[(tile * TOKENS + t) * n + row] + _tree_sum(
-                    [acc[t * LANES + lane] for lane in range(LANES)]
-                )
+            linear_out(
+                _tree_sum([acc[t * LANES + lane] for lane in range(LANES)]),
+                resf,
+                outf,
+                (tile * TOKENS + t) * n + row,
+                row,
+                bias,
+                gelu,
+            )
 
 
 def _weight(w, row, i):

@@ -32,7 +32,7 @@ from tvm.script import tirx as T
 
 from . import cpu_schedule
 from .errors import LanternError
-from .kernels import GROUP, SCHEDULED, f32_matmul_func, loops, nibble as _nibble, q4_gemv_func, q4_matmul_func
+from .kernels import GROUP, SCHEDULED, f32_matmul_func, linear_out, loops, nibble as _nibble, q4_gemv_func, q4_matmul_func
 
 LOG2E = math.log2(math.e)
 PAGE = 16  # KV-cache page size used by the runtimes
@@ -42,8 +42,7 @@ GEMV_CHUNK = 768  # inputs per launch of the GEMV (see q4_gemv)
 MAX_CHUNKS = 4
 MATMUL_THREADS = 32
 MATMUL_ROWS = 4  # output rows per thread: each activation gather feeds 4 rows
-MATMUL_TOKENS = 4  # tokens per thread: each weight word feeds 4 tokens
-F32_TOKENS = 4  # tokens per thread of the float32 matmul
+MATMUL_TOKENS = 4  # tokens per thread: each weight word (or float32 weight) feeds 4 tokens
 ATTN_THREADS = 8
 
 
@@ -160,12 +159,12 @@ def f32_matmul(k: int, residual: bool, bias: bool = False, gelu: bool = False, g
     """``out[b, s, :] = W @ x[b, s, :] (+ residual)`` for a float32 ``W[n, k]`` (q0f32), any number of
     tokens; an encoder's linears add their ``bias`` and then apply ``gelu`` or add the residual.
 
-    q4_matmul's tiling without the dequantization: each thread owns MATMUL_ROWS rows x F32_TOKENS
+    q4_matmul's tiling without the dequantization: each thread owns MATMUL_ROWS rows x MATMUL_TOKENS
     tokens and walks ``k`` four inputs at a time, gathering the tile's activations and weights once
-    per step; every gathered value feeds F32_TOKENS (or MATMUL_ROWS) multiply-adds, where one thread
-    per output (dlight's rule) gathers two values for each one.
+    per step; every gathered value feeds MATMUL_TOKENS (or MATMUL_ROWS) multiply-adds, where one thread
+    per output (dlight's rule) gathers two values for each one. The output goes through linear_out.
     """
-    rows, toks = MATMUL_ROWS, F32_TOKENS
+    rows, toks = MATMUL_ROWS, MATMUL_TOKENS
     block, thread = loops(gpu)
     token_blocks = (lambda n: T.thread_binding(n, thread="blockIdx.y")) if gpu else T.serial
 
@@ -197,25 +196,9 @@ def f32_matmul(k: int, residual: bool, bias: bool = False, gelu: bool = False, g
                             for r in T.unroll(rows):
                                 for t in T.unroll(toks):
                                     if row0 + r < n and tok0 + t < m:
-                                        _f32_out(acc[r * toks + t], resf, outf, (tok0 + t) * n + row0 + r, row0 + r, b, gelu)
+                                        linear_out(acc[r * toks + t], resf, outf, (tok0 + t) * n + row0 + r, row0 + r, b, gelu)
 
     return f32_matmul_func(k, residual, body, bias)
-
-
-@T.macro
-def _f32_out(total, resf, outf, at, row, b, gelu):
-    """One output of f32_matmul: ``total`` (+ the row's bias, then GELU) (+ the residual)."""
-    if b is None:
-        if resf is None:
-            outf[at] = total
-        else:
-            outf[at] = resf[at] + total
-    elif gelu:
-        outf[at] = cpu_schedule.exact_gelu(b[row] + total)
-    elif resf is None:
-        outf[at] = b[row] + total
-    else:
-        outf[at] = resf[at] + (b[row] + total)
 
 
 # --------------------------------------------------------------------------- attention

@@ -87,6 +87,28 @@ def nibble(word, j: int):
     return T.Cast("float32", T.Cast("int32", (word >> T.uint32(4 * j)) & T.uint32(15)) - 7)
 
 
+def exact_gelu(v):
+    """Exact GELU, as transformers' "gelu" (erf, not the tanh approximation)."""
+    return T.float32(0.5) * v * (T.float32(1) + T.erf(v * T.float32(0.7071067811865476)))
+
+
+@T.macro
+def linear_out(total, resf, outf, at, row, bias, gelu):
+    """One output of a float32 linear (the CPU library's and the emulated WebGPU one's): its sum
+    ``total``, plus the row's ``bias`` then GELU if ``gelu`` (an encoder's), plus the residual ``resf``."""
+    if bias is None:
+        if resf is None:
+            outf[at] = total
+        else:
+            outf[at] = resf[at] + total
+    elif gelu:
+        outf[at] = exact_gelu(bias[row] + total)
+    elif resf is None:
+        outf[at] = bias[row] + total
+    else:
+        outf[at] = resf[at] + (bias[row] + total)
+
+
 def q4_gemv_func(k: int, residual: bool, body) -> tvm.tirx.PrimFunc:
     groups = k // GROUP
     if residual:

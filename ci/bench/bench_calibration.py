@@ -50,7 +50,7 @@ def main() -> None:
     results = {}
     for label, (quant, calibration) in builds.items():
         t = time.perf_counter()
-        out = work / label.split(",")[0].replace(" ", "-") / str(len(results))
+        out = work / f"build-{len(results)}"
         build(BuildOptions(source="smollm2", out=out, quant=quant, targets=("cpu",), cache_dir=cache, calibration=calibration))
         art = Artifact.open(out)
         tokens = art.tokenizer().encode(text[-HELD_OUT_CHARS:], add_special_tokens=False).ids[:TOKENS]
