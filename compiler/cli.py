@@ -170,7 +170,7 @@ def cmd_build(args) -> int:
         quant=args.quant,
         lora=Path(args.lora) if args.lora else None,
         calibration=None if args.no_calibration else Path(args.calibration) if args.calibration else DEFAULT_CALIBRATION,
-        targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()),
+        targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()) if args.targets else (),
         webgpu_schedule=args.webgpu_schedule,
         context_window=args.context_window,
         generation={k: v for k in ("temperature", "top_p", "top_k", "repetition_penalty") if (v := getattr(args, k)) is not None},
@@ -391,10 +391,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     b.add_argument(
         "--targets",
-        default="webgpu,cpu,gguf",
+        default=None,
         help="comma-separated outputs: webgpu (the WebGPU libraries), cpu (the CPU library), gguf "
-        "(the same weights as a GGUF for llama.cpp: the browser's wasm device, split into parts) "
-        "(default: all three; a model llama.cpp cannot run skips gguf with a warning)",
+        "(the same weights as a GGUF for llama.cpp: the browser's wasm device, split into parts), wasm "
+        "(an embedding model's CPU library compiled to wasm: the browser's wasm device runs it instead of "
+        "the GGUF) (default: webgpu,cpu,gguf, and wasm too for BERT encoders; a model llama.cpp cannot run "
+        "skips gguf with a warning)",
     )
     b.add_argument(
         "--webgpu-schedule",

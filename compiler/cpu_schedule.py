@@ -20,7 +20,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
-from .kernels import GROUP, f32_gemv_func, f32_matmul_func, linear_out, nibble, q4_gemv_func, q4_matmul_func
+from .kernels import GROUP, SCHEDULED, f32_gemv_func, f32_matmul_func, linear_out, nibble, q4_gemv_func, q4_matmul_func
 
 
 class ParallelSpatial(CPUScheduleRule):
@@ -97,30 +97,9 @@ def q4_gemv(k: int, residual: bool) -> tirx.PrimFunc:
 
 
 @T.macro
-def _tile_out(acc, resf, outf, m, n, row, tile, bias, gelu):
-    """The tile's TOKENS sums (each the total of its 4 lanes) into ``outf`` through ``linear_out``."""
-    for t in T.unroll(TOKENS):
-        if tile * TOKENS + t < m:
-            linear_out(
-                _tree_sum([acc[t * LANES + lane] for lane in range(LANES)]),
-                resf,
-                outf,
-                (tile * TOKENS + t) * n + row,
-                row,
-                bias,
-                gelu,
-            )
-
-
-def _weight(w, row, i):
-    """Weight ``i`` of row ``row``: ``w`` is that row alone (a local buffer) or the whole ``[n, k]`` matrix."""
-    return w[i] if len(w.shape) == 1 else w[row, i]
-
-
-@T.macro
-def _row_tiles(acc, w, xf, resf, outf, m, n, k, row, bias=None, gelu=False):
-    """Row ``row`` of a prefill matmul for all ``m`` tokens, TOKENS at a time, vectorized along
-    ``k``: every weight vector loaded feeds TOKENS accumulators (``acc``), then ``_tile_out``."""
+def _row_tiles(acc, w, xf, resf, outf, m, n, k, row):
+    """Row ``row`` (dequantized into the local buffer ``w``) of a q4 prefill matmul for all ``m`` tokens,
+    TOKENS at a time, vectorized along ``k``: every weight vector loaded feeds TOKENS accumulators."""
     for tile in T.serial((m + TOKENS - 1) // TOKENS):
         for i in T.vectorized(TOKENS * LANES):
             acc[i] = T.float32(0)
@@ -128,10 +107,19 @@ def _row_tiles(acc, w, xf, resf, outf, m, n, k, row, bias=None, gelu=False):
             for t in T.unroll(TOKENS):
                 for lane in T.vectorized(LANES):
                     acc[t * LANES + lane] = (
-                        acc[t * LANES + lane]
-                        + _weight(w, row, c * LANES + lane) * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
+                        acc[t * LANES + lane] + w[c * LANES + lane] * xf[T.min(tile * TOKENS + t, m - 1) * k + c * LANES + lane]
                     )
-        _tile_out(acc, resf, outf, m, n, row, tile, bias, gelu)
+        for t in T.unroll(TOKENS):
+            if tile * TOKENS + t < m:
+                linear_out(
+                    _tree_sum([acc[t * LANES + lane] for lane in range(LANES)]),
+                    resf,
+                    outf,
+                    (tile * TOKENS + t) * n + row,
+                    row,
+                    None,
+                    False,
+                )
 
 
 def q4_matmul(k: int, residual: bool) -> tirx.PrimFunc:
@@ -183,16 +171,108 @@ def f32_gemv(k: int, residual: bool) -> tirx.PrimFunc:
     return f32_gemv_func(k, residual, body)
 
 
+F32_ROWS = 4  # rows x tokens per tile of the float32 matmul: 8 accumulators and the 4 + 2 vectors they take
+F32_TOKENS = 2  # fit SSE2's and wasm's 16 registers (measured in wasm: 4 x 2 1.5x the 1 x 4 tile, 3 x 4 1.3x)
+F32_BLOCK = 64  # tokens whose inputs stay in cache while every tile of rows passes over them (wasm: 1.2x)
+
+
 def f32_matmul(k: int, residual: bool, bias: bool = False, gelu: bool = False) -> tirx.PrimFunc:
-    """``out[b, s, :] = W @ x[b, s, :] (+ residual)`` for a float32 ``W[n, k]``: q4_matmul without the
-    dequantization (each weight vector feeds TOKENS accumulators). An encoder's linears (BERT's) add
-    their ``bias`` and then apply ``gelu`` or add the residual, in the same kernel."""
+    """``out[b, s, :] = W @ x[b, s, :] (+ residual)`` for a float32 ``W[n, k]``, tiles of F32_ROWS rows x
+    F32_TOKENS tokens vectorized along ``k`` (each weight vector loaded feeds F32_TOKENS sums, each input
+    vector F32_ROWS), tiles of rows in parallel, over blocks of F32_BLOCK tokens. An encoder's linears
+    (BERT's) add their ``bias`` and then apply ``gelu`` or add the residual, in the same kernel."""
+    rows, toks, block = F32_ROWS, F32_TOKENS, F32_BLOCK
 
     @T.macro
     def body(xf, w, resf, outf, m, n, b=None):
-        for row in T.parallel(n):
-            with T.sblock("matmul"):
-                acc = T.sblock_alloc_buffer((TOKENS * LANES,), "float32", scope="local")
-                _row_tiles(acc, w, xf, resf, outf, m, n, k, row, b, gelu)
+        for tb in T.serial((m + block - 1) // block):
+            for rt in T.parallel((n + rows - 1) // rows):
+                with T.sblock("matmul"):
+                    acc = T.sblock_alloc_buffer((rows * toks * LANES,), "float32", scope="local")
+                    for tile in T.serial((T.min(block, m - tb * block) + toks - 1) // toks):
+                        for i in T.vectorized(rows * toks * LANES):
+                            acc[i] = T.float32(0)
+                        for c in T.serial(k // LANES):
+                            for r in T.unroll(rows):
+                                for t in T.unroll(toks):
+                                    for lane in T.vectorized(LANES):
+                                        # past the last row or token: a copy of it, computed and not written
+                                        acc[(r * toks + t) * LANES + lane] = (
+                                            acc[(r * toks + t) * LANES + lane]
+                                            + w[T.min(rt * rows + r, n - 1), c * LANES + lane]
+                                            * xf[T.min(tb * block + tile * toks + t, m - 1) * k + c * LANES + lane]
+                                        )
+                        for r in T.unroll(rows):
+                            for t in T.unroll(toks):
+                                if tb * block + tile * toks + t < m and rt * rows + r < n:
+                                    linear_out(
+                                        _tree_sum([acc[(r * toks + t) * LANES + lane] for lane in range(LANES)]),
+                                        resf,
+                                        outf,
+                                        (tb * block + tile * toks + t) * n + rt * rows + r,
+                                        rt * rows + r,
+                                        b,
+                                        gelu,
+                                    )
 
     return f32_matmul_func(k, residual, body, bias)
+
+
+# --------------------------------------------------------------------------- an encoder's attention
+
+
+def encoder_attention(heads: int, head_dim: int, max_tokens: int) -> tirx.PrimFunc:
+    """``out[b, i, :]``: bidirectional attention of a padded batch straight from the QKV linear's output
+    ``qkv[b, n, 3 * heads * head_dim]`` (queries, keys, values side by side, each head's ``head_dim``
+    together, as BERT's) with ``bias[b, 1, 1, n]`` added to every query's scores (0 on tokens, far below
+    on padding). One (text, head, query) per iteration, in parallel: scores vectorized along
+    ``head_dim``, softmax, then the values' weighted sum, in place of relax's transposes, batched matmuls
+    and softmax (which the CPU schedule leaves as scalar loops: 60% of an encoder's time in wasm)."""
+    h = heads * head_dim
+    chunks = head_dim // LANES
+    scale = head_dim**-0.5
+    assert head_dim % LANES == 0, "head_dim must be a multiple of 4"
+
+    @T.prim_func(s_tir=True)
+    def attention(var_qkv: T.handle, var_bias: T.handle, var_out: T.handle):
+        T.func_attr(SCHEDULED)
+        b = T.int32()
+        n = T.int32()
+        qkv = T.match_buffer(var_qkv, (b, n, 3 * h), "float32")
+        bias = T.match_buffer(var_bias, (b, 1, 1, n), "float32")
+        out = T.match_buffer(var_out, (b, n, h), "float32")
+        for row in T.parallel(b * heads * n):
+            with T.sblock("attention"):
+                score = T.sblock_alloc_buffer((max_tokens,), "float32", scope="local")
+                acc = T.sblock_alloc_buffer((LANES,), "float32", scope="local")
+                ctx = T.sblock_alloc_buffer((head_dim,), "float32", scope="local")
+                top = T.sblock_alloc_buffer((2,), "float32", scope="local")  # the largest score, then the sum
+                # row: text row // (heads * n), head (row // n) % heads, query row % n
+                top[0] = T.float32(-3.0e38)
+                for j in T.serial(n):
+                    for lane in T.vectorized(LANES):
+                        acc[lane] = T.float32(0)
+                    for c in T.serial(chunks):
+                        for lane in T.vectorized(LANES):
+                            acc[lane] = (
+                                acc[lane]
+                                + qkv[row // (heads * n), row % n, (row // n) % heads * head_dim + c * LANES + lane]
+                                * qkv[row // (heads * n), j, h + (row // n) % heads * head_dim + c * LANES + lane]
+                            )
+                    score[j] = (
+                        _tree_sum([acc[lane] for lane in range(LANES)]) * T.float32(scale) + bias[row // (heads * n), 0, 0, j]
+                    )
+                    top[0] = T.max(top[0], score[j])
+                top[1] = T.float32(0)
+                for j in T.serial(n):
+                    score[j] = T.exp(score[j] - top[0])
+                    top[1] = top[1] + score[j]
+                for d in T.vectorized(head_dim):
+                    ctx[d] = T.float32(0)
+                for j in T.serial(n):
+                    for d in T.vectorized(head_dim):
+                        ctx[d] = ctx[d] + score[j] * qkv[row // (heads * n), j, 2 * h + (row // n) % heads * head_dim + d]
+                for d in T.vectorized(head_dim):
+                    out[row // (heads * n), row % n, (row // n) % heads * head_dim + d] = ctx[d] / top[1]
+
+    return attention

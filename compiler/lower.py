@@ -22,12 +22,28 @@ from .kernels import replace_racy_kernels
 from .quantize import QuantSpec
 from .sampling_kernels import attach_sampler
 
-# The two targets built from the same model source.
+# The targets built from the same model source: "wasm" is the CPU library's schedule compiled for the
+# browser's wasm device (128-bit SIMD, which every browser Lantern's wasm device runs in has), linked as
+# the webgpu libraries are.
 WEBGPU_HOST = {"kind": "llvm", "mtriple": "wasm32-unknown-unknown-wasm"}
 TARGETS = {
     "cpu": lambda: tvm.target.Target({"kind": "llvm"}),
     "webgpu": lambda: tvm.target.Target({"kind": "webgpu", "host": WEBGPU_HOST}),
+    "wasm": lambda: tvm.target.Target({**WEBGPU_HOST, "mattr": ["+simd128"]}),
 }
+LINKED = ("webgpu", "wasm")  # targets whose library is a .wasm linked with TVM's web runtime (link.py)
+# The wasm target's second library: relaxed SIMD's fused multiply-add (f32x4.relaxed_madd), which LLVM
+# selects for the kernels' multiply-adds; 1.5x the float32 linears' speed in V8, where an engine has it
+# (Chromium does; the runtime probes, webruntime/src/llama-builds.ts). It requires the "relaxed-simd" feature.
+WASM_RELAXED = "relaxed-simd"
+
+
+def target_for(name: str, variant: str | None = None) -> tvm.target.Target:
+    """The TVM target of ``name`` (a key of TARGETS); ``variant`` WASM_RELAXED adds relaxed SIMD to wasm's."""
+    target = TARGETS[name]()
+    if name == "wasm" and variant == WASM_RELAXED:
+        return tvm.target.Target({**WEBGPU_HOST, "mattr": ["+simd128", "+relaxed-simd"]})
+    return target
 
 
 @dataclass

@@ -87,7 +87,7 @@ def set_generation_defaults(out: Path, defaults: dict) -> dict:
 @dataclass
 class Library:
     file: str
-    target: str  # "webgpu" or "cpu"
+    target: str  # "webgpu", "wasm" (the CPU kernels in wasm: an encoder on the wasm device) or "cpu"
     dtype: str  # compute dtype
     required_features: list[str]
     kernels: int
@@ -106,7 +106,8 @@ def choose_library(libraries: list[dict], target: str, features: frozenset[str] 
     (``chooseLibrary`` in webruntime/src/library.ts is the twin; a test holds them equal).
 
     Usable: every required feature present and a known schedule. Best: weights as stored over an
-    f32 upcast, then the schedule made for this kind of adapter (``emulated``: a software one).
+    f32 upcast, then the schedule made for this kind of adapter (``emulated``: a software one), then
+    the one that needs more of the device's features (made for them: wasm's relaxed SIMD).
     Raises ValueError naming each library and what it needs when none is usable.
     """
     want = "cpu-emulated" if emulated else "gpu"
@@ -124,7 +125,10 @@ def choose_library(libraries: list[dict], target: str, features: frozenset[str] 
             for lib in candidates
         ]
         raise ValueError(f"no {target} library runs here ({'; '.join(needs) or 'none was built'})")
-    rank = lambda lib: (2 if lib.get("param_upcast") else 0) + ((lib.get("schedule") or "gpu") != want)  # noqa: E731
+    rank = lambda lib: (  # noqa: E731
+        (2 if lib.get("param_upcast") else 0) + ((lib.get("schedule") or "gpu") != want),
+        -len(lib["required_features"]),
+    )
     return min(usable, key=rank)
 
 
@@ -132,19 +136,28 @@ def choose_library(libraries: list[dict], target: str, features: frozenset[str] 
 COMMON_DEVICE_FILES = ("lantern.json", "mlc-chat-config.json", "tokenizer.json", "tokenizer_config.json")
 
 
+def shards_of(manifest: dict) -> list[str]:
+    return sorted(f for f in manifest["files"] if f.startswith("params_shard_"))
+
+
 def device_files(manifest: dict, device: str) -> list[str] | None:
     """What a browser device downloads from this artifact, or None when it cannot run it: ``webgpu``
     fetches one WebGPU library (the largest counts), the weight shards and their index; ``wasm``
-    fetches the GGUF parts."""
+    fetches an embedding model's wasm library, the weight shards and their index where it has one, else
+    the GGUF parts."""
     if device == "webgpu":
         libs = [lib["file"] for lib in manifest["libraries"] if lib["target"] == "webgpu"]
         if not libs:
             return None
         largest = max(libs, key=lambda f: manifest["files"][f]["size"])
-        shards = sorted(f for f in manifest["files"] if f.startswith("params_shard_"))
-        own = [largest, "tensor-cache.json", *shards]
+        own = [largest, "tensor-cache.json", *shards_of(manifest)]
     elif device == "wasm":
-        own = list((manifest.get("gguf") or {}).get("files") or [])
+        libs = [lib["file"] for lib in manifest["libraries"] if lib["target"] == "wasm"]
+        own = (
+            [libs[0], "tensor-cache.json", *shards_of(manifest)]
+            if libs
+            else list((manifest.get("gguf") or {}).get("files") or [])
+        )
         if not own:
             return None
     else:

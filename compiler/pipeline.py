@@ -70,7 +70,7 @@ class BuildOptions:
     lora: Path | None = None
     # Text for GPTQ on 4-bit builds; None rounds every weight to the nearest level instead.
     calibration: Path | None = gptq.DEFAULT_CALIBRATION
-    targets: tuple[str, ...] = ("webgpu", "cpu", "gguf")
+    targets: tuple[str, ...] = ()  # empty: the family's (Family.default_targets)
     webgpu_schedule: str = "both"  # see lower.SCHEDULE_CHOICES
     context_window: int | None = None  # tokens of KV memory the runtimes allocate; None: package.DEFAULT_CONTEXT
     # sampling defaults that override the source's generation_config.json (package.GENERATION_FIELDS)
@@ -304,8 +304,8 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
     for t in opts.targets:
         if t not in TARGETS:
             raise LanternError(f"unknown target '{t}' (choose from: {', '.join(TARGETS)})")
-    if not set(opts.targets) & set(lower.TARGETS):
-        raise LanternError("--targets needs webgpu or cpu: the gguf target is written next to a model library")
+    if opts.targets and not set(opts.targets) & set(lower.TARGETS):
+        raise LanternError("--targets needs webgpu, wasm or cpu: the gguf target is written next to a model library")
     if opts.webgpu_schedule not in lower.SCHEDULE_CHOICES:
         raise LanternError(f"unknown WebGPU schedule '{opts.webgpu_schedule}' (choose from: {', '.join(lower.SCHEDULE_CHOICES)})")
     if opts.context_window is not None and opts.context_window < 1:
@@ -323,14 +323,14 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
         with meter("import"), reporter.stage("import"):
             src = import_source(opts.source, opts.cache_dir)
             quant = _resolve_quant(opts.quant, src.family.kind)
-            opts = dataclasses.replace(opts, quant=quant)
+            opts = dataclasses.replace(opts, quant=quant, targets=_resolve_targets(opts.targets, src.family))
             spec = get_quantization(quant)
             calibration_hash = None
             if spec.quantized and opts.calibration is not None:
                 calibration_hash = gptq.text_hash(opts.calibration)
             name = opts.name or src.name
             versions = toolchain_versions()
-            if "webgpu" not in opts.targets:
+            if not set(opts.targets) & set(lower.LINKED):
                 versions["emscripten"] = None  # not part of this build
             # Not part of any cache key: they change two small files, not weights or libraries.
             generation = {**package.check_generation_defaults(src.generation, src.generation_source), **overrides}
@@ -407,6 +407,19 @@ def embedding_facts(config, tokenizer_json: str) -> dict:
         "prompts": {k: v for k, v in (("query", config.query_prompt), ("document", config.document_prompt)) if v},
         "special_tokens": {"before": before, "after": after},
     }
+
+
+def _resolve_targets(targets: tuple[str, ...], family) -> tuple[str, ...]:
+    """``targets``, or the family's default; the wasm library is an embedding model's only (a chat model
+    runs on the browser's wasm device through its GGUF, in llama.cpp)."""
+    if not targets:
+        return family.default_targets
+    if "wasm" in targets and family.kind != "embedding":
+        raise LanternError(
+            f"the wasm target is for embedding models; a {family.name} chat model runs on the browser's wasm "
+            "device through its GGUF (the gguf target)"
+        )
+    return targets
 
 
 def _resolve_quant(quant: str | None, kind: str) -> str:
@@ -497,7 +510,7 @@ def _build_into(
     param_names: list[str] = []
     with meter("compile"), reporter.stage("compile", total=len(builds)):
         for stem, target_name, lib_spec, schedule in builds:
-            file = f"{stem}.wasm" if target_name == "webgpu" else f"{stem}.so"
+            file = f"{stem}.wasm" if target_name in lower.LINKED else f"{stem}.so"
             lib_config = library_config(config, lib_spec.model_dtype, schedule)
             lib_metadata = dict(
                 metadata, context_window_size=lib_config.context_window_size, prefill_chunk_size=lib_config.prefill_chunk_size
@@ -511,7 +524,7 @@ def _build_into(
                 executables.append((stem, file, target_name, lib_spec, schedule, None, key))
                 reporter.advance(1, f"{stem} (cached)")
                 continue
-            target = lower.TARGETS[target_name]()
+            target = lower.target_for(target_name, schedule)
             exported = lower.export(src.family, lib_config, lib_spec, target, lib_metadata)
             param_names = exported.param_names
             ex, kernels, largest = lower.compile_module(
@@ -533,13 +546,15 @@ def _build_into(
     libraries = []
     with meter("link"), reporter.stage("link", total=len(executables)):
         for stem, file, target_name, lib_spec, schedule, ex, key in executables:
-            if ex is not None and target_name == "webgpu":
+            if ex is not None and target_name in lower.LINKED:
                 link.link_wasm(ex, tmp / file, opts.cache_dir, on_step=lambda d: reporter.advance(0, d))
             elif ex is not None:
                 ex.export_library(str(tmp / file))
             if ex is not None:
                 _store_library(opts, key, tmp / file, facts[stem])
             features = ["shader-f16"] if target_name == "webgpu" and lib_spec.needs_shader_f16 else []
+            if target_name == "wasm" and schedule == lower.WASM_RELAXED:
+                features, schedule = [lower.WASM_RELAXED], None  # a feature the engine needs, not a WebGPU schedule
             upcast = "float16->float32" if lib_spec.model_dtype != spec.model_dtype else None
             libraries.append(
                 package.Library(
@@ -638,16 +653,20 @@ def _build_into(
 def _library_builds(
     name: str, spec: QuantSpec, opts: BuildOptions, kind: str = "chat"
 ) -> list[tuple[str, str, QuantSpec, str | None]]:
-    """(file stem, target, spec, webgpu schedule) of every library to build. The "gpu" schedule
+    """(file stem, target, spec, variant) of every library to build; the variant is a webgpu library's
+    schedule, or lower.WASM_RELAXED for the wasm target's relaxed-SIMD twin. The "gpu" schedule
     computes in the weights' dtype, plus an f32 twin for adapters without shader-f16; the
     "cpu-emulated" one computes in f32 only (software adapters have no shader-f16). An embedding
-    model's CPU library computes in f32 too (its float16 weights are upcast at load)."""
+    model's CPU and wasm libraries compute in f32 too (its float16 weights are upcast at load)."""
     builds: list[tuple[str, str, QuantSpec, str | None]] = []
     for target in opts.targets:
         if target == "gguf":
             continue  # not a library: written from the stored weights (gguf_export)
         if target != "webgpu":
-            builds.append((f"{name}-{spec.name}-{target}", target, _fallback_spec(spec) if kind == "embedding" else spec, None))
+            own = _fallback_spec(spec) if kind == "embedding" else spec
+            builds.append((f"{name}-{spec.name}-{target}", target, own, None))
+            if target == "wasm":
+                builds.append((f"{name}-{spec.name}-wasm-relaxed", target, own, lower.WASM_RELAXED))
             continue
         for schedule in lower.schedules(opts.webgpu_schedule):
             if schedule == "cpu-emulated":

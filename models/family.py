@@ -93,3 +93,6 @@ class Family:
     # "chat": a decoder with a KV cache and logits (MLC's contract); "embedding": an encoder whose library
     # has one function, embed(input_ids[b, n], attention_mask[b, n]) -> pooled [b, hidden]
     kind: str = "chat"
+    # what `lantern build` makes without --targets (pipeline.TARGETS): an encoder small enough for the
+    # browser's wasm memory adds "wasm", the CPU library in wasm, which its wasm device runs instead of llama.cpp
+    default_targets: tuple[str, ...] = ("webgpu", "cpu", "gguf")

@@ -26,7 +26,8 @@ _ROOT = Path(__file__).resolve().parent.parent  # the checkout, or the installed
 CHECKOUT = (_ROOT / "webruntime" / "package.json").exists()
 SITE = _ROOT / "site"
 RUNTIME = _ROOT / "webruntime" / "dist" if CHECKOUT else _ROOT / "webruntime"
-# worker.js / shared-worker.js: the engine in a page's own worker / shared by the origin's tabs
+# worker.js / shared-worker.js: the engine in a page's own worker / shared by the origin's tabs;
+# encoder-worker.js: the wasm device's workers for an embedding model's wasm library (cpu-encoder.ts)
 # ai-sdk.js: the Vercel AI SDK provider (imports ./lantern.js); ai.js: the `ai` package, for the embed page
 # schema-check.js: ajv (JSON Schema 2020-12), for pages that show whether structured output validates
 # wllama.wasm: llama.cpp for the wasm device; wllama-compat.{wasm,js}: its build for engines without
@@ -35,6 +36,7 @@ RUNTIME_FILES = {
     "lantern.js",
     "worker.js",
     "shared-worker.js",
+    "encoder-worker.js",
     "ai-sdk.js",
     "ai.js",
     "schema-check.js",

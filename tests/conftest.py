@@ -123,8 +123,9 @@ def smollm2_q4(build_artifact):
 @pytest.fixture(scope="session")
 def minilm(build_artifact) -> Path:
     """The bundled all-MiniLM-L6-v2 embedding model's default build (q0f16), as `lantern build
-    all-minilm-l6-v2` makes it, without the WebGPU libraries (tests/test_embeddings*.py)."""
-    return build_artifact("all-minilm-l6-v2", None, targets=("cpu", "gguf"))
+    all-minilm-l6-v2` makes it, without the WebGPU libraries (tests/test_embeddings*.py): the browser's
+    wasm device runs its wasm library, the server its CPU library and GGUF."""
+    return build_artifact("all-minilm-l6-v2", None, targets=("wasm", "cpu", "gguf"))
 
 
 @pytest.fixture(scope="session")

@@ -247,3 +247,18 @@ def test_existing_folder_that_is_not_an_artifact_is_kept(tiny_hf, capsys, tmp_pa
     code, _, err = run_cli(["build", str(tiny_hf[0]), "--out", str(precious), "--targets", "cpu"], capsys)
     assert code == 1 and "is not a Lantern artifact" in err
     assert (precious / "notes.txt").read_text() == "mine"
+
+
+def test_the_wasm_target_is_an_embedding_models_only(tiny_hf, capsys, tmp_path):
+    """A chat model runs on the browser's wasm device through its GGUF: asking for a wasm library is
+    refused, naming what to build instead, and nothing is written."""
+    code, _, err = run_cli(["build", str(tiny_hf[0]), "--out", str(tmp_path / "o"), "--targets", "wasm,gguf"], capsys)
+    assert code == 1 and "the wasm target is for embedding models" in err and "the gguf target" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bert_encoder_builds_its_wasm_library_by_default():
+    from lantern.models import family_for_architecture
+
+    assert "wasm" in family_for_architecture("BertModel").default_targets
+    assert "wasm" not in family_for_architecture("Qwen3ForCausalLM").default_targets

@@ -11,10 +11,10 @@ from test_structured import run_typescript
 from lantern.package import choose_library
 
 
-def lib(file: str, schedule: str | None = "gpu", features=(), upcast: bool = False) -> dict:
+def lib(file: str, schedule: str | None = "gpu", features=(), upcast: bool = False, target: str = "webgpu") -> dict:
     entry = {
         "file": file,
-        "target": "webgpu",
+        "target": target,
         "dtype": "float32",
         "required_features": list(features),
         "param_upcast": "float16->float32" if upcast else None,
@@ -36,7 +36,14 @@ SWIFTSHADER = {
     "description": "SwiftShader Device (Subzero)",
     "isFallbackAdapter": True,
 }
-# (libraries, adapter features, software adapter?) -> the file it runs, or None for an error
+# an embedding model's wasm libraries (the browser's wasm device): plain SIMD, and relaxed SIMD's twin
+ENCODER = [
+    lib("e-wasm.wasm", None, upcast=True, target="wasm"),
+    lib("e-wasm-relaxed.wasm", None, ["relaxed-simd"], upcast=True, target="wasm"),
+    lib("e-webgpu.wasm", features=["shader-f16"]),
+]
+# (libraries, adapter or engine features, software adapter?) -> the file it runs, or None for an error;
+# on the wasm device where the case has wasm libraries, else on webgpu (target_of)
 CASES = [
     (BOTH, [], True, "m-webgpu-emulated.wasm"),  # SwiftShader
     (BOTH, ["shader-f16", "subgroups"], False, "m-webgpu.wasm"),  # a real GPU
@@ -49,6 +56,9 @@ CASES = [
     ([lib("future.wasm", "npu")], [], True, None),
     ([lib("m-webgpu.wasm", features=["shader-f16"])], [], False, None),
     ([], [], False, None),
+    (ENCODER, ["relaxed-simd"], False, "e-wasm-relaxed.wasm"),  # Chromium
+    (ENCODER, [], False, "e-wasm.wasm"),  # an engine without relaxed SIMD
+    (ENCODER[1:2], [], False, None),
 ]
 ADAPTERS = [
     SWIFTSHADER,
@@ -60,16 +70,24 @@ ADAPTERS = [
 SOFTWARE = [True, False, True, True, False]
 
 
+def target_of(libraries) -> str:
+    """The cases' device: wasm for an embedding model's wasm libraries, else webgpu."""
+    return "wasm" if any(entry["target"] == "wasm" for entry in libraries) else "webgpu"
+
+
 def python_pick(libraries, features, emulated):
     try:
-        return {"file": choose_library(libraries, "webgpu", frozenset(features), emulated)["file"]}
+        return {"file": choose_library(libraries, target_of(libraries), frozenset(features), emulated)["file"]}
     except ValueError as err:
         return {"error": str(err)}
 
 
 @pytest.fixture(scope="module")
 def typescript():
-    payload = {"cases": [{"libraries": libs, "features": f, "emulated": e} for libs, f, e, _ in CASES], "adapters": ADAPTERS}
+    payload = {
+        "cases": [{"libraries": libs, "features": f, "emulated": e, "target": target_of(libs)} for libs, f, e, _ in CASES],
+        "adapters": ADAPTERS,
+    }
     return run_typescript("library_choice.ts", payload)
 
 
@@ -81,7 +99,8 @@ def test_both_runtimes_pick_the_same_library(i, typescript):
         assert ts == py == {"file": expected}
     else:
         # the same message, naming every library and what it needs
-        assert "error" in py and ts["error"] == f"WebGPUUnavailableError: {py['error']}"
+        error = "WebGPUUnavailableError" if target_of(libraries) == "webgpu" else "CapabilityError"
+        assert "error" in py and ts["error"] == f"{error}: {py['error']}"
         for entry in libraries:
             assert entry["file"] in py["error"]
 

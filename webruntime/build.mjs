@@ -19,6 +19,8 @@ await esbuild.build({ ...common, entryPoints: ["src/index.ts"], outfile: "dist/l
 await esbuild.build({ ...common, entryPoints: ["../worker/worker.ts"], outfile: "dist/worker.js" });
 // The origin's SharedWorker: one engine per model for every tab (createEngine's `shared`).
 await esbuild.build({ ...common, entryPoints: ["../worker/shared.ts"], outfile: "dist/shared-worker.js" });
+// The wasm device's encoder workers (cpu-encoder.ts): TVM's web runtime and an embedding model's wasm library.
+await esbuild.build({ ...common, entryPoints: ["../worker/encoder.ts"], outfile: "dist/encoder-worker.js" });
 // The AI SDK provider (`@lantern-llm/webruntime/ai-sdk`): its own small module over the runtime, which
 // it imports from ./lantern.js beside it, so the main bundle does not grow and the page loads one runtime.
 const runtimeBeside = {

@@ -5,7 +5,7 @@ default (q0f16), embeds texts of Tiny Shakespeare (1,000 of 5 to 120 words, and 
 words) on both server engines, and compares with transformers' BertModel and the folder's mean pooling
 (float32): each vector's cosine, and for the default build the top-10 neighbours of every query among
 the 1,000 texts (how many of the reference's 10 are still among the 10, and how many at the same rank).
-The tvm engine embeds the first ``--tvm-texts`` texts (its CPU library's attention is unscheduled).
+The tvm engine embeds the first ``--tvm-texts`` texts.
 
 ``throughput``: `lantern serve` on the default build (llamacpp engine) answering /v1/embeddings from 1
 and from 8 concurrent clients (requests of 8 texts of about 64 tokens), against llama.cpp's own
@@ -22,9 +22,11 @@ page's webgpu device, SwiftShader).
 against transformers.js 4 (npm @huggingface/transformers, installed into the cache) on an ONNX export of
 the same folder made here by ``torch.onnx.export`` (``onnx`` installed into the cache, not the project):
 embeddings per second of one call of ``--texts`` texts of Tiny Shakespeare of at most ``--tokens``
-tokens, after one warm-up call, the median of ``--runs`` calls. Lantern's `wasm` device (llama.cpp) on
-the default build's GGUF (q0f16) and on the q0f32 build's, against ONNX Runtime's wasm backend with the
-same threads (the page is cross-origin isolated); its `webgpu` device on the q0f32 build's cpu-emulated
+tokens, after one warm-up call, the median of ``--runs`` calls in each of ``--rounds`` rounds that run every
+`wasm` side in turn (this machine's speed changes between minutes). Lantern's `wasm` device on the default
+build (q0f16: its wasm library in encoder workers, relaxed SIMD's where the engine has it) and on the
+q0f32 build's GGUF (llama.cpp: that build has no wasm library), against ONNX Runtime's wasm backend with
+the same threads (the page is cross-origin isolated); its `webgpu` device on the q0f32 build's cpu-emulated
 library against ONNX Runtime's WebGPU backend. Here WebGPU is SwiftShader, on the CPU, where a call of 64
 such texts takes minutes on each side: ``--webgpu-texts 8 --webgpu-runs 1`` keeps it to a few. Also the
 cosine of each side's vectors to the other's and to transformers' (PyTorch). A side that fails is
@@ -34,7 +36,7 @@ reported and the others go on.
     .venv/bin/python ci/bench/bench_embeddings.py throughput [--texts 256]
     .venv/bin/python ci/bench/bench_embeddings.py decoders [--models qwen3-embedding-0.6b] [--texts 100]
     .venv/bin/python ci/bench/bench_embeddings.py page [--texts 64] [--tokens 64] [--runs 3] [--threads 2]
-        [--devices wasm,webgpu] [--webgpu-texts 64] [--webgpu-runs 3] [--json out.json]
+        [--rounds 3] [--devices wasm,webgpu] [--webgpu-texts 64] [--webgpu-runs 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -87,9 +89,9 @@ def shakespeare(cache: Path) -> str:
     return target.read_text()
 
 
-def artifact(quant: str | None, cache: Path, work: Path) -> Path:
+def artifact(quant: str | None, cache: Path, work: Path, targets: tuple[str, ...] = ("cpu", "gguf")) -> Path:
     out = work / f"{MODEL}-{quant or 'default'}"
-    build(BuildOptions(source=MODEL, out=out, quant=quant, targets=("cpu", "gguf"), cache_dir=cache))
+    build(BuildOptions(source=MODEL, out=out, quant=quant, targets=targets, cache_dir=cache))
     return out
 
 
@@ -404,13 +406,13 @@ def also_serve(routes: dict[str, Path]):
 
 
 def page_artifacts(args, cache: Path) -> dict[str, Path]:
-    """The builds Lantern's devices run: the default (q0f16, as `lantern build` makes it) for `wasm`, and
-    the q0f32 one, whose GGUF `wasm` runs too and whose cpu-emulated WebGPU library `webgpu` runs
+    """The builds Lantern's devices run: the default (q0f16, as `lantern build` makes it: its wasm library)
+    for `wasm`, and the q0f32 one, whose GGUF `wasm` runs too and whose cpu-emulated WebGPU library `webgpu` runs
     (SwiftShader has no shader-f16, and lost the device compiling the `gpu` schedule's matmuls)."""
     work = Path(tempfile.mkdtemp(prefix="bench-embeddings-"))
     arts = {"q0f32": args.f32_artifact or work / f"{MODEL}-q0f32"}
     if "wasm" in args.devices:
-        arts["default"] = args.wasm_artifact or artifact(None, cache, work)
+        arts["default"] = args.wasm_artifact or artifact(None, cache, work, ("wasm", "cpu", "gguf"))
     if args.f32_artifact is None:
         targets = ("gguf", "webgpu") if "webgpu" in args.devices else ("cpu", "gguf")  # gguf needs a library beside it
         options = BuildOptions(
@@ -439,7 +441,7 @@ def page_bench(args) -> None:
     print(f"ONNX export and transformers.js {version} ready in {time.perf_counter() - t:.0f} s ({root})")
     arts = page_artifacts(args, cache)
     reference = transformers_vectors(folder, texts)
-    # (row, side, device, build): each side of each device; Lantern's wasm device on both builds' GGUFs
+    # (row, side, device, build): each side of each device; Lantern's wasm device on both builds
     runs = []
     if "wasm" in args.devices:
         runs += [
@@ -458,10 +460,13 @@ def page_bench(args) -> None:
     print(
         f"on webgpu (SwiftShader: Chromium's WebGPU on the CPU) the first {args.webgpu_texts} of them, {args.webgpu_runs} run(s)"
     )
-    print(f"each: one warm-up call, then the median of the timed calls ({args.runs} on wasm)")
+    print(f"each: one warm-up call, then the median of the timed calls ({args.runs} a round, {args.rounds} rounds, on wasm)")
     results: dict[tuple[str, str], dict] = {}
+    # each round runs every side once, so that a change in this machine's speed (shared cores: up to 2x
+    # between minutes) falls on both sides; a side's figure is the median of its calls of every round
+    order = [run for _ in range(args.rounds) for run in runs if run[2] == "wasm"] + [run for run in runs if run[2] != "wasm"]
     with lantern_server(list(arts.values()), customize=also_serve(routes)) as (base, _), chromium() as browser:
-        for row, side, device, build_name in runs:
+        for row, side, device, build_name in order:
             batch = texts if device == "wasm" else texts[: args.webgpu_texts]
             count = args.runs if device == "wasm" else args.webgpu_runs
             name = f"{'transformers.js' if side == 'tjs' else 'lantern'} {row}"
@@ -480,6 +485,8 @@ def page_bench(args) -> None:
             finally:
                 tab.close()
             out["vectors"] = unit(out["vectors"])
+            if (row, side) in results:  # a later round: its calls join the earlier ones'
+                out["seconds"] = results[(row, side)]["seconds"] + out["seconds"]
             out["per_s"] = len(batch) / statistics.median(out["seconds"])
             out["best_per_s"] = len(batch) / min(out["seconds"])
             out["cosine_to_transformers"] = float((out["vectors"] * reference[: len(batch)]).sum(1).min())
@@ -495,7 +502,11 @@ def page_bench(args) -> None:
     )
     print("| --- | ---: | ---: | ---: | --- | ---: |")
     summary = {"texts": len(texts), "tokens": counts, "transformers_js": version, "rows": {}}
-    labels = {"wasm": "wasm (q0f16 GGUF, the default build)", "wasm q0f32": "wasm (q0f32 GGUF)", "webgpu": "webgpu (q0f32)"}
+    labels = {
+        "wasm": "wasm (the default build: its wasm library)",
+        "wasm q0f32": "wasm (q0f32 GGUF, llama.cpp)",
+        "webgpu": "webgpu (q0f32)",
+    }
     for row in dict.fromkeys(r[0] for r in runs):
         ours, theirs = results.get((row, "lantern")), results.get((row.split()[0], "tjs"))
         entry = {"lantern": ours and strip(ours), "transformers_js": theirs and strip(theirs)}
@@ -539,6 +550,7 @@ def main() -> None:
     p.add_argument("--texts", type=int, default=64, help="texts in each call")
     p.add_argument("--tokens", type=int, default=64, help="tokens of each text at most ([CLS] and [SEP] included)")
     p.add_argument("--runs", type=int, default=3, help="timed calls after the warm-up one")
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the wasm sides, each loading each side again")
     p.add_argument("--threads", type=int, default=2, help="wasm threads of both sides")
     p.add_argument("--devices", type=lambda s: s.split(","), default=["wasm", "webgpu"])
     p.add_argument("--webgpu-texts", type=int, default=64, help="the first N texts on webgpu (SwiftShader: ~5-10 tokens/s)")

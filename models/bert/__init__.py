@@ -138,4 +138,5 @@ FAMILY = Family(
     to_lantern=to_lantern,
     gguf=embedding_gguf("bert", gguf_tensors, gguf_metadata),
     kind="embedding",
+    default_targets=("webgpu", "wasm", "cpu", "gguf"),
 )

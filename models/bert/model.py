@@ -94,9 +94,15 @@ class BertConfig:
 
 
 class BertLayer(nn.Module):
-    def __init__(self, cfg: BertConfig, spec: QuantSpec):
+    def __init__(self, cfg: BertConfig, spec: QuantSpec, cpu: bool = False):
         h, dtype = cfg.hidden_size, spec.model_dtype
         self.heads, self.head_dim = cfg.num_attention_heads, h // cfg.num_attention_heads
+        # the CPU libraries (native and wasm, float32) attend in one kernel of their own (cpu_schedule)
+        self.attention_kernel = None
+        if cpu and dtype == "float32" and self.head_dim % 4 == 0:
+            from lantern.cpu_schedule import encoder_attention
+
+            self.attention_kernel = encoder_attention(self.heads, self.head_dim, cfg.context_window_size)
         self.qkv_proj = make_linear(h, 3 * h, spec, bias=True)
         self.o_proj = make_linear(h, h, spec, bias=True)
         self.attention_norm = nn.LayerNorm(h, cfg.layer_norm_eps, dtype=dtype)
@@ -106,11 +112,15 @@ class BertLayer(nn.Module):
 
     def forward(self, x: nn.Tensor, bias: nn.Tensor) -> nn.Tensor:
         b, n, h = x.shape
-        qkv = op.reshape(self.qkv_proj(x), (b, n, 3, self.heads, self.head_dim))
-        q, k, v = (op.permute_dims(op.squeeze(t, 2), [0, 2, 1, 3]) for t in op.split(qkv, 3, axis=2))
-        scores = op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])) * (self.head_dim**-0.5) + bias
-        attended = op.matmul(op.softmax(scores, axis=-1), v)  # [b, heads, n, head_dim]
-        attended = op.reshape(op.permute_dims(attended, [0, 2, 1, 3]), (b, n, h))
+        if self.attention_kernel is not None:
+            out = nn.Tensor.placeholder((b, n, h), x.dtype)
+            attended = op.tensor_ir_op(self.attention_kernel, "encoder_attention", [self.qkv_proj(x), bias], out)
+        else:
+            qkv = op.reshape(self.qkv_proj(x), (b, n, 3, self.heads, self.head_dim))
+            q, k, v = (op.permute_dims(op.squeeze(t, 2), [0, 2, 1, 3]) for t in op.split(qkv, 3, axis=2))
+            scores = op.matmul(q, op.permute_dims(k, [0, 1, 3, 2])) * (self.head_dim**-0.5) + bias
+            attended = op.matmul(op.softmax(scores, axis=-1), v)  # [b, heads, n, head_dim]
+            attended = op.reshape(op.permute_dims(attended, [0, 2, 1, 3]), (b, n, h))
         x = self.attention_norm(x + self.o_proj(attended))
         return self.output_norm(x + self.down_proj(op.gelu(self.up_proj(x))))
 
@@ -123,7 +133,8 @@ class BertEncoder(nn.Module):
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size, dtype=dtype)
         self.token_type_embedding = nn.Parameter((cfg.hidden_size,), dtype)  # type 0's row: every position's
         self.embeddings_norm = nn.LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype=dtype)
-        self.layers = nn.ModuleList([BertLayer(cfg, spec) for _ in range(cfg.num_hidden_layers)])
+        cpu = target.kind.name == "llvm"
+        self.layers = nn.ModuleList([BertLayer(cfg, spec, cpu) for _ in range(cfg.num_hidden_layers)])
 
     def embed(self, input_ids: nn.Tensor, attention_mask: nn.Tensor) -> nn.Tensor:
         """Pooled vectors [b, hidden] of a right-padded batch (``attention_mask`` 1 on tokens, 0 on padding)."""

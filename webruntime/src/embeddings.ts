@@ -98,3 +98,26 @@ export function embeddingList(vectors: Float32Array[], format: string, model: st
     usage: { prompt_tokens: tokens, total_tokens: tokens },
   };
 }
+
+/**
+ * The texts of an embeddings call in padded batches (indices into ``lists``): longest first, a batch
+ * takes the next text while its padding stays under a fifth of what it computes (every text runs at
+ * the batch's longest length) and its padded tokens within ``maxTokens``.
+ */
+export function embeddingBatches(lists: number[][], maxTokens: number): number[][] {
+  const order = [...lists.keys()].sort((a, b) => lists[b].length - lists[a].length);
+  const batches: number[][] = [];
+  for (let at = 0; at < order.length; ) {
+    const longest = lists[order[at]].length;
+    let end = at + 1;
+    let real = longest;
+    while (end < order.length) {
+      const padded = (end - at + 1) * longest;
+      if (padded > maxTokens || padded > 1.25 * (real + lists[order[end]].length)) break;
+      real += lists[order[end++]].length;
+    }
+    batches.push(order.slice(at, end));
+    at = end;
+  }
+  return batches;
+}

@@ -50,6 +50,7 @@ import { callsTools, parseToolCalls, requestSpec, TOOL_OPEN, toolMessages, type 
 import { StreamingDetokenizer, TextCodec, type TokenizerConfig } from "./text";
 import { checkDimensions, embeddingInputs, embeddingList, embeddingTokens, finishVectors } from "./embeddings";
 import { WasmDevice } from "./wasm";
+import { CpuEncoderDevice, hasEncoderLibrary } from "./cpu-encoder";
 import { WebGpuDevice } from "./webgpu";
 
 export type RequestState = "queued" | "prefill" | "decode" | "completed" | "cancelled" | "failed";
@@ -114,7 +115,7 @@ const DEVICES = ["auto", "webgpu", "wasm"];
 /**
  * The device for ``want``: "webgpu" and "wasm" as named; "auto" as autoDevice says, and the CPU
  * (wasm) also when WebGPU fails to load with WebGPUUnavailableError or OutOfMemoryError (the model
- * does not fit the GPU) and the artifact has a GGUF.
+ * does not fit the GPU) and the artifact has something the wasm device runs (a GGUF, an encoder's wasm library).
  */
 async function openDevice(
   want: string,
@@ -217,9 +218,13 @@ export class Engine {
             stopTokenIds: stops,
             report,
           }),
-        wasm: () => WasmDevice.open(modelUrl, manifest, store, options, report, chatConfig.model_config ?? {}),
+        // an embedding model with a wasm library runs it (cpu-encoder.ts); anything else llama.cpp
+        wasm: () =>
+          hasEncoderLibrary(manifest)
+            ? CpuEncoderDevice.open(modelUrl, manifest, store, options, report)
+            : WasmDevice.open(modelUrl, manifest, store, options, report, chatConfig.model_config ?? {}),
       },
-      Boolean(manifest.gguf?.files.length),
+      Boolean(manifest.gguf?.files.length || hasEncoderLibrary(manifest)),
     );
     return new Engine(device, await codecReady, manifest, stops, grammars, store);
   }

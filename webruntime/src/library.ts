@@ -1,6 +1,6 @@
 // Which of an artifact's libraries a device runs. The twin of choose_library in
 // compiler/package.py: tests/test_library_choice.py feeds both the same cases.
-import { WebGPUUnavailableError } from "./errors";
+import { CapabilityError, WebGPUUnavailableError } from "./errors";
 import type { LibraryEntry, Manifest } from "./loader";
 
 /** Kernel schedules this runtime knows: for real GPUs, and for software adapters (SwiftShader...). */
@@ -13,12 +13,18 @@ export interface AdapterTraits {
 }
 
 /**
- * The webgpu library this adapter runs best: one whose required features it has and whose schedule
- * this runtime knows (none means "gpu"), preferring weights as stored over an f32 upcast, then the
- * schedule made for this kind of adapter. A library of an unknown schedule is skipped with a warning.
+ * The ``target`` library (webgpu, or an embedding model's wasm) this adapter or engine runs best: one
+ * whose required features it has and whose schedule this runtime knows (none means "gpu"), preferring
+ * weights as stored over an f32 upcast, then the schedule made for this kind of adapter, then the one
+ * that needs more of its features (made for them: wasm's relaxed SIMD). A library of an unknown schedule
+ * is skipped with a warning.
  */
-export function chooseLibrary(manifest: Pick<Manifest, "libraries">, adapter: AdapterTraits): LibraryEntry {
-  const candidates = manifest.libraries.filter((lib) => lib.target === "webgpu");
+export function chooseLibrary(
+  manifest: Pick<Manifest, "libraries">,
+  adapter: AdapterTraits,
+  target: "webgpu" | "wasm" = "webgpu",
+): LibraryEntry {
+  const candidates = manifest.libraries.filter((lib) => lib.target === target);
   const known = candidates.filter((lib) => {
     const ok = (SCHEDULES as readonly string[]).includes(lib.schedule ?? "gpu");
     if (!ok) console.warn(`lantern: skipping ${lib.file}: unknown kernel schedule '${lib.schedule}'`);
@@ -31,10 +37,13 @@ export function chooseLibrary(manifest: Pick<Manifest, "libraries">, adapter: Ad
         ? `${lib.file} needs ${lib.required_features.join(" + ")}`
         : `${lib.file} has the unknown schedule '${lib.schedule}'`,
     );
-    throw new WebGPUUnavailableError(`no webgpu library runs here (${needs.join("; ") || "none was built"})`);
+    const why = `no ${target} library runs here (${needs.join("; ") || "none was built"})`;
+    throw target === "webgpu" ? new WebGPUUnavailableError(why) : new CapabilityError(why);
   }
   const want = adapter.emulated ? "cpu-emulated" : "gpu";
-  const rank = (lib: LibraryEntry) => (lib.param_upcast ? 2 : 0) + ((lib.schedule ?? "gpu") === want ? 0 : 1);
+  // as a number: the first rule, then the second, then fewer features last (a library needs at most a few)
+  const rank = (lib: LibraryEntry) =>
+    10 * ((lib.param_upcast ? 2 : 0) + ((lib.schedule ?? "gpu") === want ? 0 : 1)) - lib.required_features.length;
   return usable.reduce((best, lib) => (rank(lib) < rank(best) ? lib : best));
 }
 

@@ -23,6 +23,7 @@ export interface WasmFeatures {
   exceptions: boolean; // the default build throws C++ exceptions as wasm exceptions
   jspi: boolean; // JS promise integration: the default build reads files asynchronously with it (optional)
   threads: boolean; // SharedArrayBuffer in a cross-origin isolated context: llama.cpp may use several threads
+  relaxedSimd: boolean; // relaxed SIMD's fused multiply-add: an embedding model's faster wasm library (cpu-encoder.ts)
 }
 
 // (func (result v128) i32.const 0  i8x16.splat  i8x16.popcnt): valid only where SIMD is
@@ -60,6 +61,15 @@ const SIMD_PROBE = new Uint8Array([
   0x0b, // its code
 ]);
 
+// (func (result v128) three v128.const 0, f32x4.relaxed_madd): valid only where relaxed SIMD is
+const RELAXED_BODY = [0x00, ...[0, 1, 2].flatMap(() => [0xfd, 0x0c, ...new Array(16).fill(0)]), 0xfd, 0x85, 0x02, 0x0b];
+const RELAXED_SIMD_PROBE = new Uint8Array([
+  ...[0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00], // "\0asm", version 1
+  ...[0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b], // type section: () -> v128
+  ...[0x03, 0x02, 0x01, 0x00], // function section: one function of that type
+  ...[0x0a, RELAXED_BODY.length + 2, 0x01, RELAXED_BODY.length, ...RELAXED_BODY], // its code
+]);
+
 export function wasmFeatures(): WasmFeatures {
   const wasm = typeof WebAssembly === "object" && typeof WebAssembly.validate === "function";
   const memory64 =
@@ -81,6 +91,7 @@ export function wasmFeatures(): WasmFeatures {
     exceptions: wasm && typeof api.Tag === "function",
     jspi: wasm && typeof api.Suspending === "function",
     threads: wasm && typeof SharedArrayBuffer === "function" && globalThis.crossOriginIsolated === true,
+    relaxedSimd: wasm && WebAssembly.validate(RELAXED_SIMD_PROBE),
   };
 }
 

@@ -24,13 +24,25 @@ interface LibraryMetadata {
 
 const PAGE_SIZE = 16;
 
-function halfToFloat(h: number): number {
+export function halfToFloat(h: number): number {
   const s = h & 0x8000 ? -1 : 1;
   const e = (h >> 10) & 0x1f;
   const f = h & 0x3ff;
   if (e === 0) return s * 2 ** -14 * (f / 1024);
   if (e === 31) return f ? NaN : s * Infinity;
   return s * 2 ** (e - 15) * (1 + f / 1024);
+}
+
+/** An embedding library's inputs for ``batch``: token ids right-padded to the longest, and the attention mask. */
+export function paddedBatch(batch: number[][]): { ids: Int32Array; mask: Int32Array; n: number } {
+  const n = Math.max(...batch.map((t) => t.length));
+  const ids = new Int32Array(batch.length * n);
+  const mask = new Int32Array(batch.length * n);
+  for (const [i, tokens] of batch.entries()) {
+    ids.set(tokens, i * n);
+    mask.fill(1, i * n, i * n + tokens.length);
+  }
+  return { ids, mask, n };
 }
 
 export function largestTensorBytes(index: TensorCacheIndex, upcast: boolean): number {
@@ -255,13 +267,7 @@ export class TvmModel {
   encode(batch: number[][]): Promise<Float32Array[]> {
     return this.guarded(async () => {
       const { tvm } = this;
-      const n = Math.max(...batch.map((t) => t.length));
-      const ids = new Int32Array(batch.length * n);
-      const mask = new Int32Array(batch.length * n);
-      for (const [i, tokens] of batch.entries()) {
-        ids.set(tokens, i * n);
-        mask.fill(1, i * n, i * n + tokens.length);
-      }
+      const { ids, mask, n } = paddedBatch(batch);
       tvm.beginScope();
       try {
         const gpuIds = tvm.empty([batch.length, n], "int32", tvm.webgpu());

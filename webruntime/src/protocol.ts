@@ -299,8 +299,9 @@ export interface EngineStats {
   grammarCache: { entries: number; hits: number }; // compiled grammars kept, and requests that reused one
   storage: StorageState;
   // the wasm device: which llama.cpp build runs and why (llama-builds.ts), and its threads; null on webgpu
-  // restarts: starts of llama.cpp's worker given up as hung (Firefox; see wasm.ts START_STALL_S)
-  wasm: { build: "default" | "compat"; why: string; threads: number; threadsWhy: string; restarts: number } | null;
+  // restarts: starts of llama.cpp's worker given up as hung (Firefox; see wasm.ts START_STALL_S);
+  // "encoder": an embedding model's wasm library in workers of its own (cpu-encoder.ts), threads its workers
+  wasm: { build: "default" | "compat" | "encoder"; why: string; threads: number; threadsWhy: string; restarts: number } | null;
   host: EngineHost;
 }
 

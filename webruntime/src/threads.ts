@@ -1,5 +1,14 @@
 // How many threads llama.cpp gets on the `wasm` device, and why (stats().wasm.threadsWhy).
+import { SharedEngineUnavailableError } from "./errors";
 import { wasmFeatures } from "./llama-builds";
+
+/** SharedEngineUnavailableError, before any download, where ``what`` could not start its Web Workers here
+ * (a SharedWorker that has no Worker): createEngine then runs the engine in a dedicated worker. */
+export function requireWorkers(what: string): void {
+  if (typeof Worker === "undefined") {
+    throw new SharedEngineUnavailableError(`${what} starts Web Workers, which a SharedWorker cannot here`);
+  }
+}
 
 /** Threads llama.cpp may use: several only where SharedArrayBuffer is (a cross-origin isolated context). */
 export function wasmThreads(requested: number | undefined, shared = wasmFeatures().threads): number {

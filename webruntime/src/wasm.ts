@@ -19,7 +19,7 @@ import {
 } from "./errors";
 import { toLlamaGrammar, type LlamaGrammar } from "./gbnf";
 import { chooseLlamaBuild, fetchLlamaBuild, type LlamaBuild, type LlamaFiles, wasmFeatures } from "./llama-builds";
-import { chooseThreads } from "./threads";
+import { chooseThreads, requireWorkers } from "./threads";
 import { fetchBlobs, type Manifest } from "./loader";
 import type { DebugOp, DebugResult, EngineOptions, LoadProgress, TokenLogprob } from "./protocol";
 import type { FileStore } from "./storage";
@@ -196,10 +196,7 @@ export class WasmDevice implements Device {
     model: KvShape = {},
   ): Promise<WasmDevice> {
     const parts = manifest.gguf?.files ?? [];
-    if (typeof Worker === "undefined") {
-      // before any download: createEngine then uses a dedicated worker
-      throw new SharedEngineUnavailableError("the wasm device (llama.cpp) starts Web Workers, which a SharedWorker cannot here");
-    }
+    requireWorkers("the wasm device (llama.cpp)");
     if (!parts.length) {
       throw new ArtifactError(
         "this artifact has no GGUF for the wasm device: rebuild it with the gguf target " +

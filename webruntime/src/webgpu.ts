@@ -4,6 +4,7 @@
 import type { CompiledGrammar } from "@mlc-ai/web-xgrammar";
 import { checkFits, type Gpu } from "./device";
 import type { Device, DeviceStats, DeviceStep, Generation, GenerationRequest } from "./devices";
+import { embeddingBatches } from "./embeddings";
 import { EngineNotLoadedError } from "./errors";
 import { chooseLibrary, deviceLabel } from "./library";
 import { fetchEach, fetchFiles, type Manifest } from "./loader";
@@ -132,24 +133,11 @@ export class WebGpuDevice implements Device {
   /** Pooled vectors of token lists, computed in padded batches of similar lengths. */
   async embed(lists: number[][], signal?: AbortSignal): Promise<number[][]> {
     const model = this.loaded();
-    // longest first; a batch takes the next text while its padding stays under a fifth of what it computes
-    // (every text runs at the batch's longest length); the answer keeps the inputs' order
-    const order = [...lists.keys()].sort((a, b) => lists[b].length - lists[a].length);
     const vectors: number[][] = new Array(lists.length);
-    for (let at = 0; at < order.length; ) {
+    for (const part of embeddingBatches(lists, EMBED_BATCH_TOKENS)) {
       signal?.throwIfAborted();
-      const longest = lists[order[at]].length;
-      let end = at + 1;
-      let real = longest;
-      while (end < order.length) {
-        const padded = (end - at + 1) * longest;
-        if (padded > EMBED_BATCH_TOKENS || padded > 1.25 * (real + lists[order[end]].length)) break;
-        real += lists[order[end++]].length;
-      }
-      const part = order.slice(at, end);
       const pooled = await model.encode(part.map((i) => lists[i]));
       for (const [j, i] of part.entries()) vectors[i] = Array.from(pooled[j]);
-      at += part.length;
     }
     return vectors;
   }
