@@ -41,7 +41,7 @@ export function chooseLibrary(
     throw target === "webgpu" ? new WebGPUUnavailableError(why) : new CapabilityError(why);
   }
   const want = adapter.emulated ? "cpu-emulated" : "gpu";
-  // as a number: the first rule, then the second, then fewer features last (a library needs at most a few)
+  // as one number: the first two rules, then more of the features first (a library needs at most a few)
   const rank = (lib: LibraryEntry) =>
     10 * ((lib.param_upcast ? 2 : 0) + ((lib.schedule ?? "gpu") === want ? 0 : 1)) - lib.required_features.length;
   return usable.reduce((best, lib) => (rank(lib) < rank(best) ? lib : best));
