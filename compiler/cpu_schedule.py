@@ -233,6 +233,16 @@ def encoder_attention(heads: int, head_dim: int, max_tokens: int) -> tirx.PrimFu
     scale = head_dim**-0.5
     assert head_dim % LANES == 0, "head_dim must be a multiple of 4"
 
+    # iteration ``row`` of ``n`` tokens a text: its text, query, and its head's first dimension
+    def text(row, n):
+        return row // (heads * n)
+
+    def query(row, n):
+        return row % n
+
+    def head(row, n):
+        return (row // n) % heads * head_dim
+
     @T.prim_func(s_tir=True)
     def attention(var_qkv: T.handle, var_bias: T.handle, var_out: T.handle):
         T.func_attr(SCHEDULED)
@@ -247,7 +257,6 @@ def encoder_attention(heads: int, head_dim: int, max_tokens: int) -> tirx.PrimFu
                 acc = T.sblock_alloc_buffer((LANES,), "float32", scope="local")
                 ctx = T.sblock_alloc_buffer((head_dim,), "float32", scope="local")
                 top = T.sblock_alloc_buffer((2,), "float32", scope="local")  # the largest score, then the sum
-                # row: text row // (heads * n), head (row // n) % heads, query row % n
                 top[0] = T.float32(-3.0e38)
                 for j in T.serial(n):
                     for lane in T.vectorized(LANES):
@@ -256,12 +265,10 @@ def encoder_attention(heads: int, head_dim: int, max_tokens: int) -> tirx.PrimFu
                         for lane in T.vectorized(LANES):
                             acc[lane] = (
                                 acc[lane]
-                                + qkv[row // (heads * n), row % n, (row // n) % heads * head_dim + c * LANES + lane]
-                                * qkv[row // (heads * n), j, h + (row // n) % heads * head_dim + c * LANES + lane]
+                                + qkv[text(row, n), query(row, n), head(row, n) + c * LANES + lane]
+                                * qkv[text(row, n), j, h + head(row, n) + c * LANES + lane]
                             )
-                    score[j] = (
-                        _tree_sum([acc[lane] for lane in range(LANES)]) * T.float32(scale) + bias[row // (heads * n), 0, 0, j]
-                    )
+                    score[j] = _tree_sum([acc[lane] for lane in range(LANES)]) * T.float32(scale) + bias[text(row, n), 0, 0, j]
                     top[0] = T.max(top[0], score[j])
                 top[1] = T.float32(0)
                 for j in T.serial(n):
@@ -271,8 +278,8 @@ def encoder_attention(heads: int, head_dim: int, max_tokens: int) -> tirx.PrimFu
                     ctx[d] = T.float32(0)
                 for j in T.serial(n):
                     for d in T.vectorized(head_dim):
-                        ctx[d] = ctx[d] + score[j] * qkv[row // (heads * n), j, 2 * h + (row // n) % heads * head_dim + d]
+                        ctx[d] = ctx[d] + score[j] * qkv[text(row, n), j, 2 * h + head(row, n) + d]
                 for d in T.vectorized(head_dim):
-                    out[row // (heads * n), row % n, (row // n) % heads * head_dim + d] = ctx[d] / top[1]
+                    out[text(row, n), query(row, n), head(row, n) + d] = ctx[d] / top[1]
 
     return attention

@@ -40,10 +40,9 @@ WASM_RELAXED = "relaxed-simd"
 
 def target_for(name: str, variant: str | None = None) -> tvm.target.Target:
     """The TVM target of ``name`` (a key of TARGETS); ``variant`` WASM_RELAXED adds relaxed SIMD to wasm's."""
-    target = TARGETS[name]()
     if name == "wasm" and variant == WASM_RELAXED:
         return tvm.target.Target({**WEBGPU_HOST, "mattr": ["+simd128", "+relaxed-simd"]})
-    return target
+    return TARGETS[name]()
 
 
 @dataclass

@@ -4,7 +4,7 @@
 // names its request's id.
 import * as tvmjs from "@mlc-ai/web-runtime";
 import type { EncoderReply, EncoderRequest } from "./cpu-encoder";
-import { halfToFloat, paddedBatch, type TensorCacheIndex } from "./model";
+import { paddedBatch, paramArray, type TensorCacheIndex, uploadShard } from "./model";
 
 let embed: ((batch: number[][]) => Float32Array[]) | null = null;
 
@@ -18,18 +18,9 @@ async function load(wasm: ArrayBuffer, index: TensorCacheIndex, shards: Record<s
   for (const shard of index.records) {
     const bytes = shards[shard.dataPath];
     if (!bytes) throw new Error(`shard ${shard.dataPath} was not sent`);
-    for (const rec of shard.records) {
-      const raw = new Uint8Array(bytes, rec.byteOffset, rec.nbytes);
-      const half = rec.dtype === "float16" && upcast;
-      const t = tvm.detachFromCurrentScope(tvm.empty(rec.shape, half ? "float32" : rec.dtype, dev));
-      if (half) t.copyFrom(Float32Array.from(new Uint16Array(raw.slice().buffer), halfToFloat));
-      else t.copyFromRawBytes(raw);
-      byName.set(rec.name, t);
-    }
+    uploadShard(tvm, dev, shard.records, bytes, upcast, byName);
   }
-  const missing = metadata.params.filter((p) => !byName.has(p.name)).map((p) => p.name);
-  if (missing.length) throw new Error(`tensor-cache.json lacks parameters ${missing.slice(0, 3).join(", ")}`);
-  const params = tvm.detachFromCurrentScope(tvm.makeTVMArray(metadata.params.map((p) => byName.get(p.name))));
+  const params = paramArray(tvm, metadata, byName);
   const fn = tvm.detachFromCurrentScope(vm.getFunction("embed"));
   tvm.endScope();
   // as TvmModel.encode on webgpu, with the vectors already here

@@ -24,13 +24,43 @@ interface LibraryMetadata {
 
 const PAGE_SIZE = 16;
 
-export function halfToFloat(h: number): number {
+function halfToFloat(h: number): number {
   const s = h & 0x8000 ? -1 : 1;
   const e = (h >> 10) & 0x1f;
   const f = h & 0x3ff;
   if (e === 0) return s * 2 ** -14 * (f / 1024);
   if (e === 31) return f ? NaN : s * Infinity;
   return s * 2 ** (e - 15) * (1 + f / 1024);
+}
+
+/** Upload one shard's tensors (``bytes``) to ``dev`` into ``byName``: float16 ones as float32 where ``upcast``. */
+export function uploadShard(
+  tvm: tvmjs.Instance,
+  dev: tvmjs.DLDevice,
+  records: TensorRecord[],
+  bytes: ArrayBuffer,
+  upcast: boolean,
+  byName: Map<string, tvmjs.Tensor>,
+): void {
+  for (const rec of records) {
+    const raw = new Uint8Array(bytes, rec.byteOffset, rec.nbytes);
+    const half = rec.dtype === "float16" && upcast;
+    const t = tvm.detachFromCurrentScope(tvm.empty(rec.shape, half ? "float32" : rec.dtype, dev));
+    if (half) t.copyFrom(Float32Array.from(new Uint16Array(raw.slice().buffer), halfToFloat));
+    else t.copyFromRawBytes(raw);
+    byName.set(rec.name, t);
+  }
+}
+
+/** The library's parameters in the order its ``_metadata`` names them (ArtifactError naming any missing). */
+export function paramArray(
+  tvm: tvmjs.Instance,
+  metadata: Pick<LibraryMetadata, "params">,
+  byName: Map<string, tvmjs.Tensor>,
+): tvmjs.TVMArray {
+  const missing = metadata.params.filter((p) => !byName.has(p.name)).map((p) => p.name);
+  if (missing.length) throw new ArtifactError(`tensor-cache.json lacks parameters ${missing.slice(0, 3).join(", ")}`);
+  return tvm.detachFromCurrentScope(tvm.makeTVMArray(metadata.params.map((p) => byName.get(p.name))));
 }
 
 /** An embedding library's inputs for ``batch``: token ids right-padded to the longest, and the attention mask. */
@@ -145,19 +175,10 @@ export class TvmModel {
       const shard = pending.get(name);
       if (!shard) throw new ArtifactError(`${name} is not a weight shard of tensor-cache.json, or came twice`);
       pending.delete(name);
-      for (const rec of shard.records) {
-        const raw = new Uint8Array(bytes, rec.byteOffset, rec.nbytes);
-        const half = rec.dtype === "float16" && opts.upcast;
-        const t = tvm.detachFromCurrentScope(tvm.empty(rec.shape, half ? "float32" : rec.dtype, dev));
-        if (half) t.copyFrom(Float32Array.from(new Uint16Array(raw.slice().buffer), halfToFloat));
-        else t.copyFromRawBytes(raw);
-        byName.set(rec.name, t);
-      }
+      uploadShard(tvm, dev, shard.records, bytes, opts.upcast, byName);
     });
     if (pending.size) throw new ArtifactError(`shard ${[...pending.keys()][0]} was not loaded`);
-    const missing = metadata.params.filter((p) => !byName.has(p.name)).map((p) => p.name);
-    if (missing.length) throw new ArtifactError(`tensor-cache.json lacks parameters ${missing.slice(0, 3).join(", ")}`);
-    const params = tvm.detachFromCurrentScope(tvm.makeTVMArray(metadata.params.map((p) => byName.get(p.name))));
+    const params = paramArray(tvm, metadata, byName);
     tvm.endScope();
 
     tvm.beginScope();
