@@ -147,6 +147,9 @@ def _summary_table(result) -> "object":
     if m.get("gguf"):
         g = m["gguf"]
         table.add_row("GGUF (llama.cpp)", f"{g['bytes'] / 2**20:.1f} MiB {g['tensor_type']} in {len(g['files'])} part(s)")
+    if m.get("draft"):
+        d = m["draft"]
+        table.add_row("draft model (GGUF)", f"{d['bytes'] / 2**20:.1f} MiB, {d['source']}")
     for stage, seconds in result.stage_seconds.items():
         peak = result.stage_peak_bytes.get(stage)
         table.add_row(f"time: {stage}", f"{seconds:.1f} s" + (f", peak RSS {peak / 2**30:.2f} GiB" if peak else ""))
@@ -169,6 +172,7 @@ def cmd_build(args) -> int:
         out=Path(args.out),
         quant=args.quant,
         lora=Path(args.lora) if args.lora else None,
+        draft=args.draft,
         calibration=None if args.no_calibration else Path(args.calibration) if args.calibration else DEFAULT_CALIBRATION,
         targets=tuple(t.strip() for t in args.targets.split(",") if t.strip()) if args.targets else (),
         webgpu_schedule=args.webgpu_schedule,
@@ -375,6 +379,14 @@ def make_parser() -> argparse.ArgumentParser:
         "q0f16 for embedding models, which are built q0f32 or q0f16)",
     )
     b.add_argument("--lora", help="PEFT LoRA adapter folder to merge into the base weights")
+    b.add_argument(
+        "--draft",
+        metavar="QUANT_OR_GGUF",
+        help="a draft model for speculative decoding on `lantern serve`'s llamacpp engine, packed as a GGUF "
+        "next to the model's: a quantization of this model (e.g. q4f32_1 for an unquantized or 8-bit "
+        "build; rounded to nearest), or a .gguf file of a small model with the same vocabulary. "
+        "Needs the gguf target",
+    )
     calib = b.add_mutually_exclusive_group()
     calib.add_argument(
         "--calibration",

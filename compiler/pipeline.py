@@ -68,6 +68,8 @@ class BuildOptions:
     out: Path
     quant: str | None = None  # None: the family's default (DEFAULT_QUANT)
     lora: Path | None = None
+    # A draft model for speculation (server/speculation.py): a quantization of this model, or a .gguf file
+    draft: str | None = None
     # Text for GPTQ on 4-bit builds; None rounds every weight to the nearest level instead.
     calibration: Path | None = gptq.DEFAULT_CALIBRATION
     targets: tuple[str, ...] = ()  # empty: the family's (Family.default_targets)
@@ -203,8 +205,50 @@ def _cache_key(weights_key: str, opts: BuildOptions, name: str, versions: dict) 
             "name": name,
             "versions": versions,
             "context": opts.context_window,
+            "draft": _draft_key(opts.draft),
         }
     )
+
+
+def _draft_key(draft: str | None) -> str | None:
+    """What the artifact's draft depends on: its quantization's name, or its GGUF file's bytes."""
+    if draft is None or not draft.endswith(".gguf"):
+        return draft
+    return package.sha256_file(Path(draft))
+
+
+def _check_draft(draft: str, targets: tuple[str, ...], src: SourceModel) -> None:
+    """Fail before any work on a draft that cannot be built: one without the gguf target, an unknown
+    quantization, or a GGUF that is missing, split, or of another vocabulary (named with the model's)."""
+    if "gguf" not in targets:
+        raise LanternError(f"--draft {draft}: a draft model is packed as a GGUF; add the gguf target (--targets ...,gguf)")
+    if not draft.endswith(".gguf"):
+        get_quantization(draft)
+        return
+    from tokenizers import Tokenizer
+
+    from .gguf_file import GGUFFormatError, read
+
+    path = Path(draft)
+    if not path.is_file():
+        raise LanternError(f"--draft {draft}: no such GGUF file")
+    try:
+        meta, _ = read(path)
+    except (GGUFFormatError, OSError) as err:
+        raise LanternError(f"--draft {path.name}: not a readable GGUF ({err})") from None
+    if int(meta.get("split.count", 1)) > 1:
+        raise LanternError(f"--draft {path.name}: a split GGUF; give one file (llama-gguf-split --merge)")
+    theirs = list(meta.get("tokenizer.ggml.tokens") or [])
+    vocab = Tokenizer.from_str(src.tokenizer.tokenizer_json).get_vocab(with_added_tokens=True)
+    ours = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    if theirs[: len(ours)] != ours or len(theirs) != len(ours):
+        where = next((i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b), min(len(theirs), len(ours)))
+        raise LanternError(
+            f"--draft {path.name}: its vocabulary ({len(theirs)} tokens, {meta.get('general.name', path.stem)}) is not "
+            f"{src.name}'s ({len(ours)} tokens): token {where} is "
+            f"{theirs[where] if where < len(theirs) else None!r} in the draft and {ours[where] if where < len(ours) else None!r} "
+            "in the model; a draft must share the model's tokenizer"
+        )
 
 
 def _library_key(
@@ -362,6 +406,8 @@ def build(opts: BuildOptions, reporter: ProgressSink | None = None) -> BuildResu
                 except gguf_export.GGUFUnsupported as err:
                     reporter.log(f"warning: skipping the gguf target: {err}")
                     opts = dataclasses.replace(opts, targets=tuple(t for t in opts.targets if t != "gguf"), gguf_skipped=str(err))
+            if opts.draft is not None:
+                _check_draft(opts.draft, opts.targets, src)
             weights = src.load_weights()
             if opts.lora is not None:
                 weights = merge_lora(weights, opts.lora)
@@ -487,7 +533,15 @@ def _build_into(
             )
             if calibrated:
                 _store_cached_weights(opts, weights_key, stored)
-        del float_params
+    draft_stored = None
+    if opts.draft is not None and not opts.draft.endswith(".gguf"):  # this model, quantized another way
+        draft_spec = get_quantization(opts.draft)
+        draft_weights = config.quantized_weights() if draft_spec.quantized else set()
+        with meter("draft"), reporter.stage("draft", total=len(draft_weights) or None):
+            draft_stored = quantize_params(
+                float_params, draft_weights, draft_spec, None, on_weight=lambda n: reporter.advance(1, n)
+            )
+    del float_params
 
     metadata = {
         "model_type": src.hf_config.get("model_type", src.family.name),
@@ -571,7 +625,7 @@ def _build_into(
             )
             reporter.advance(1, file)
 
-    with meter("write"), reporter.stage("write", total=4 if "gguf" in opts.targets else 3):
+    with meter("write"), reporter.stage("write", total=3 + ("gguf" in opts.targets) + (opts.draft is not None)):
         arrays = [stored[n] for n in param_names]
         cache_index = package.write_shards(tmp, param_names, arrays)
         (tmp / "tensor-cache.json").write_text(json.dumps(cache_index, indent=1) + "\n")
@@ -602,6 +656,31 @@ def _build_into(
                 "bytes": sum((tmp / p).stat().st_size for p in parts),
             }
             reporter.advance(1, f"{len(parts)} GGUF part(s)")
+        draft = None
+        if opts.draft is not None:
+            if draft_stored is not None:
+                draft_files = gguf_export.write(
+                    tmp,
+                    f"{name}-{opts.draft}-draft",
+                    draft_stored,
+                    src.family,
+                    src.family.config.from_hf(src.hf_config),
+                    opts.draft,
+                    src.tokenizer.tokenizer_json,
+                    src.tokenizer.chat_template,
+                    bos_id,
+                    eos_id,
+                    src.tokenizer.add_bos_token,
+                )
+            else:
+                draft_files = [f"{name}-draft.gguf"]
+                shutil.copyfile(opts.draft, tmp / draft_files[0])
+            draft = {
+                "files": draft_files,
+                "source": opts.draft if draft_stored is not None else Path(opts.draft).name,
+                "bytes": sum((tmp / p).stat().st_size for p in draft_files),
+            }
+            reporter.advance(1, "draft GGUF")
         weight_bytes = cache_index["metadata"]["ParamBytes"]
         manifest = {
             "format": "lantern-artifact",
@@ -632,6 +711,8 @@ def _build_into(
             # llama.cpp's copy of the same weights (the wasm device, the llamacpp engine), or null
             "gguf": gguf,
             "gguf_skipped": opts.gguf_skipped,  # why a requested gguf target was not written
+            # a draft model for the llamacpp engine's speculation (`--draft`), or null
+            "draft": draft,
             # The artifact runs where at least one WebGPU library's features are present.
             "required_features": min((lib.required_features for lib in libraries if lib.target == "webgpu"), key=len, default=[]),
             "weights": {"bytes": weight_bytes, "bytes_per_param": weight_bytes / n_params, "shards": len(cache_index["records"])},

@@ -195,6 +195,7 @@ class Generator:
                 slots=slots,
                 threads=threads,
                 kv_overrides=gguf.get("kv_overrides"),
+                draft=self.art.path / draft["files"][0] if (draft := self.art.manifest.get("draft")) else None,
             )
             self.context_window = self.engine.context_window  # one slot's KV stream may hold less
         else:
@@ -401,6 +402,7 @@ class Generator:
             self.engine.pass_costs,
             prompt,
             forced if mask else None,
+            self.engine.draft_cost,
         )
 
     def describe(self) -> str:

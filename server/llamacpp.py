@@ -28,6 +28,11 @@ tokenizer, sampler, grammar masks, stops), so both engines answer alike. What th
   drafts after it in one pass and returns every row. Built without llamafile (ci/setup.sh), llama.cpp
   gives a row the same bits alone or in a chunk, so checked drafts change no answer; the engine
   checks this at load (``rows_exact``) and times steps of 1 to 17 tokens (``pass_costs``).
+* **A draft model**, where the artifact carries one (``lantern build --draft``): a second llama.cpp
+  context, one KV stream per slot like the model's, run on the scheduler thread too. A step that asks
+  for k drafts (``Session.verify(..., draft=k)``) first brings the slot's draft stream up to the
+  sequence's tokens (usually the one or two tokens the last step took), then takes the draft model's
+  greedy tokens one at a time, several sequences per call, and checks them in the model's pass.
 
 Why the C API and not `llama_cpp.Llama`: that class runs one sequence and samples inside llama.cpp;
 batching and Lantern's own sampler and xgrammar masks need the logits of several sequences per call.
@@ -86,6 +91,8 @@ class _Seq:
     todo: list[int] = field(default_factory=list)  # tokens to decode next (prompt rest, or a step's tokens)
     drop: int = 0  # a step's: tokens to remove from the end of its KV first (drafts its answer did not take)
     stepping: bool = False  # past its prompt: each step's tokens all get logits
+    draft_k: int = 0  # a step's: drafts to ask the draft model for, after its tokens
+    drafted: list[int] = field(default_factory=list)  # the draft model's guesses of its last step
     prompt: list[int] = field(default_factory=list)
     cached: int = 0  # prompt tokens found in the KV cache
     started: float = 0.0  # when its prefill was first scheduled
@@ -102,17 +109,22 @@ class Session:
 
     def __init__(self, owner: "LlamaCppEngine", seq: _Seq, stop: Stop):
         self._owner, self._seq, self._stop = owner, seq, stop
+        self.drafted: list[int] = []
         assert seq.logits is not None  # open() makes a session once the prompt's logits are in (_wait)
         self.logits, self.cached, self.started = seq.logits, seq.cached, seq.started
 
     def step(self, token: int) -> np.ndarray:
         return self.verify([token])[0]
 
-    def verify(self, tokens: list[int], drop: int = 0) -> np.ndarray:
+    def verify(self, tokens: list[int], drop: int = 0, draft: int = 0) -> np.ndarray:
         """Remove the last ``drop`` tokens from the sequence, append ``tokens`` in one forward pass and
         return the logits after each of them (row i: the next token's after tokens[: i + 1]). A step
-        with more tokens than the batch has room for keeps its first ones: fewer rows come back."""
-        return self._owner._feed(self._seq, tokens, drop, self._stop)
+        with more tokens than the batch has room for keeps its first ones: fewer rows come back.
+        ``draft``: up to that many of the draft model's guesses follow ``tokens`` in the same pass
+        (``drafted`` lists them; their rows follow)."""
+        rows = self._owner._feed(self._seq, tokens, drop, self._stop, draft)
+        self.drafted = list(self._seq.drafted)
+        return rows
 
 
 class LlamaCppEngine:
@@ -131,6 +143,7 @@ class LlamaCppEngine:
         slot_tokens: int | None = None,
         batch_tokens: int = 512,
         kv_overrides: dict[str, int] | None = None,
+        draft: Path | None = None,
     ):
         self.gguf, self.slots = gguf, slots
         self.threads = threads or os.cpu_count() or 1
@@ -142,18 +155,25 @@ class LlamaCppEngine:
         self.lc, self.model, self._overrides = load_model(gguf, vocab_size, kv_overrides)
         lc = self.lc
         self.vocab_size = vocab_size
-        cp = lc.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch = self.kv_tokens, batch_tokens, batch_tokens
-        # one KV stream per slot and plain attention: the layout whose logits repeat (the module's header)
-        cp.n_seq_max, cp.kv_unified = slots, False
-        cp.n_threads = cp.n_threads_batch = self.threads
-        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self.ctx = lc.llama_init_from_model(self.model, cp)
-        if not self.ctx:
-            lc.llama_model_free(self.model)
-            raise LanternError(f"llama.cpp could not create a context of {self.kv_tokens} tokens for {gguf.name}")
+        self.ctx = self._context(self.model, gguf)
         self.mem = lc.llama_get_memory(self.ctx)
         self.batch = lc.llama_batch_init(batch_tokens, 0, 1)
+        # the draft model (speculation.py's "draft" source): its own context, a stream per slot
+        self.draft, self.dmodel, self.dctx, self.dbatch = draft, None, None, None
+        self.dkv: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens in the draft's KV cache
+        self.draft_cost: float | None = None  # a draft step over a model step (_probe_draft, then as run)
+        self._one_step = 0.0  # a model step of one token, seconds (_probe_rows, then as run)
+        if draft is not None:
+            try:
+                _, self.dmodel, _ = load_model(draft, vocab_size, what="the draft model")
+                self.dctx = self._context(self.dmodel, draft)
+            except LanternError:
+                lc.llama_batch_free(self.batch)
+                lc.llama_free(self.ctx)
+                self._free()
+                raise
+            self.dmem = lc.llama_get_memory(self.dctx)
+            self.dbatch = lc.llama_batch_init(batch_tokens, 0, 1)
         self.kv: list[list[int]] = [[] for _ in range(slots)]  # each slot's tokens in the KV cache
         self.busy: list[_Seq | None] = [None] * slots
         self.last_used = [0.0] * slots
@@ -173,20 +193,52 @@ class LlamaCppEngine:
             self.close()
             raise LanternError(f"llama.cpp could not run {gguf.name}: {self.probe_error}")
 
+    def _context(self, model, gguf: Path):
+        """A context for ``model`` in the layout whose logits repeat (the module's header): one KV
+        stream per slot and plain attention."""
+        lc = self.lc
+        cp = lc.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = self.kv_tokens, self.batch_tokens, self.batch_tokens
+        cp.n_seq_max, cp.kv_unified = self.slots, False
+        cp.n_threads = cp.n_threads_batch = self.threads
+        cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        ctx = lc.llama_init_from_model(model, cp)
+        if not ctx:
+            raise LanternError(f"llama.cpp could not create a context of {self.kv_tokens} tokens for {gguf.name}")
+        return ctx
+
     def describe(self) -> str:
         speculation = "speculation on" if self.rows_exact else f"speculation off: {SPECULATION_OFF}"
+        if self.rows_exact and self.draft is not None:
+            speculation += f", draft model {self.draft.name} (a step {self.draft_cost:.2f}x the model's)"
         return (
             f"llamacpp ({self.gguf.name}, {self.slots} parallel sequences of up to {self.slot_tokens} tokens, "
             f"{self.threads} threads, {speculation})"
         )
 
-    def _probe_rows(self, reps: int = 3) -> tuple[list[float], bool]:
-        """(costs, exact) of checking drafts (speculation.py). costs[r - 1]: the time of a step of r
+    def _probe_rows(self, reps: int = 3) -> tuple[list[float], bool, float]:
+        """(costs, exact, seconds) of checking drafts (speculation.py). costs[r - 1]: the time of a step of r
         tokens (r up to PROBE_ROWS[-1]) over a step of one, the median of ``reps`` steps of each size in
         PROBE_ROWS, in between interpolated. exact: whether the first row of a longer step has the
         one-token step's logits, bit for bit; llama.cpp built with llamafile's sgemm (GGML_LLAMAFILE, on
-        by default) rounds a lone row otherwise, and speculation would then change answers."""
-        lc, b = self.lc, self.batch
+        by default) rounds a lone row otherwise, and speculation would then change answers. seconds: a
+        one-token step's time."""
+        runs = {rows: [self._timed_step(self.ctx, self.mem, self.batch, rows) for _ in range(reps)] for rows in PROBE_ROWS}
+        self.lc.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        median = {rows: sorted(s for s, _ in got)[reps // 2] for rows, got in runs.items()}
+        costs = np.interp(np.arange(1, PROBE_ROWS[-1] + 1), PROBE_ROWS, [median[r] / median[1] for r in PROBE_ROWS])
+        return [float(c) for c in costs], bool(np.array_equal(runs[1][0][1], runs[2][0][1])), median[1]
+
+    def _probe_draft(self, one: float, reps: int = 5) -> float:
+        """A one-token step of the draft model over ``one``, the model's (median of ``reps``)."""
+        runs = sorted(self._timed_step(self.dctx, self.dmem, self.dbatch, 1)[0] for _ in range(reps))
+        self.lc.llama_memory_seq_rm(self.dmem, 0, -1, -1)
+        return runs[reps // 2] / one
+
+    def _timed_step(self, ctx, mem, b, rows: int) -> tuple[float, np.ndarray]:
+        """(seconds, first row's logits) of a step of ``rows`` tokens on slot 0 after 8 tokens of
+        context (made on the first call), rolled back after."""
+        lc = self.lc
 
         def step(tokens: list[int], pos: int) -> float:
             for j, tok in enumerate(tokens):
@@ -194,22 +246,16 @@ class LlamaCppEngine:
                 b.seq_id[j][0] = 0
             b.n_tokens = len(tokens)
             began = time.perf_counter()
-            if lc.llama_decode(self.ctx, b) != 0:
+            if lc.llama_decode(ctx, b) != 0:
                 raise LanternError(f"llama.cpp could not decode {self.gguf.name}")
             return time.perf_counter() - began
 
-        def rolled_back(rows: int) -> tuple[float, np.ndarray]:
-            seconds = step(list(range(9, 9 + rows)), 8)
-            first = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, 0), shape=(self.vocab_size,)).copy()
-            lc.llama_memory_seq_rm(self.mem, 0, 8, -1)
-            return seconds, first
-
-        step(list(range(1, 9)), 0)  # 8 tokens of context, then each timed step is rolled back
-        runs = {rows: [rolled_back(rows) for _ in range(reps)] for rows in PROBE_ROWS}
-        lc.llama_memory_seq_rm(self.mem, 0, -1, -1)
-        median = {rows: sorted(s for s, _ in got)[reps // 2] for rows, got in runs.items()}
-        costs = np.interp(np.arange(1, PROBE_ROWS[-1] + 1), PROBE_ROWS, [median[r] / median[1] for r in PROBE_ROWS])
-        return [float(c) for c in costs], bool(np.array_equal(runs[1][0][1], runs[2][0][1]))
+        if lc.llama_memory_seq_pos_max(mem, 0) < 7:
+            step(list(range(1, 9)), 0)
+        seconds = step(list(range(9, 9 + rows)), 8)
+        first = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, 0), shape=(self.vocab_size,)).copy()
+        lc.llama_memory_seq_rm(mem, 0, 8, -1)
+        return seconds, first
 
     # -- request side (any thread) --------------------------------------------------------------
 
@@ -232,9 +278,11 @@ class LlamaCppEngine:
                 self.sampling.discard(id(seq))
                 self.cv.notify()
 
-    def _feed(self, seq: _Seq, tokens: list[int], drop: int, stop: Stop) -> np.ndarray:
+    def _feed(self, seq: _Seq, tokens: list[int], drop: int, stop: Stop, draft: int = 0) -> np.ndarray:
         with self.cv:
             seq.todo, seq.drop, seq.stepping = list(tokens), drop, True
+            seq.draft_k = draft if self.dctx is not None else 0
+            seq.drafted = []
             seq.done.clear()
             self.sampling.discard(id(seq))
             self.cv.notify()
@@ -255,11 +303,22 @@ class LlamaCppEngine:
         self.thread.join(10)
         if self.ctx is None:
             return
-        lc = self.lc
-        lc.llama_batch_free(self.batch)
-        lc.llama_free(self.ctx)
-        lc.llama_model_free(self.model)
+        self.lc.llama_batch_free(self.batch)
+        self.lc.llama_free(self.ctx)
         self.ctx = None
+        self._free()
+
+    def _free(self) -> None:
+        """The models, and the draft's context."""
+        lc = self.lc
+        if self.dbatch is not None:
+            lc.llama_batch_free(self.dbatch)
+        if self.dctx is not None:
+            lc.llama_free(self.dctx)
+        if self.dmodel is not None:
+            lc.llama_model_free(self.dmodel)
+        lc.llama_model_free(self.model)
+        self.dbatch = self.dctx = self.dmodel = None
 
     # -- scheduler thread ----------------------------------------------------------------------
 
@@ -267,7 +326,9 @@ class LlamaCppEngine:
         # Only this thread calls llama_decode: once two threads have, llama.cpp's OpenMP build runs each
         # call 2.7x slower (measured on 2 cores: 9 ms a token from one thread, 26 ms after another's call).
         try:
-            self.pass_costs, self.rows_exact = self._probe_rows()
+            self.pass_costs, self.rows_exact, self._one_step = self._probe_rows()
+            if self.dctx is not None:
+                self.draft_cost = self._probe_draft(self._one_step)
         except Exception as err:  # noqa: BLE001 (the constructor raises it, naming the model)
             self.probe_error = err
             self.stopped = True
@@ -359,10 +420,12 @@ class LlamaCppEngine:
                 del self.kv[seq.slot][kept:]
                 seq.drop = 0
             # each step keeps at least its first token; drafts beyond its share of the batch go unchecked
-            take = seq.todo[: max(1, min(len(seq.todo), (room - (len(steps) - i - 1)) // (len(steps) - i)))]
+            share = max(1, (room - (len(steps) - i - 1)) // (len(steps) - i))
+            take = seq.todo[: min(len(seq.todo), share)]
             seq.todo = []
+            seq.draft_k = max(0, min(seq.draft_k, share - len(take)))  # the draft model's, made in _decode
             plan.append((seq, take))
-            room -= len(take)
+            room -= len(take) + seq.draft_k
         for seq in (s for s in running if not s.stepping):
             take = seq.todo[:room]
             if 1 < len(seq.todo) and len(seq.todo) - len(take) == 1:
@@ -380,8 +443,21 @@ class LlamaCppEngine:
         sequences, llama.cpp cuts a batch into pieces of as many tokens of each (its split_equal), so a
         prompt chunk beside a step would run partly as a chunk of one (the module's header)."""
         steps = [item for item in plan if item[0].stepping]
+        drafting = [item for item in steps if item[0].draft_k]
+        began = time.perf_counter()
+        calls = self._draft(drafting) if drafting else 0
+        drafted = time.perf_counter()
         for group in ([steps] if steps else []) + [[item] for item in plan if not item[0].stepping]:
             self._decode_group(group)
+        if calls and len(steps) == len(plan) == 1:
+            self._observe_draft((drafted - began) / calls, time.perf_counter() - drafted, len(steps[0][1]))
+
+    def _observe_draft(self, draft_step: float, model_step: float, rows: int) -> None:
+        """Update ``draft_cost`` from a pass as run: a draft step's seconds over a one-token model step's
+        (``model_step`` took ``rows`` tokens; pass_costs scales it to one). As run, a draft step cost
+        about 1.45x what the load-time probe measured (SmolLM2, 2 cores: the two contexts take turns)."""
+        self._one_step = 0.9 * self._one_step + 0.1 * model_step / self.pass_costs[min(rows, len(self.pass_costs)) - 1]
+        self.draft_cost = 0.9 * (self.draft_cost or 0.0) + 0.1 * draft_step / self._one_step
 
     def _decode_group(self, plan: list[tuple[_Seq, list[int]]]) -> None:
         lc, b = self.lc, self.batch
@@ -422,10 +498,73 @@ class LlamaCppEngine:
                 seq.done.set()
             self.decoded_at = time.perf_counter()
 
+    def _draft(self, items: list[tuple[_Seq, list[int]]]) -> int:
+        """Append up to ``seq.draft_k`` of the draft model's greedy tokens to each step's tokens (and
+        to ``seq.drafted``). Each slot's draft stream first takes the tokens it lacks of the sequence's
+        (a new prompt, or the tokens the last step took); a draft that fails leaves the step as it was.
+        Returns the draft model's steps (0 where a prompt was fed: not a step's cost)."""
+        lc = self.lc
+        feeds = []
+        for seq, tokens in items:
+            target = self.kv[seq.slot] + tokens
+            have = self.dkv[seq.slot]
+            common = min(_common_prefix(have, target), len(target) - 1)  # the last one runs: its logits
+            if not lc.llama_memory_seq_rm(self.dmem, seq.slot, common, -1):
+                lc.llama_memory_seq_rm(self.dmem, seq.slot, -1, -1)
+                common = 0
+            del have[common:]
+            feeds.append((seq, target[common:]))
+        short = [(seq, feed) for seq, feed in feeds if len(feed) <= 8]
+        rows = dict(zip((id(seq) for seq, _ in short), self._draft_decode(short))) if short else {}
+        calls, fed = int(bool(short)), False
+        for seq, feed in feeds:
+            for start in range(0, len(feed) if len(feed) > 8 else 0, self.batch_tokens):  # a prompt: chunks
+                rows[id(seq)] = self._draft_decode([(seq, feed[start : start + self.batch_tokens])])[0]
+                fed = True
+        active = [seq for seq, _ in items]
+        while active:
+            for seq in active:
+                row = rows.get(id(seq))
+                if row is None:  # its draft failed
+                    seq.draft_k = len(seq.drafted)
+                else:
+                    seq.drafted.append(int(np.argmax(row)))
+            active = [seq for seq in active if len(seq.drafted) < seq.draft_k]
+            if active:
+                rows = dict(zip((id(s) for s in active), self._draft_decode([(s, s.drafted[-1:]) for s in active])))
+                calls += 1
+        for seq, tokens in items:
+            tokens.extend(seq.drafted)
+            seq.draft_k = 0
+        return 0 if fed else calls
 
-def load_model(gguf: Path, vocab_size: int, kv_overrides: dict[str, int] | None = None):
+    def _draft_decode(self, entries: list[tuple[_Seq, list[int]]]) -> list[np.ndarray | None]:
+        """One llama_decode of the draft model: each entry's tokens appended to its slot's draft stream;
+        the logits after each entry's last token (None for all where the call fails, and the streams
+        are emptied)."""
+        lc, b, n = self.lc, self.dbatch, 0
+        assert b is not None  # only an engine with a draft model drafts
+        for seq, tokens in entries:
+            pos = len(self.dkv[seq.slot])
+            for j, tok in enumerate(tokens):
+                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = tok, pos + j, 1, j == len(tokens) - 1
+                b.seq_id[n][0] = seq.slot
+                n += 1
+        b.n_tokens = n
+        if lc.llama_decode(self.dctx, b) != 0:
+            for seq, _ in entries:
+                lc.llama_memory_seq_rm(self.dmem, seq.slot, -1, -1)
+                self.dkv[seq.slot] = []
+            return [None] * len(entries)
+        logits = np.ctypeslib.as_array(lc.llama_get_logits(self.dctx), shape=(len(entries), self.vocab_size))
+        for seq, tokens in entries:
+            self.dkv[seq.slot].extend(tokens)
+        return [row.copy() for row in logits]
+
+
+def load_model(gguf: Path, vocab_size: int, kv_overrides: dict[str, int] | None = None, what: str = "the model"):
     """(llama_cpp, the model, the override array to keep alive) of ``gguf`` on the CPU, checked to have
-    the artifact's ``vocab_size`` tokens; LanternError naming the problem otherwise."""
+    the artifact's ``vocab_size`` tokens; LanternError naming the problem (and ``what`` it is) otherwise."""
     try:
         import llama_cpp as lc
     except ImportError:
@@ -442,11 +581,13 @@ def load_model(gguf: Path, vocab_size: int, kv_overrides: dict[str, int] | None 
         mp.kv_overrides = overrides
     model = lc.llama_model_load_from_file(str(gguf).encode(), mp)
     if not model:
-        raise LanternError(f"llama.cpp could not load {gguf.name} (is it a GGUF llama.cpp supports?)")
+        raise LanternError(f"llama.cpp could not load {what}, {gguf.name} (is it a GGUF llama.cpp supports?)")
     n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
     if n_vocab != vocab_size:
         lc.llama_model_free(model)
-        raise LanternError(f"{gguf.name} has {n_vocab} tokens, the artifact's tokenizer {vocab_size}: rebuild the artifact")
+        raise LanternError(
+            f"{what}, {gguf.name}, has {n_vocab} tokens, the artifact's tokenizer {vocab_size}: rebuild the artifact"
+        )
     return lc, model, overrides
 
 

@@ -237,6 +237,7 @@ class SpeculationUsage(BaseModel):
 
     grammar: DraftCounts
     lookup: DraftCounts
+    draft: DraftCounts  # the draft model's (an artifact built with --draft)
     forward_passes: int
 
 
@@ -261,7 +262,7 @@ class Usage(BaseModel):
         if self.prompt_tokens_details is None:
             self.prompt_tokens_details = PromptTokensDetails(cached_tokens=self.cached_prompt_tokens)
         if self.speculation is not None and self.completion_tokens_details is None:
-            drafts = (self.speculation.grammar, self.speculation.lookup)
+            drafts = (self.speculation.grammar, self.speculation.lookup, self.speculation.draft)
             accepted = sum(d.accepted for d in drafts)
             self.completion_tokens_details = CompletionTokensDetails(
                 accepted_prediction_tokens=accepted, rejected_prediction_tokens=sum(d.proposed for d in drafts) - accepted

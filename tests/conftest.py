@@ -62,7 +62,7 @@ DEFAULT_TARGETS = ("webgpu", "cpu", "gguf")  # what `lantern build` makes by def
 @pytest.fixture(scope="session")
 def build_artifact(cache_dir, tmp_path_factory):
     """build_artifact(source, quant, targets, lora=None, name=None, webgpu_schedule="both",
-    calibration=<built-in text>, generation=None, context_window=None) -> artifact folder, built once per session.
+    calibration=<built-in text>, generation=None, context_window=None, draft=None) -> artifact folder, built once per session.
     ``generation``: sampling defaults, as `lantern build --temperature ...` (a cache hit when only they differ)."""
 
     def _build(
@@ -75,6 +75,7 @@ def build_artifact(cache_dir, tmp_path_factory):
         calibration=DEFAULT_CALIBRATION,
         generation=None,
         context_window=None,
+        draft=None,
     ) -> Path:
         key = (
             str(source),
@@ -86,6 +87,7 @@ def build_artifact(cache_dir, tmp_path_factory):
             str(calibration),
             json.dumps(generation, sort_keys=True),
             context_window,
+            draft,
         )
         if key not in _BUILDS:
             out = tmp_path_factory.mktemp("artifacts") / f"{Path(str(source)).name}-{quant or 'default'}"
@@ -102,6 +104,7 @@ def build_artifact(cache_dir, tmp_path_factory):
                     calibration=calibration,
                     generation=generation or {},
                     context_window=context_window,
+                    draft=draft,
                 )
             )
             _BUILDS[key] = out

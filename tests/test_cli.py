@@ -262,3 +262,24 @@ def test_a_bert_encoder_builds_its_wasm_library_by_default():
 
     assert "wasm" in family_for_architecture("BertModel").default_targets
     assert "wasm" not in family_for_architecture("Qwen3ForCausalLM").default_targets
+
+
+def test_a_draft_must_be_a_gguf_of_the_same_vocabulary(tiny_hf, capsys, tmp_path):
+    """`--draft` is refused before any work, nothing written: without the gguf target, and a GGUF whose
+    vocabulary is not the model's, naming both vocabularies and the first token they differ in."""
+    import gguf
+
+    assert_refused([str(tiny_hf[0]), "--draft", "q4f32_1"], capsys, tmp_path, "add the gguf target")
+    other = tmp_path / "other.gguf"
+    writer = gguf.GGUFWriter(str(other), "llama")
+    writer.add_name("other-model")
+    writer.add_token_list(["<unk>", "a", "b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    out = tmp_path / "o"
+    code, _, err = run_cli(["build", str(tiny_hf[0]), "--out", str(out), "--targets", "cpu,gguf", "--draft", str(other)], capsys)
+    assert code == 1 and "its vocabulary (3 tokens, other-model) is not tiny-llama's (49152 tokens)" in err, err
+    assert "token 0 is '<unk>' in the draft" in err
+    assert not out.exists()

