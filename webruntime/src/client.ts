@@ -52,6 +52,8 @@ export class WorkerEngine {
   private channel: Channel | null = null;
   /** While the engine moves to another worker (link): messages wait for it, in order. */
   private gate: Promise<void> | null = null;
+  /** Calls made while the engine moves (gate): posted on the line of the link that completes last. */
+  private deferred: { msg: WorkerRequest; transfer?: Transferable[] }[] = [];
   private linked = 0;
   private readonly ends: (() => void)[] = [];
   /** The model the engine runs (Engine.model), known once it has loaded. */
@@ -78,6 +80,7 @@ export class WorkerEngine {
     this.crashed = err;
     for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
+    this.deferred = [];
     this.end();
   }
 
@@ -103,7 +106,9 @@ export class WorkerEngine {
    * Talk to the engine through ``channel`` from now on: say hello as ``tab`` (so a worker that serves
    * several tabs notices this one leave), then load. Calls in flight on the old line fail with ``lost``
    * (its worker has gone; the router continues a stream on the cloud); calls made until the load ends
-   * wait for it. Rejects where ``channel`` or the load fails; a later link supersedes this one.
+   * wait for it, and for a later link's, never failed by its ``lost`` (they were sent on no line: a
+   * tab that follows a new host, then becomes the host itself, links twice in a row). Rejects where
+   * ``channel`` or the load fails; a later link supersedes this one.
    * ``kind``: whose worker is at the other end (stats().host.kind: this tab's, or another's).
    */
   link(
@@ -114,8 +119,12 @@ export class WorkerEngine {
     lost?: WorkerCrashedError,
   ): Promise<void> {
     if (lost) {
-      for (const p of this.pending.values()) p.reject(lost);
-      this.pending.clear();
+      const unsent = new Set(this.deferred.map((d) => d.msg.id));
+      for (const [id, p] of this.pending) {
+        if (unsent.has(id)) continue;
+        p.reject(lost);
+        this.pending.delete(id);
+      }
     }
     this.channel?.close();
     this.channel = null;
@@ -143,7 +152,9 @@ export class WorkerEngine {
     this.gate = gate;
     gate.then(
       () => {
-        if (this.gate === gate) this.gate = null;
+        if (this.gate !== gate) return;
+        this.gate = null;
+        for (const d of this.deferred.splice(0)) this.channel?.post(d.msg, d.transfer);
       },
       () => {},
     );
@@ -247,13 +258,9 @@ export class WorkerEngine {
     return promise;
   }
 
-  /** On the engine's line, in order; while it moves (link), once it has. */
+  /** On the engine's line, in order; while it moves (link), once it has (the last link's line). */
   private post(msg: WorkerRequest, transfer?: Transferable[]): void {
-    if (this.gate)
-      this.gate.then(
-        () => this.channel?.post(msg, transfer),
-        () => {},
-      );
+    if (this.gate) this.deferred.push({ msg, transfer });
     else this.channel?.post(msg, transfer);
   }
 
