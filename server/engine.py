@@ -381,6 +381,22 @@ class Generator:
             Step(text[sent:], pending or None, finish, usage, stopped=stopped, unused=max_tokens - n if stopped else 0, late=late)
         )
 
+    def speculation_ignored(self, req: SamplingFields) -> str | None:
+        """The warning for a request that asks for speculation (its ``speculation`` field, mode not off)
+        where this engine makes none of the guesses it asks for; None where it does, or did not ask.
+        The twin of speculationIgnored in webruntime/src/engine.ts."""
+        if not req.sent("speculation") or req.speculation.mode == "off":
+            return None
+        if not isinstance(self.engine, llamacpp.LlamaCppEngine):
+            why = "the tvm engine does not speculate yet (the llamacpp engine does)"
+        elif not self.engine.rows_exact:
+            why = llamacpp.SPECULATION_OFF
+        elif req.speculation.mode == "draft" and self.engine.draft is None:
+            why = "the artifact has no draft model (lantern build --draft)"
+        else:
+            return None
+        return request_rules.message("speculation_ignored", why=why)
+
     def _speculation(
         self, session: llamacpp.Session, req: SamplingFields, prompt: list[int], mask: Mask | None
     ) -> Speculation | None:

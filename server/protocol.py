@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic_core import PydanticCustomError
 
 from .. import request_rules
@@ -138,6 +138,7 @@ class SamplingFields(BaseModel):
     top_logprobs: int | None = _field(_SHARED["top_logprobs"])
     n: int = _field(_SHARED["n"])
     speculation: SpeculationOptions = Field(default_factory=SpeculationOptions)
+    _sent: frozenset[str] = PrivateAttr(default=frozenset())  # the fields the JSON gave (not null)
     # the server's own (not in request_rules.json: the browser engine takes an AbortSignal): seconds
     # until the request ends with finish_reason "timeout" (504 unstreamed), its wait in the queue included
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -154,6 +155,19 @@ class SamplingFields(BaseModel):
         except request_rules.RuleError as err:
             context = {"message": err.message, "param": err.param}
             raise PydanticCustomError("request_rule", "{message}", context) from None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _remember_sent(cls, data: Any, handler):
+        """Which fields the JSON itself gave, before the table's defaults fill the rest (``sent``)."""
+        model = handler(data)
+        if isinstance(data, dict):
+            model._sent = frozenset(k for k, v in data.items() if v is not None)
+        return model
+
+    def sent(self, name: str) -> bool:
+        """Whether the request as sent gave ``name`` (a default the rules filled in is not)."""
+        return name in self._sent
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -98,7 +98,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request):
     prompt_text = slot.generator.render_chat(messages, tools if calling else None, kwargs)
     prompt = server.prepare(slot, prompt_text, req)
     grammar = await asyncio.to_thread(slot.generator.compile_grammar, spec) if spec else None
-    turn = ChatTurn(slot, req, prompt_text, calling, strict, spec.warnings if spec else ())
+    ignored = slot.generator.speculation_ignored(req)
+    warnings = (*(spec.warnings if spec else ()), *([ignored] if ignored else []))
+    turn = ChatTurn(slot, req, prompt_text, calling, strict, warnings)
     return await respond(
         server, request, req, slot, prompt, turn.chunk, turn.final, grammar=grammar, hold_from=TOOL_OPEN if calling else None
     )

@@ -339,3 +339,11 @@ def streamed_weather_call(messages: list[dict]) -> dict:
         "max_tokens": 48,
         "stream": True,
     }
+
+
+def speculation_ignored(device: str) -> str:
+    """The warning a browser device gives a request whose speculation field it does not act on."""
+    from lantern import request_rules
+
+    why = f"the {device} device does not speculate yet (lantern serve's llamacpp engine does)"
+    return request_rules.message("speculation_ignored", why=why)

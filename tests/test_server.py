@@ -153,6 +153,29 @@ def test_seeds_and_legacy_completions(client, smollm2):
     assert done.choices[0].text.strip() and done.usage.prompt_tokens > 0
 
 
+def test_a_speculation_field_the_engine_cannot_act_on_is_said(client, smollm2, engine):
+    """A request that asks for speculation where the engine makes none of the guesses it asks for (the
+    tvm engine; a draft model the artifact lacks) gets a lantern_warnings line naming why, from the
+    shared messages; one that does not ask, turns it off, or is served, gets none."""
+    from lantern import request_rules
+
+    ask = dict(model=smollm2.path.name, messages=user("hi"), max_tokens=4, temperature=0)
+
+    def said(speculation: dict | None):
+        extra = {"extra_body": {"speculation": speculation}} if speculation is not None else {}
+        return client.chat.completions.create(**ask, **extra).model_extra.get("lantern_warnings")
+
+    assert said(None) is None and said({"mode": "off"}) is None
+    if engine == "tvm":
+        why = "the tvm engine does not speculate yet (the llamacpp engine does)"
+        assert said({"mode": "lookup"}) == said({}) == [request_rules.message("speculation_ignored", why=why)]
+    else:
+        assert said({"mode": "lookup"}) is None and said({}) is None
+        assert said({"mode": "draft"}) == [
+            request_rules.message("speculation_ignored", why="the artifact has no draft model (lantern build --draft)")
+        ]
+
+
 def test_errors_have_openai_shape_and_status(server, client, smollm2):
     import openai
 

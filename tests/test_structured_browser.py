@@ -141,6 +141,9 @@ def test_bad_structured_requests_are_rejected_up_front(page):
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": cases.ANNOTATED}}
     [reply] = chat(page, {"messages": cases.MESSAGES, "max_tokens": 4, "response_format": fmt})
     assert reply["lantern_warnings"] == cases.ANNOTATED_WARNINGS
+    # a speculation field the device does not act on: said, in the server's words (request_rules.json)
+    [reply] = chat(page, {"messages": cases.MESSAGES, "max_tokens": 4, "speculation": {"mode": "lookup"}})
+    assert reply["lantern_warnings"] == [cases.speculation_ignored("webgpu")]
 
 
 def test_random_strict_schemas_always_give_valid_json_in_the_browser(tiny_page, report):

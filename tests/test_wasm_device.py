@@ -211,6 +211,8 @@ def test_structured_output_and_tools(session, report):
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": cases.ANNOTATED}}
     [reply] = chat(page, {"messages": cases.MESSAGES, "max_tokens": 4, "response_format": fmt})
     assert reply["lantern_warnings"] == cases.ANNOTATED_WARNINGS
+    [reply] = chat(page, {"messages": cases.MESSAGES, "max_tokens": 4, "speculation": {"mode": "lookup"}})
+    assert reply["lantern_warnings"] == [cases.speculation_ignored("wasm")]
 
 
 def test_grammars_at_llama_cpp_parser_limits_are_enforced(session):

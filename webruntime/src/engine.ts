@@ -285,9 +285,12 @@ export class Engine {
     const spec = requestSpec(req);
     const plan = this.plan(req, spec);
     const grammar = spec ? { spec, prepared: await device.prepare(spec) } : null;
-    // what the schema's rewrite ignored (unknown keywords, ...): said on the console and on the answer, as the server says it
-    const warnings = spec?.warnings?.length ? { lantern_warnings: spec.warnings } : {};
-    if (spec?.warnings?.length) console.warn(`lantern: ${spec.warnings.join("; ")}`);
+    // what the schema's rewrite ignored (unknown keywords, ...), and a speculation field no device here
+    // acts on: said on the console and on the answer, as the server says it
+    const ignored = speculationIgnored(request, device.kind);
+    const said = [...(spec?.warnings ?? []), ...(ignored ? [ignored] : [])];
+    const warnings = said.length ? { lantern_warnings: said } : {};
+    if (said.length) console.warn(`lantern: ${said.join("; ")}`);
     if (req.stream) return this.stream(req, grammar, plan, opts, warnings);
     let text = "";
     let reasoning = "";
@@ -674,3 +677,15 @@ export class Engine {
 }
 
 export type { LoadProgress };
+
+/**
+ * The warning for a request whose ``speculation`` field asks for guesses (mode not off) on a device that
+ * makes none; null where it did not ask. The twin of Generator.speculation_ignored in server/engine.py.
+ */
+export function speculationIgnored(request: ChatCompletionRequest, device: string): string | null {
+  const mode = request.speculation?.mode ?? (request.speculation ? "auto" : "off");
+  if (mode === "off") return null;
+  return message("speculation_ignored", {
+    why: `the ${device} device does not speculate yet (lantern serve's llamacpp engine does)`,
+  });
+}

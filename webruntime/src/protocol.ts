@@ -71,7 +71,7 @@ export interface ChatCompletionRequest {
   schema_defaults?: { maxLength?: number; maxItems?: number; dryMultiplier?: number };
   /** Lantern's speculative decoding (request_rules.json): `lantern serve`'s llamacpp engine speculates;
    * the browser devices accept the field and do not yet. */
-  speculation?: { mode?: "auto" | "off" | "grammar" | "lookup"; max_tokens?: number };
+  speculation?: { mode?: "auto" | "off" | "grammar" | "lookup" | "draft"; max_tokens?: number };
 }
 
 /** `chat.completions.create` of the engine, the worker client and the router: a stream for `stream: true`. */
