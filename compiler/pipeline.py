@@ -218,8 +218,11 @@ def _draft_key(draft: str | None) -> str | None:
 
 
 def _check_draft(draft: str, targets: tuple[str, ...], src: SourceModel) -> None:
-    """Fail before any work on a draft that cannot be built: one without the gguf target, an unknown
-    quantization, or a GGUF that is missing, split, or of another vocabulary (named with the model's)."""
+    """Fail before any work on a draft that cannot be built: one for a model that does not generate, one
+    without the gguf target, an unknown quantization, or a GGUF that is missing, split, or of another
+    vocabulary (named with the model's)."""
+    if src.family.kind != "chat":
+        raise LanternError(f"--draft {draft}: a draft model speeds up generation; {src.name} is an {src.family.kind} model")
     if "gguf" not in targets:
         raise LanternError(f"--draft {draft}: a draft model is packed as a GGUF; add the gguf target (--targets ...,gguf)")
     if not draft.endswith(".gguf"):

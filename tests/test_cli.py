@@ -270,6 +270,7 @@ def test_a_draft_must_be_a_gguf_of_the_same_vocabulary(tiny_hf, capsys, tmp_path
     import gguf
 
     assert_refused([str(tiny_hf[0]), "--draft", "q4f32_1"], capsys, tmp_path, "add the gguf target")
+    assert_refused(["all-minilm-l6-v2", "--draft", "q4f32_1"], capsys, tmp_path, "is an embedding model")
     other = tmp_path / "other.gguf"
     writer = gguf.GGUFWriter(str(other), "llama")
     writer.add_name("other-model")
