@@ -636,8 +636,8 @@ def _build_into(
         bos_id, eos_id = _write_tokenizer_and_configs(tmp, src, name, config, spec, libraries, reporter)
         reporter.advance(1, "configs")
         gguf = None
+        trained = src.family.config.from_hf(src.hf_config)  # a GGUF states the model's own length
         if "gguf" in opts.targets:
-            trained = src.family.config.from_hf(src.hf_config)  # the GGUF states the model's own length
             parts = gguf_export.write(
                 tmp,
                 f"{name}-{spec.name}",
@@ -667,7 +667,7 @@ def _build_into(
                     f"{name}-{opts.draft}-draft",
                     draft_stored,
                     src.family,
-                    src.family.config.from_hf(src.hf_config),
+                    trained,
                     opts.draft,
                     src.tokenizer.tokenizer_json,
                     src.tokenizer.chat_template,

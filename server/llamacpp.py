@@ -241,13 +241,10 @@ class LlamaCppEngine:
         lc = self.lc
 
         def step(tokens: list[int], pos: int) -> float:
-            for j, tok in enumerate(tokens):
-                b.token[j], b.pos[j], b.n_seq_id[j], b.logits[j] = tok, pos + j, 1, True
-                b.seq_id[j][0] = 0
-            b.n_tokens = len(tokens)
+            _fill(b, [(0, tokens, pos, len(tokens))])
             began = time.perf_counter()
             if lc.llama_decode(ctx, b) != 0:
-                raise LanternError(f"llama.cpp could not decode {self.gguf.name}")
+                raise LanternError(f"llama.cpp could not decode {(self.gguf if ctx is self.ctx else self.draft or self.gguf).name}")
             return time.perf_counter() - began
 
         if lc.llama_memory_seq_pos_max(mem, 0) < 7:
@@ -461,18 +458,13 @@ class LlamaCppEngine:
 
     def _decode_group(self, plan: list[tuple[_Seq, list[int]]]) -> None:
         lc, b = self.lc, self.batch
-        n, total, outputs = 0, 0, list[tuple[_Seq, int, int]]()  # (sequence, its first output row, rows)
+        total, outputs, entries = 0, list[tuple[_Seq, int, int]](), []  # outputs: (sequence, first row, rows)
         for seq, tokens in plan:
-            pos = len(self.kv[seq.slot])
             rows = len(tokens) if seq.stepping else int(not seq.todo)  # a prompt's last row only
             outputs.append((seq, total, rows))
+            entries.append((seq.slot, tokens, len(self.kv[seq.slot]), rows))
             total += rows
-            for j, tok in enumerate(tokens):
-                b.token[n], b.pos[n], b.n_seq_id[n] = tok, pos + j, 1
-                b.seq_id[n][0] = seq.slot
-                b.logits[n] = j >= len(tokens) - rows
-                n += 1
-        b.n_tokens = n
+        _fill(b, entries)
         self.peak_batch = max(self.peak_batch, len(plan))
         rc = lc.llama_decode(self.ctx, b)  # a slot's stream holds a whole window: there is always room
         with self.cv:
@@ -518,8 +510,9 @@ class LlamaCppEngine:
         rows = dict(zip((id(seq) for seq, _ in short), self._draft_decode(short))) if short else {}
         calls, fed = int(bool(short)), False
         for seq, feed in feeds:
-            for start in range(0, len(feed) if len(feed) > 8 else 0, self.batch_tokens):  # a prompt: chunks
-                rows[id(seq)] = self._draft_decode([(seq, feed[start : start + self.batch_tokens])])[0]
+            if len(feed) > 8:  # a prompt: in chunks, a call each
+                for start in range(0, len(feed), self.batch_tokens):
+                    rows[id(seq)] = self._draft_decode([(seq, feed[start : start + self.batch_tokens])])[0]
                 fed = True
         active = [seq for seq, _ in items]
         while active:
@@ -542,15 +535,9 @@ class LlamaCppEngine:
         """One llama_decode of the draft model: each entry's tokens appended to its slot's draft stream;
         the logits after each entry's last token (None for all where the call fails, and the streams
         are emptied)."""
-        lc, b, n = self.lc, self.dbatch, 0
+        lc, b = self.lc, self.dbatch
         assert b is not None  # only an engine with a draft model drafts
-        for seq, tokens in entries:
-            pos = len(self.dkv[seq.slot])
-            for j, tok in enumerate(tokens):
-                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = tok, pos + j, 1, j == len(tokens) - 1
-                b.seq_id[n][0] = seq.slot
-                n += 1
-        b.n_tokens = n
+        _fill(b, [(seq.slot, tokens, len(self.dkv[seq.slot]), 1) for seq, tokens in entries])
         if lc.llama_decode(self.dctx, b) != 0:
             for seq, _ in entries:
                 lc.llama_memory_seq_rm(self.dmem, seq.slot, -1, -1)
@@ -560,6 +547,18 @@ class LlamaCppEngine:
         for seq, tokens in entries:
             self.dkv[seq.slot].extend(tokens)
         return [row.copy() for row in logits]
+
+
+def _fill(b, entries: list[tuple[int, list[int], int, int]]) -> None:
+    """Put ``entries`` in the llama_batch ``b``: each (slot, tokens, position of the first, rows), the
+    tokens in order at their positions in the slot's sequence, logits asked for the last ``rows``."""
+    n = 0
+    for slot, tokens, pos, rows in entries:
+        for j, tok in enumerate(tokens):
+            b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = tok, pos + j, 1, j >= len(tokens) - rows
+            b.seq_id[n][0] = slot
+            n += 1
+    b.n_tokens = n
 
 
 def load_model(gguf: Path, vocab_size: int, kv_overrides: dict[str, int] | None = None, what: str = "the model"):
