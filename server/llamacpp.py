@@ -244,7 +244,8 @@ class LlamaCppEngine:
             _fill(b, [(0, tokens, pos, len(tokens))])
             began = time.perf_counter()
             if lc.llama_decode(ctx, b) != 0:
-                raise LanternError(f"llama.cpp could not decode {(self.gguf if ctx is self.ctx else self.draft or self.gguf).name}")
+                gguf = self.gguf if ctx is self.ctx else self.draft or self.gguf
+                raise LanternError(f"llama.cpp could not decode {gguf.name}")
             return time.perf_counter() - began
 
         if lc.llama_memory_seq_pos_max(mem, 0) < 7:
