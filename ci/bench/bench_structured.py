@@ -14,7 +14,8 @@ llguidance's declared coverage per split, the benchmark's test instances through
 and with --answers N, N answers a split from the model, validated (with --browser, also from the
 browser engine's wasm device):
 
-    .venv/bin/python ci/bench/bench_structured.py dist/smollm2 --jsonschemabench ../shared/jsonschemabench --answers 5 [--browser]
+    .venv/bin/python ci/bench/bench_structured.py dist/smollm2 --jsonschemabench ../shared/jsonschemabench \
+        --answers 5 [--browser] [--twice]
 """
 
 from __future__ import annotations
@@ -139,6 +140,12 @@ def main() -> int:
         metavar="N",
         help="with --jsonschemabench: answer N accepted schemas of each split with the model",
     )
+    parser.add_argument(
+        "--twice",
+        action="store_true",
+        help="with --jsonschemabench and --answers: ask every schema again at once (a prefix-cache hit) and count "
+        "the second answers that differ from the first (on the server, and with --browser in the browser too)",
+    )
     parser.add_argument("--splits", nargs="*", help="with --jsonschemabench: only these splits")
     parser.add_argument("--no-llguidance", action="store_true", help="with --jsonschemabench: skip llguidance")
     parser.add_argument("--dump", type=Path, help="with --jsonschemabench: write every schema's result as JSON lines")
@@ -162,6 +169,7 @@ def main() -> int:
             args.dump,
             args.schema_defaults,
             args.browser,
+            args.twice,
         )
     rows = [("cpu (lantern serve)", cpu(args.artifact, args.max_tokens, args.reps))]
     if args.browser:

@@ -15,7 +15,10 @@ For every schema of DIR (`<split>.jsonl` and `<split>.tests.jsonl`, as in ../sha
   the mask time per token;
 - with `--browser` as well, the same schemas answered by the browser engine (the `wasm` device, 2
   threads, in headless Chromium: its own schema rewrite, grammar and sampler), validated alike, and how
-  many of its answers are the server's text.
+  many of its answers are the server's text;
+- with `--twice`, every answer asked for again right after (its prompt now in the engine's prefix cache),
+  on the server and in the browser: how many second answers differ from the first (issue 49: the same
+  request at temperature 0 must give the same answer, cache hit or not).
 """
 
 from __future__ import annotations
@@ -301,11 +304,29 @@ def picked_for_answers(rows: list[dict], per_split: int) -> list[dict]:
     return picked
 
 
-def run_answers(rows: list[dict], generator, per_split: int, max_tokens: int, schema_defaults: dict | None = None) -> None:
+def run_answers(
+    rows: list[dict],
+    generator,
+    per_split: int,
+    max_tokens: int,
+    schema_defaults: dict | None = None,
+    twice: bool = False,
+) -> None:
+    """Answer the picked schemas, 4 at a time; ``twice``: each client asks its schema again at once (the
+    prompt found in the cache, beside other clients' requests), row["answer_again"] the second text."""
     picked = picked_for_answers(rows, per_split)
     done = 0
+
+    def ask(row: dict) -> None:
+        answer(generator, row, max_tokens, schema_defaults)
+        if twice:
+            first = {k: row[k] for k in ("answer_s", "tokens", "answer_text", "answer", "answer_error")}
+            answer(generator, row, max_tokens, schema_defaults)
+            row["answer_again"] = row["answer_text"]
+            row.update(first)
+
     with ThreadPoolExecutor(4) as pool:  # the llamacpp engine decodes these in shared steps
-        for _ in pool.map(lambda r: answer(generator, r, max_tokens, schema_defaults), picked):
+        for _ in pool.map(ask, picked):
             done += 1
             print(f"\ranswers {done}/{len(picked)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -323,11 +344,17 @@ ASK = """async (req) => {
 
 
 def browser_answers(
-    rows: list[dict], artifact: Path, per_split: int, max_tokens: int, schema_defaults: dict | None = None
+    rows: list[dict],
+    artifact: Path,
+    per_split: int,
+    max_tokens: int,
+    schema_defaults: dict | None = None,
+    twice: bool = False,
 ) -> None:
     """The same schemas answered by the browser engine (`wasm` device, 2 threads, headless Chromium), one
     at a time: row["browser_answer"] is valid, invalid, cut or refused (the browser refused a schema
-    the server accepted), with row["browser_text"] and row["browser_s"]."""
+    the server accepted), with row["browser_text"] and row["browser_s"]; ``twice``: each asked again
+    at once (llama.cpp finds the prompt in its cache), row["browser_again"] the second text."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from browser import chromium, lantern_server
 
@@ -346,6 +373,8 @@ def browser_answers(
             else:
                 row["browser_text"], row["browser_tokens"] = got["text"], got["tokens"]
                 row["browser_answer"], row["browser_error"] = verdict(row["schema"], got["text"], got["finish"])
+                if twice:
+                    row["browser_again"] = page.evaluate(ASK, request_for(row["schema"], max_tokens, schema_defaults)).get("text")
             print(f"\rbrowser answers {done}/{len(picked)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
 
@@ -395,6 +424,10 @@ def report(rows: list[dict], answers: bool) -> None:
         if answered:
             ms = [r["answer_s"] * 1000 / max(1, r["tokens"]) for r in answered]
             print(f"answers: {len(answered)}, median {statistics.median(ms):.0f} ms a token (4 at once)")
+        again = [r for r in answered if "answer_again" in r]
+        if again:
+            differ = [r["id"] for r in again if r["answer_again"] != r["answer_text"]]
+            print(f"server answers asked twice: {len(again) - len(differ)} of {len(again)} the same{repeat_note(differ)}")
     in_browser = [r for r in rows if "browser_answer" in r]
     if in_browser:
         print(
@@ -413,8 +446,16 @@ def report(rows: list[dict], answers: bool) -> None:
         print(
             f"browser answers: {len(in_browser)}, median {statistics.median(ms):.0f} ms a token (one at a time, prompt included)"
         )
+        again = [r for r in in_browser if "browser_again" in r]
+        if again:
+            differ = [r["id"] for r in again if r["browser_again"] != r["browser_text"]]
+            print(f"browser answers asked twice: {len(again) - len(differ)} of {len(again)} the same{repeat_note(differ)}")
     reasons = Counter(_reason(r["lantern"]) for r in rows if r["lantern"] is not None)
     print("refusals by cause: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common(25)))
+
+
+def repeat_note(differ: list) -> str:
+    return f"; differ: {', '.join(map(str, differ))}" if differ else ""
 
 
 def _reason(message: str) -> str:
@@ -438,6 +479,7 @@ def main(
     dump: Path | None,
     schema_defaults: dict | None = None,
     browser: bool = False,
+    twice: bool = False,
 ) -> int:
     from lantern.server.engine import Generator
 
@@ -453,9 +495,9 @@ def main(
     check_instances(rows)
     mask_times(rows, generator)
     if per_split:
-        run_answers(rows, generator, per_split, max_tokens, schema_defaults)
+        run_answers(rows, generator, per_split, max_tokens, schema_defaults, twice)
     if per_split and browser:
-        browser_answers(rows, artifact, per_split, max_tokens, schema_defaults)
+        browser_answers(rows, artifact, per_split, max_tokens, schema_defaults, twice)
     report(rows, bool(per_split))
     if dump:
         keep = (
@@ -471,10 +513,12 @@ def main(
             "answer_text",
             "tokens",
             "answer_s",
+            "answer_again",
             "browser_answer",
             "browser_error",
             "browser_text",
             "browser_s",
+            "browser_again",
         )
         dump.write_text("\n".join(json.dumps({k: r[k] for k in keep if k in r}) for r in rows) + "\n")
     return 0
