@@ -296,3 +296,11 @@ def check_against_cpu(art: Artifact, steps, rtol: float, report, lib: str) -> No
         err = np.abs(e - g).max() / np.abs(e).max()
         report(f"{lib} WebGPU vs CPU, step {i} ({len(steps[i])} tokens): logit error {err:.1e} (relative)")
         assert err < rtol, f"step {i} ({len(steps[i])} tokens): relative logit error {err:.2e}"
+
+
+def logprob_rows(reply: dict) -> list:
+    """A chat completion's logprobs as comparable rows: (token, logprob, top (token, logprob)s) per token."""
+    return [
+        (t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t["top_logprobs"]])
+        for t in reply["choices"][0]["logprobs"]["content"]
+    ]

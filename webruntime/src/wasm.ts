@@ -239,6 +239,11 @@ export class WasmDevice implements Device {
       n_gpu_layers: 0,
       n_ctx: contextWindow,
       n_parallel: 1,
+      // repeatable answers: llama.cpp's CPU flash attention (on by default) gives a prompt's last token,
+      // computed alone on a cache hit, other logits than inside the prompt's chunk, and the same request
+      // asked again then changed its answer (12 of 26 JSONSchemaBench answers); without it a row's logits
+      // are the same bits alone or in any chunk (tests/test_wasm_device.py)
+      flash_attn: false,
       // an embedding model: llama.cpp pools (the GGUF's pooling_type); an encoder runs a whole text in one
       // micro-batch (llama.cpp asserts n_ubatch >= its tokens), and EMBED_SEQUENCES texts share one
       ...(manifest.model.kind === "embedding" ? embeddingContext(contextWindow) : {}),
