@@ -14,7 +14,7 @@ import shutil
 import numpy as np
 import pytest
 
-from browser import launch, lantern_server, manifest_alias, token_matrices, wait_until_ready
+from browser import launch, lantern_server, logprob_rows, manifest_alias, token_matrices, wait_until_ready
 from test_smollm2 import PROMPTS, eos_id
 
 from lantern.runtime.artifact import Artifact
@@ -208,6 +208,17 @@ def test_same_seed_same_text_and_different_seeds_differ(session):
     text = [r["choices"][0]["message"]["content"] for r in (a, b, c)]
     assert text[0] == text[1]
     assert text[0] != text[2]
+
+
+def test_a_request_asked_again_gets_the_same_logprobs_bit_for_bit(session):
+    """Repeatability (issue 49): asked again at once, a request finds its prompt in the KV cache and runs
+    only its last token, as a decode step; the first time that token runs as a step of its own too (TVM's
+    KV cache gives a chunk's rows other bits than a step's), so every logprob is the same float."""
+    ask = {"messages": [SHORT_SYSTEM, *user(PROMPTS[1])], "max_tokens": 4, "temperature": 0}
+    ask |= {"logprobs": True, "top_logprobs": 3}
+    first, again = chat(session["page"], ask, ask)
+    assert again["usage"]["cached_prompt_tokens"] == first["usage"]["prompt_tokens"] - 1
+    assert logprob_rows(first) and logprob_rows(again) == logprob_rows(first)
 
 
 def test_next_turn_reuses_the_kv_cache_and_still_equals_the_cpu(session):

@@ -57,6 +57,21 @@ def test_prefill_reusing_the_cache_keeps_only_the_shared_prefix(tiny_hf, build_a
         np.testing.assert_allclose(logits, ref, atol=1e-4 * np.abs(ref).max())
 
 
+def test_a_prompt_asked_again_gets_the_same_logits_bit_for_bit(tiny_hf, build_artifact, tokens):
+    """Repeatability (issue 49): the same prompt again, its answer's tokens dropped from the cache, gets the
+    same bits. TVM computes a chunk's row otherwise than a decode step's (TVM's paged KV cache merges a
+    chunk's attention with the cached part's), so the prompt's last token always runs as a step: on a
+    cache hit that is the one token run, as it was the first time."""
+    folder, _, _ = tiny_hf
+    model = Artifact.open(build_artifact(folder, "q0f32")).cpu_model()
+    prompt = tokens[:30]
+    first, reused = model.prefill_reusing(prompt)
+    assert reused == 0
+    model.prefill(tokens[60:64])  # the answer's tokens
+    again, reused = model.prefill_reusing(prompt)
+    assert reused == 29 and np.array_equal(again, first)
+
+
 def test_conversations_stay_cached_side_by_side_within_one_window(tiny_hf, build_artifact):
     """The server's tvm engine keeps several conversations: a next turn of each reuses its own
     prefix, a new one takes the least recently used sequence, and together they never hold more

@@ -144,7 +144,10 @@ class CpuModel:
         """Last-position logits of ``prompt`` from wherever the cache is (``select``): the longest
         prefix the chosen sequence shares with it is kept (a repeated prompt, system prompt or chat
         history is not prefilled again), the rest is dropped and the remainder prefilled. The last
-        token is always run, for its logits. Returns (logits, tokens reused)."""
+        token is always run, for its logits, and as a decode step of its own: TVM's paged KV cache gives
+        a chunk's rows other bits than a step's (it merges the chunk's own attention with the cached
+        part's), so a repeated prompt, where the last token is all that runs, gets the bits it got the
+        first time (the browser's webgpu device does the same). Returns (logits, tokens reused)."""
         self.select(prompt)
         keep = _shared(self.tokens, prompt)
         if keep == 0:
@@ -152,7 +155,9 @@ class CpuModel:
         elif keep < len(self.tokens):
             _KV["popn"](self.kv, self.seq_id, len(self.tokens) - keep)
             del self.tokens[keep:]
-        return self.prefill(prompt[keep:]), keep
+        if len(prompt) - keep > 1:
+            self.prefill(prompt[keep:-1])
+        return self._forward("decode", prompt[-1:]).reshape(-1), keep
 
     def all_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Append ``tokens`` and return logits ``[len(tokens), V]`` for every position."""

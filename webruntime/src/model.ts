@@ -244,16 +244,19 @@ export class TvmModel {
   }
 
   /** Append ``tokens`` to sequence ``seq`` (in prefill chunks); the logits after the last one. */
-  forward(seq: number, tokens: number[]): Promise<Float32Array> {
+  forward(seq: number, tokens: number[]): Promise<Float32Array>;
+  /** With ``read`` false, only append them (no logits are copied back). */
+  forward(seq: number, tokens: number[], read: false): Promise<null>;
+  forward(seq: number, tokens: number[], read = true): Promise<Float32Array | null> {
     return this.guarded(async () => {
       let logits: Float32Array | null = null;
       for (let start = 0; start < tokens.length; start += this.prefillChunk) {
         const chunk = tokens.slice(start, start + this.prefillChunk);
         const last = start + this.prefillChunk >= tokens.length;
-        const out = await this.step(seq, chunk, chunk.length > 1 ? "prefill" : "decode", last);
+        const out = await this.step(seq, chunk, chunk.length > 1 ? "prefill" : "decode", read && last);
         if (out) logits = out.data;
       }
-      if (!logits) throw new Error("forward called with no tokens");
+      if (!tokens.length) throw new Error("forward called with no tokens");
       return logits;
     });
   }

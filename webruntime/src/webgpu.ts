@@ -152,7 +152,10 @@ export class WebGpuDevice implements Device {
       ? await (await this.grammarCompiler()).matcher(req.grammar as CompiledGrammar)
       : null;
     const { prompt, params } = req;
-    // Reuse the previous turn's KV entries for the shared prefix (at least one token is run).
+    // Reuse the previous turn's KV entries for the shared prefix. The last token always runs, as a
+    // decode step of its own: TVM's KV cache gives a chunk's rows other bits than a step's, so a
+    // repeated prompt (only its last token runs) gets the logits it got the first time (runner.py's
+    // prefill_reusing does the same for the tvm engine).
     let reuse = Math.min(commonPrefix(this.kvTokens, prompt), prompt.length - 1);
     if (model.sequenceCount && reuse > 0) {
       model.popTokens(SEQ, this.kvTokens.length - reuse);
@@ -164,7 +167,8 @@ export class WebGpuDevice implements Device {
     this.kvTokens = prompt.slice(0, reuse);
     let logits: Float32Array;
     try {
-      logits = await model.forward(SEQ, prompt.slice(reuse));
+      if (prompt.length - reuse > 1) await model.forward(SEQ, prompt.slice(reuse, -1), false);
+      logits = await model.forward(SEQ, prompt.slice(-1));
     } catch (err) {
       mask?.dispose();
       this.release();
