@@ -87,8 +87,8 @@ def test_auto_picks_wasm_and_answers(session, smollm2_q4, report):
 def test_a_request_asked_again_gets_the_same_logprobs_bit_for_bit(session, shakespeare_text):
     """Repeatability (issue 49). A request asked again at once finds its prompt in llama.cpp's cache and
     computes only the last prompt token, alone; with llama.cpp's CPU flash attention (its default) that
-    lone row rounded otherwise than inside the prompt's chunk (prompts of 119 and 363 tokens here; 12 of
-    26 JSONSchemaBench answers changed when asked twice: ci/bench/bench_structured.py --twice). Every
+    lone row rounded otherwise than inside the prompt's chunk (in a probe, prompts of 119 and 363 tokens;
+    12 of 26 JSONSchemaBench answers changed when asked twice: ci/bench/bench_structured.py --twice). Every
     token's logprobs, top 3 included, must be the same floats fresh, from the cache, and after other
     conversations (one sharing the system prompt, one not)."""
     system = {"role": "system", "content": "Answer briefly. " + shakespeare_text[:300]}

@@ -320,10 +320,9 @@ def run_answers(
     def ask(row: dict) -> None:
         answer(generator, row, max_tokens, schema_defaults)
         if twice:
-            first = {k: row[k] for k in ("answer_s", "tokens", "answer_text", "answer", "answer_error")}
-            answer(generator, row, max_tokens, schema_defaults)
-            row["answer_again"] = row["answer_text"]
-            row.update(first)
+            again = dict(row)  # answer() writes its results into the row it is given
+            answer(generator, again, max_tokens, schema_defaults)
+            row["answer_again"] = again["answer_text"]
 
     with ThreadPoolExecutor(4) as pool:  # the llamacpp engine decodes these in shared steps
         for _ in pool.map(ask, picked):
